@@ -1,0 +1,136 @@
+//! Cache replacement policies, with no IO and no clock of their own.
+//!
+//! The server and the trace simulator drive the very same code: every call
+//! carries the time it should consider "now", so a replay is deterministic.
+//! A policy decides *which* keys are resident; the caller keeps the data.
+//!
+//! Protocol between caller and policy:
+//! 1. [`Policy::lookup`] on every request. A hit updates the lists.
+//! 2. On anything but a hit, the caller fetches the data and calls
+//!    [`Policy::insert`], which may evict other keys (returned to the caller
+//!    so it can drop their data).
+
+mod lru;
+mod paper;
+mod slab;
+mod zfs;
+
+pub use lru::Lru;
+pub use paper::PaperArc;
+pub use zfs::{ZfsArc, ZfsArcConfig};
+
+/// Identity of a cached unit. The engine packs (export, record index) into it.
+pub type Key = u64;
+
+/// Which resident or ghost list a lookup found the key on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    Mru,
+    Mfu,
+}
+
+/// The answer to a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// Resident; the policy has recorded the access.
+    Hit(ListKind),
+    /// Not resident, but remembered on a ghost list. Insert after fetching.
+    GhostHit(ListKind),
+    /// Not known at all.
+    Miss,
+}
+
+impl Lookup {
+    pub fn is_hit(self) -> bool {
+        matches!(self, Lookup::Hit(_))
+    }
+}
+
+/// Context of one access: when it happens and whether it is speculative.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Monotonic time in nanoseconds, supplied by the caller.
+    pub now_ns: u64,
+    /// A prefetch (read ahead, NBD CACHE) rather than a demand read.
+    pub prefetch: bool,
+}
+
+impl Access {
+    pub fn demand(now_ns: u64) -> Self {
+        Access {
+            now_ns,
+            prefetch: false,
+        }
+    }
+}
+
+/// Counters and sizes every policy reports; names follow OpenZFS arcstats.
+/// Sizes are in the policy's unit (bytes for [`ZfsArc`] and [`Lru`],
+/// entries for [`PaperArc`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub mru_hits: u64,
+    pub mfu_hits: u64,
+    pub mru_ghost_hits: u64,
+    pub mfu_ghost_hits: u64,
+    pub evict_skip: u64,
+    /// Ghost entries dropped from the directory.
+    pub deleted: u64,
+    /// Resident entries evicted (to a ghost list or dropped).
+    pub evicted: u64,
+    pub size: u64,
+    pub c: u64,
+    pub c_min: u64,
+    pub c_max: u64,
+    pub mru_size: u64,
+    pub mfu_size: u64,
+    pub mru_ghost_size: u64,
+    pub mfu_ghost_size: u64,
+    pub entries: u64,
+    /// MRU's target share of the cache in 2^32 units (arcstats `pd`); for
+    /// the textbook ARC, p/c scaled the same way.
+    pub pd: u64,
+}
+
+/// A replacement policy. Implementations are single-threaded and
+/// deterministic; the engine wraps one in a lock.
+pub trait Policy: Send {
+    fn name(&self) -> &'static str;
+
+    /// Records a request for `key`. Changes nothing unless it is a hit.
+    fn lookup(&mut self, key: Key, access: Access) -> Lookup;
+
+    /// Makes `key` resident with `size` units after a non-hit lookup.
+    /// Keys evicted to make room are appended to `evicted`.
+    fn insert(&mut self, key: Key, size: u64, access: Access, evicted: &mut Vec<Key>);
+
+    /// Forgets `key` entirely (resident or ghost). Returns true if it was resident.
+    fn remove(&mut self, key: Key) -> bool;
+
+    /// True if `key` is resident. Does not count as an access.
+    fn contains(&self, key: Key) -> bool;
+
+    /// Changes the size limits; evicts at once if the new maximum is lower.
+    fn set_limits(&mut self, c_min: u64, c_max: u64, evicted: &mut Vec<Key>);
+
+    fn stats(&self) -> PolicyStats;
+
+    /// Checks every structural invariant; returns a description of the first
+    /// violation. Cheap enough for tests and fuzzing, not for every request.
+    fn validate(&self) -> Result<(), String>;
+}
+
+/// Builds a policy by its command-line name with a capacity in units.
+pub fn by_name(name: &str, capacity: u64) -> Option<Box<dyn Policy>> {
+    match name {
+        "arc" => Some(Box::new(ZfsArc::new(ZfsArcConfig::fixed(capacity)))),
+        "arc-paper" => Some(Box::new(PaperArc::new(capacity))),
+        "lru" => Some(Box::new(Lru::new(capacity))),
+        _ => None,
+    }
+}
+
+/// The names accepted by [`by_name`].
+pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru"];

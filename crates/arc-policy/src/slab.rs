@@ -1,0 +1,178 @@
+//! Index-based doubly linked lists over one slab.
+//!
+//! All lists of a policy (MRU, MFU and their ghosts) thread through the same
+//! slab, so moving an entry between lists is a few index writes and never an
+//! allocation. Indices instead of pointers keep this free of `unsafe`.
+
+pub(crate) const NIL: u32 = u32::MAX;
+
+#[derive(Debug)]
+struct Node<T> {
+    prev: u32,
+    next: u32,
+    val: T,
+}
+
+/// Storage for the nodes of every list; freed slots are reused.
+#[derive(Debug, Default)]
+pub(crate) struct Slab<T> {
+    nodes: Vec<Node<T>>,
+    free: Vec<u32>,
+}
+
+/// One list threaded through a [`Slab`]. `head` is the most recent end,
+/// `tail` the end eviction takes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct List {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        List {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+}
+
+impl List {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn tail(&self) -> Option<u32> {
+        (self.tail != NIL).then_some(self.tail)
+    }
+}
+
+impl<T> Slab<T> {
+    pub(crate) fn new() -> Self {
+        Slab {
+            nodes: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Stores `val` detached from any list and returns its index.
+    pub(crate) fn alloc(&mut self, val: T) -> u32 {
+        let node = Node {
+            prev: NIL,
+            next: NIL,
+            val,
+        };
+        if let Some(idx) = self.free.pop() {
+            self.nodes[idx as usize] = node;
+            idx
+        } else {
+            let idx = u32::try_from(self.nodes.len()).expect("slab holds fewer than 2^32 entries");
+            self.nodes.push(node);
+            idx
+        }
+    }
+
+    /// Returns the slot to the free list. The node must already be unlinked.
+    pub(crate) fn release(&mut self, idx: u32) {
+        debug_assert_eq!(self.nodes[idx as usize].prev, NIL);
+        debug_assert_eq!(self.nodes[idx as usize].next, NIL);
+        self.free.push(idx);
+    }
+
+    pub(crate) fn get(&self, idx: u32) -> &T {
+        &self.nodes[idx as usize].val
+    }
+
+    pub(crate) fn get_mut(&mut self, idx: u32) -> &mut T {
+        &mut self.nodes[idx as usize].val
+    }
+
+    pub(crate) fn push_head(&mut self, list: &mut List, idx: u32) {
+        let old_head = list.head;
+        {
+            let n = &mut self.nodes[idx as usize];
+            debug_assert!(n.prev == NIL && n.next == NIL, "node is already linked");
+            n.prev = NIL;
+            n.next = old_head;
+        }
+        if old_head != NIL {
+            self.nodes[old_head as usize].prev = idx;
+        } else {
+            list.tail = idx;
+        }
+        list.head = idx;
+        list.len += 1;
+    }
+
+    pub(crate) fn unlink(&mut self, list: &mut List, idx: u32) {
+        let (prev, next) = {
+            let n = &self.nodes[idx as usize];
+            (n.prev, n.next)
+        };
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            debug_assert_eq!(list.head, idx);
+            list.head = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        } else {
+            debug_assert_eq!(list.tail, idx);
+            list.tail = prev;
+        }
+        let n = &mut self.nodes[idx as usize];
+        n.prev = NIL;
+        n.next = NIL;
+        list.len -= 1;
+    }
+
+    /// The neighbour towards the head, for walking from the tail.
+    pub(crate) fn prev_of(&self, idx: u32) -> Option<u32> {
+        let p = self.nodes[idx as usize].prev;
+        (p != NIL).then_some(p)
+    }
+
+    /// Walks a list from head to tail; used by invariant checks only.
+    pub(crate) fn iter<'a>(&'a self, list: &List) -> impl Iterator<Item = (u32, &'a T)> + 'a {
+        let mut cur = list.head;
+        std::iter::from_fn(move || {
+            if cur == NIL {
+                return None;
+            }
+            let idx = cur;
+            let n = &self.nodes[idx as usize];
+            cur = n.next;
+            Some((idx, &n.val))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_unlink_keeps_order_and_length() {
+        let mut slab = Slab::new();
+        let mut l = List::default();
+        let a = slab.alloc('a');
+        let b = slab.alloc('b');
+        let c = slab.alloc('c');
+        slab.push_head(&mut l, a);
+        slab.push_head(&mut l, b);
+        slab.push_head(&mut l, c);
+        let order: Vec<char> = slab.iter(&l).map(|(_, v)| *v).collect();
+        assert_eq!(order, vec!['c', 'b', 'a']);
+        assert_eq!(l.tail(), Some(a));
+        slab.unlink(&mut l, b);
+        let order: Vec<char> = slab.iter(&l).map(|(_, v)| *v).collect();
+        assert_eq!(order, vec!['c', 'a']);
+        assert_eq!(l.len(), 2);
+        slab.release(b);
+        let d = slab.alloc('d');
+        assert_eq!(d, b, "freed slot is reused");
+    }
+}
