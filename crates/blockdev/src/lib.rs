@@ -1,0 +1,105 @@
+//! Block devices behind one trait: where bytes live (a file, a block device,
+//! RAM, a remote NBD export) apart from how they behave under test (slow,
+//! faulty, counted), which decorators add around any device.
+
+mod counting;
+mod error;
+mod faulty;
+mod file;
+mod mem;
+mod slow;
+
+pub use counting::{CountingDev, IoCounts};
+pub use error::{DevError, DevResult};
+pub use faulty::{FaultPlan, FaultyDev};
+pub use file::{FileDev, FileDevOptions};
+pub use mem::MemDev;
+pub use slow::{SlowDev, SlowDevConfig};
+
+/// A random-access store of `size()` bytes. Implementations are shared
+/// between threads; every call may block.
+pub trait BlockDev: Send + Sync {
+    fn size(&self) -> u64;
+
+    /// Fills `buf` from `offset`. The range must lie within the device.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()>;
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()>;
+
+    /// Makes every completed write durable, whoever issued it.
+    fn flush(&self) -> DevResult<()>;
+
+    /// Tells the device a range is unused; its contents become unspecified.
+    fn trim(&self, _offset: u64, _len: u64) -> DevResult<()> {
+        Ok(())
+    }
+
+    /// Makes a range read as zeroes.
+    fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
+        write_zeroes_by_writing(self, offset, len)
+    }
+
+    /// A name for logs and errors.
+    fn describe(&self) -> String;
+
+    fn is_read_only(&self) -> bool {
+        false
+    }
+
+    /// True if `flush` covers writes done through other connections or
+    /// handles too; NBD multi-connection safety rests on it.
+    fn flush_covers_all_handles(&self) -> bool {
+        true
+    }
+}
+
+/// Checks that `[offset, offset+len)` lies within a device of `size` bytes.
+pub fn check_range(size: u64, offset: u64, len: u64) -> DevResult<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(DevError::OutOfRange { offset, len, size }),
+    }
+}
+
+/// The fallback for devices with no native zeroing: plain writes of zeroes.
+pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: u64) -> DevResult<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeroes = vec![0u8; CHUNK.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = CHUNK.min(len - done);
+        dev.write_at(&zeroes[..n as usize], offset + done)?;
+        done += n;
+    }
+    Ok(())
+}
+
+impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn flush(&self) -> DevResult<()> {
+        (**self).flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
+        (**self).trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
+        (**self).write_zeroes(offset, len)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn is_read_only(&self) -> bool {
+        (**self).is_read_only()
+    }
+    fn flush_covers_all_handles(&self) -> bool {
+        (**self).flush_covers_all_handles()
+    }
+}

@@ -1,0 +1,44 @@
+use std::io;
+
+/// Why a device operation failed. Each maps to the errno a client should see.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error("{op} of {len} bytes at offset {offset} on {dev}: {source}")]
+    Io {
+        op: &'static str,
+        dev: String,
+        offset: u64,
+        len: u64,
+        source: io::Error,
+    },
+    #[error("range {offset}+{len} lies beyond the device end ({size} bytes)")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("device is read-only")]
+    ReadOnly,
+    #[error("injected fault: {op} at offset {offset}")]
+    Injected { op: &'static str, offset: u64 },
+    #[error("operation not supported by {0}")]
+    Unsupported(String),
+    #[error("remote export: {0}")]
+    Remote(String, i32),
+}
+
+impl DevError {
+    /// The errno a protocol layer should report for this failure.
+    pub fn errno(&self) -> i32 {
+        match self {
+            DevError::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOSPC) => libc::ENOSPC,
+                Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EROFS) => libc::EPERM,
+                _ => libc::EIO,
+            },
+            DevError::OutOfRange { .. } => libc::EINVAL,
+            DevError::ReadOnly => libc::EPERM,
+            DevError::Injected { .. } => libc::EIO,
+            DevError::Unsupported(_) => libc::ENOTSUP,
+            DevError::Remote(_, errno) => *errno,
+        }
+    }
+}
+
+pub type DevResult<T> = Result<T, DevError>;

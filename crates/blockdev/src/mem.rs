@@ -1,0 +1,58 @@
+use parking_lot::RwLock;
+
+use crate::{check_range, BlockDev, DevResult};
+
+/// A device in RAM, for tests and simulations.
+pub struct MemDev {
+    data: RwLock<Vec<u8>>,
+}
+
+impl MemDev {
+    pub fn new(size: u64) -> Self {
+        MemDev { data: RwLock::new(vec![0; size as usize]) }
+    }
+
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        MemDev { data: RwLock::new(bytes) }
+    }
+
+    /// A copy of the whole contents.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.read().clone()
+    }
+}
+
+impl BlockDev for MemDev {
+    fn size(&self) -> u64 {
+        self.data.read().len() as u64
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        let data = self.data.read();
+        check_range(data.len() as u64, offset, buf.len() as u64)?;
+        buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        let mut data = self.data.write();
+        check_range(data.len() as u64, offset, buf.len() as u64)?;
+        data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
+        let mut data = self.data.write();
+        check_range(data.len() as u64, offset, len)?;
+        data[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("mem:{}", self.size())
+    }
+}
