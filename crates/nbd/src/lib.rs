@@ -1,0 +1,14 @@
+//! The NBD protocol: a fixed-newstyle server with out-of-order replies and a
+//! small client. It knows nothing about caching: exports come through the
+//! [`Export`] trait.
+
+pub mod client;
+pub mod conn;
+pub mod proto;
+pub mod server;
+pub mod uri;
+
+pub use client::{Client, ClientError};
+pub use conn::Conn;
+pub use server::{Errno, Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig};
+pub use uri::{NbdUri, Target};

@@ -1,0 +1,236 @@
+//! A small blocking NBD client: fixed newstyle, OPT_GO, simple replies, one
+//! request at a time per connection. Used to put arcache in front of a
+//! remote export, by the demo and by tests.
+
+use std::io::{self, BufReader, Read, Write};
+
+use crate::conn::{write_all_vectored, Conn};
+use crate::proto::*;
+use crate::uri::Target;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("NBD connection: {0}")]
+    Io(#[from] io::Error),
+    #[error("NBD handshake: {0}")]
+    Handshake(String),
+    #[error("server answered {op} with errno {errno}")]
+    Request { op: &'static str, errno: u32 },
+}
+
+impl ClientError {
+    /// The errno to report upward: the server's own, or EIO for a broken link.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ClientError::Request { errno, .. } => *errno as i32,
+            _ => libc::EIO,
+        }
+    }
+}
+
+pub type ClientResult<T> = Result<T, ClientError>;
+
+pub struct Client {
+    rd: BufReader<Conn>,
+    wr: Conn,
+    size: u64,
+    flags: u16,
+    next_handle: u64,
+}
+
+fn handshake_err(msg: impl Into<String>) -> ClientError {
+    ClientError::Handshake(msg.into())
+}
+
+impl Client {
+    /// Connects and selects `export` with OPT_GO.
+    pub fn connect(target: &Target, export: &str) -> ClientResult<Client> {
+        let wr = Conn::connect(target)?;
+        let rd = BufReader::new(wr.try_clone()?);
+        let mut c = Client { rd, wr, size: 0, flags: 0, next_handle: 1 };
+        c.greet()?;
+        c.go(export)?;
+        Ok(c)
+    }
+
+    /// Lists the server's exports with OPT_LIST, then aborts.
+    pub fn list(target: &Target) -> ClientResult<Vec<String>> {
+        let wr = Conn::connect(target)?;
+        let rd = BufReader::new(wr.try_clone()?);
+        let mut c = Client { rd, wr, size: 0, flags: 0, next_handle: 1 };
+        c.greet()?;
+        c.send_option(OPT_LIST, &[])?;
+        let mut names = Vec::new();
+        loop {
+            let (kind, data) = c.option_reply(OPT_LIST)?;
+            match kind {
+                REP_ACK => break,
+                REP_SERVER if data.len() >= 4 => {
+                    let n = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
+                    let name = data.get(4..4 + n).ok_or_else(|| handshake_err("short LIST reply"))?;
+                    names.push(String::from_utf8_lossy(name).into_owned());
+                }
+                other => return Err(handshake_err(format!("LIST answered {other:#x}"))),
+            }
+        }
+        let _ = c.send_option(OPT_ABORT, &[]);
+        Ok(names)
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn transmission_flags(&self) -> u16 {
+        self.flags
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.flags & TFLAG_READ_ONLY != 0
+    }
+
+    pub fn can_multi_conn(&self) -> bool {
+        self.flags & TFLAG_CAN_MULTI_CONN != 0
+    }
+
+    fn greet(&mut self) -> ClientResult<()> {
+        let mut b = [0u8; 18];
+        self.rd.read_exact(&mut b)?;
+        if b[0..8] != NBDMAGIC.to_be_bytes() || b[8..16] != IHAVEOPT.to_be_bytes() {
+            return Err(handshake_err("not a fixed-newstyle NBD server"));
+        }
+        let hs = u16::from_be_bytes([b[16], b[17]]);
+        if hs & FLAG_FIXED_NEWSTYLE == 0 {
+            return Err(handshake_err("server lacks fixed newstyle"));
+        }
+        let mut cf = FLAG_C_FIXED_NEWSTYLE;
+        if hs & FLAG_NO_ZEROES != 0 {
+            cf |= FLAG_C_NO_ZEROES;
+        }
+        self.wr.write_all(&cf.to_be_bytes())?;
+        Ok(())
+    }
+
+    fn send_option(&mut self, opt: u32, data: &[u8]) -> ClientResult<()> {
+        let mut h = [0u8; 16];
+        h[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        h[8..12].copy_from_slice(&opt.to_be_bytes());
+        h[12..16].copy_from_slice(&(data.len() as u32).to_be_bytes());
+        write_all_vectored(&mut self.wr, &[&h, data])?;
+        Ok(())
+    }
+
+    fn option_reply(&mut self, opt: u32) -> ClientResult<(u32, Vec<u8>)> {
+        let mut h = [0u8; 20];
+        self.rd.read_exact(&mut h)?;
+        if h[0..8] != OPTION_REPLY_MAGIC.to_be_bytes() {
+            return Err(handshake_err("bad option reply magic"));
+        }
+        let got_opt = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
+        if got_opt != opt {
+            return Err(handshake_err(format!("reply for option {got_opt}, asked {opt}")));
+        }
+        let kind = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+        let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+        if len > 64 << 10 {
+            return Err(handshake_err("oversized option reply"));
+        }
+        let mut data = vec![0u8; len as usize];
+        self.rd.read_exact(&mut data)?;
+        Ok((kind, data))
+    }
+
+    fn go(&mut self, export: &str) -> ClientResult<()> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        d.extend_from_slice(export.as_bytes());
+        d.extend_from_slice(&0u16.to_be_bytes());
+        self.send_option(OPT_GO, &d)?;
+        let mut got_export = false;
+        loop {
+            let (kind, data) = self.option_reply(OPT_GO)?;
+            match kind {
+                REP_ACK if got_export => return Ok(()),
+                REP_ACK => return Err(handshake_err("GO acknowledged without export info")),
+                REP_INFO if data.len() >= 12 && data[0..2] == INFO_EXPORT.to_be_bytes() => {
+                    self.size = u64::from_be_bytes(data[2..10].try_into().map_err(|_| handshake_err("short info"))?);
+                    self.flags = u16::from_be_bytes([data[10], data[11]]);
+                    got_export = true;
+                }
+                REP_INFO => {}
+                err if err & REP_FLAG_ERROR != 0 => {
+                    return Err(handshake_err(format!(
+                        "export {export:?} refused ({err:#x}): {}",
+                        String::from_utf8_lossy(&data)
+                    )))
+                }
+                other => return Err(handshake_err(format!("unexpected GO reply {other:#x}"))),
+            }
+        }
+    }
+
+    fn request(&mut self, kind: u16, flags: u16, offset: u64, length: u32, payload: &[u8]) -> ClientResult<u64> {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let req = Request { flags, kind, handle, offset, length };
+        write_all_vectored(&mut self.wr, &[&req.encode(), payload])?;
+        Ok(handle)
+    }
+
+    fn reply(&mut self, op: &'static str, handle: u64) -> ClientResult<()> {
+        let mut h = [0u8; 16];
+        self.rd.read_exact(&mut h)?;
+        if h[0..4] != SIMPLE_REPLY_MAGIC.to_be_bytes() {
+            return Err(ClientError::Io(io::Error::new(io::ErrorKind::InvalidData, "bad reply magic")));
+        }
+        let got = u64::from_be_bytes(h[8..16].try_into().map_err(|_| handshake_err("short reply"))?);
+        if got != handle {
+            return Err(ClientError::Io(io::Error::new(io::ErrorKind::InvalidData, "reply for another request")));
+        }
+        match u32::from_be_bytes([h[4], h[5], h[6], h[7]]) {
+            0 => Ok(()),
+            errno => Err(ClientError::Request { op, errno }),
+        }
+    }
+
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> ClientResult<()> {
+        let h = self.request(CMD_READ, 0, offset, buf.len() as u32, &[])?;
+        self.reply("read", h)?;
+        self.rd.read_exact(buf)?;
+        Ok(())
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> ClientResult<()> {
+        let flags = if fua { CMD_FLAG_FUA } else { 0 };
+        let h = self.request(CMD_WRITE, flags, offset, data.len() as u32, data)?;
+        self.reply("write", h)
+    }
+
+    pub fn flush(&mut self) -> ClientResult<()> {
+        let h = self.request(CMD_FLUSH, 0, 0, 0, &[])?;
+        self.reply("flush", h)
+    }
+
+    pub fn trim(&mut self, offset: u64, len: u32) -> ClientResult<()> {
+        let h = self.request(CMD_TRIM, 0, offset, len, &[])?;
+        self.reply("trim", h)
+    }
+
+    pub fn write_zeroes(&mut self, offset: u64, len: u32) -> ClientResult<()> {
+        let h = self.request(CMD_WRITE_ZEROES, 0, offset, len, &[])?;
+        self.reply("write_zeroes", h)
+    }
+
+    pub fn cache(&mut self, offset: u64, len: u32) -> ClientResult<()> {
+        let h = self.request(CMD_CACHE, 0, offset, len, &[])?;
+        self.reply("cache", h)
+    }
+
+    /// Sends NBD_CMD_DISC and closes.
+    pub fn disconnect(mut self) -> ClientResult<()> {
+        self.request(CMD_DISC, 0, 0, 0, &[])?;
+        self.wr.flush()?;
+        self.wr.shutdown();
+        Ok(())
+    }
+}

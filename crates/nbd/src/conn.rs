@@ -1,0 +1,112 @@
+//! One byte stream type for unix and TCP sockets.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+
+use crate::uri::Target;
+
+pub enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    pub fn connect(target: &Target) -> io::Result<Conn> {
+        match target {
+            Target::Unix(p) => UnixStream::connect(p).map(Conn::Unix),
+            Target::Tcp { host, port } => {
+                let s = TcpStream::connect((host.as_str(), *port))?;
+                s.set_nodelay(true)?;
+                Ok(Conn::Tcp(s))
+            }
+        }
+    }
+
+    pub fn try_clone(&self) -> io::Result<Conn> {
+        match self {
+            Conn::Unix(s) => s.try_clone().map(Conn::Unix),
+            Conn::Tcp(s) => s.try_clone().map(Conn::Tcp),
+        }
+    }
+
+    pub fn shutdown(&self) {
+        let _ = match self {
+            Conn::Unix(s) => s.shutdown(Shutdown::Both),
+            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
+    /// Ends the receiving side only, so replies still in flight can go out.
+    pub fn shutdown_read(&self) {
+        let _ = match self {
+            Conn::Unix(s) => s.shutdown(Shutdown::Read),
+            Conn::Tcp(s) => s.shutdown(Shutdown::Read),
+        };
+    }
+
+    pub fn peer(&self) -> String {
+        match self {
+            Conn::Unix(_) => "unix".to_string(),
+            Conn::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp".into()),
+        }
+    }
+
+    pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_read_timeout(t),
+            Conn::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read(buf),
+            Conn::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write(buf),
+            Conn::Tcp(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write_vectored(bufs),
+            Conn::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes all of `parts` with as few system calls as the kernel allows.
+pub fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()> {
+    let mut idx = 0;
+    let mut off = 0;
+    while idx < parts.len() {
+        let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(parts.len() - idx);
+        slices.push(io::IoSlice::new(&parts[idx][off..]));
+        for p in &parts[idx + 1..] {
+            slices.push(io::IoSlice::new(p));
+        }
+        let mut n = w.write_vectored(&slices)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while idx < parts.len() && n >= parts[idx].len() - off {
+            n -= parts[idx].len() - off;
+            idx += 1;
+            off = 0;
+        }
+        off += n;
+    }
+    Ok(())
+}

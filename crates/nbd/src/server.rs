@@ -1,0 +1,704 @@
+//! An NBD server: fixed-newstyle handshake, then many requests in flight per
+//! connection with replies in completion order. What an export *is* comes
+//! from the [`Export`] trait; nothing here knows about caching.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{unbounded, Sender};
+use parking_lot::{Condvar, Mutex};
+use tracing::{debug, info, warn};
+
+use crate::conn::{write_all_vectored, Conn};
+use crate::proto::*;
+
+/// A host errno describing why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+pub type NbdResult = Result<(), Errno>;
+
+/// What a client learns about an export during the handshake.
+#[derive(Debug, Clone)]
+pub struct ExportInfo {
+    pub size: u64,
+    pub read_only: bool,
+    /// Safe to advertise only if a FLUSH on one connection covers writes
+    /// completed on every other connection.
+    pub multi_conn: bool,
+    pub rotational: bool,
+    pub description: String,
+    pub min_block: u32,
+    pub preferred_block: u32,
+}
+
+/// One export as the protocol sees it. Every method may block except
+/// [`Export::try_read_now`], which answers only when it can do so at once.
+pub trait Export: Send + Sync {
+    fn info(&self) -> ExportInfo;
+
+    /// Serves a read without blocking on slow IO, or returns `None` so the
+    /// server hands the request to a worker. Lets fast answers overtake slow
+    /// ones queued before them.
+    fn try_read_now(&self, _offset: u64, _buf: &mut [u8]) -> Option<NbdResult> {
+        None
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult;
+    fn flush(&self) -> NbdResult;
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
+    /// Loads a range into whatever cache the export has (NBD_CMD_CACHE).
+    fn cache(&self, offset: u64, len: u64) -> NbdResult;
+}
+
+/// The set of exports a server offers.
+pub trait ExportSet: Send + Sync {
+    /// Names and descriptions, for NBD_OPT_LIST.
+    fn list(&self) -> Vec<(String, String)>;
+    fn open(&self, name: &str) -> Option<Arc<dyn Export>>;
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ServerConfig {
+    /// Largest READ or WRITE payload accepted (also advertised).
+    pub max_request: u32,
+    /// Requests one connection may have in flight; bounds its memory.
+    pub max_in_flight: usize,
+    /// Worker threads shared by every connection for blocking requests.
+    pub workers: usize,
+    /// A client must finish the handshake within this time.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_request: 32 << 20,
+            max_in_flight: 64,
+            workers: 32,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters of the protocol layer.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections: AtomicU64,
+    pub active_connections: AtomicU64,
+    pub requests: AtomicU64,
+    pub request_errors: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub immediate_reads: AtomicU64,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub struct Server {
+    exports: Arc<dyn ExportSet>,
+    cfg: ServerConfig,
+    jobs: Sender<Job>,
+    stats: ServerStats,
+    stopping: AtomicBool,
+    live: Mutex<HashMap<u64, Conn>>,
+    live_changed: Condvar,
+}
+
+/// Why a handshake ended without entering transmission.
+enum Negotiated {
+    Transmit { export: Arc<dyn Export>, structured: bool },
+    Done,
+}
+
+impl Server {
+    pub fn new(exports: Arc<dyn ExportSet>, cfg: ServerConfig) -> Arc<Server> {
+        let (tx, rx) = unbounded::<Job>();
+        for i in 0..cfg.workers.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("nbd-worker-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                })
+                .expect("spawn worker thread");
+        }
+        Arc::new(Server {
+            exports,
+            cfg,
+            jobs: tx,
+            stats: ServerStats::default(),
+            stopping: AtomicBool::new(false),
+            live: Mutex::new(HashMap::new()),
+            live_changed: Condvar::new(),
+        })
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    /// Accepts connections on a unix socket in a background thread.
+    pub fn listen_unix(self: &Arc<Self>, listener: UnixListener) {
+        let server = Arc::clone(self);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if server.stopping.load(Relaxed) {
+                    break;
+                }
+                match stream {
+                    Ok(s) => server.spawn_connection(Conn::Unix(s)),
+                    Err(e) => warn!("accept on unix socket: {e}"),
+                }
+            }
+        });
+    }
+
+    /// Accepts connections on a TCP socket in a background thread.
+    pub fn listen_tcp(self: &Arc<Self>, listener: TcpListener) {
+        let server = Arc::clone(self);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if server.stopping.load(Relaxed) {
+                    break;
+                }
+                match stream {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        server.spawn_connection(Conn::Tcp(s));
+                    }
+                    Err(e) => warn!("accept on tcp socket: {e}"),
+                }
+            }
+        });
+    }
+
+    fn spawn_connection(self: &Arc<Self>, conn: Conn) {
+        let server = Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || server.handle(conn));
+        if let Err(e) = spawned {
+            warn!("cannot start a connection thread: {e}");
+        }
+    }
+
+    /// Serves one client until it disconnects; blocks the calling thread.
+    pub fn handle(self: &Arc<Self>, conn: Conn) {
+        let id = self.stats.connections.fetch_add(1, Relaxed);
+        let peer = conn.peer();
+        match conn.try_clone() {
+            Ok(c) => {
+                self.live.lock().insert(id, c);
+            }
+            Err(e) => {
+                warn!("connection {id} from {peer}: {e}");
+                return;
+            }
+        }
+        self.stats.active_connections.fetch_add(1, Relaxed);
+        debug!("connection {id} from {peer}");
+        if self.stopping.load(Relaxed) {
+            conn.shutdown();
+        }
+        if let Err(e) = self.session(conn) {
+            self.stats.protocol_errors.fetch_add(1, Relaxed);
+            debug!("connection {id} from {peer} ended: {e}");
+        }
+        self.live.lock().remove(&id);
+        self.stats.active_connections.fetch_sub(1, Relaxed);
+        self.live_changed.notify_all();
+    }
+
+    /// Stops reading new requests on every connection; requests already
+    /// received are still answered. Returns once all connections are gone or
+    /// `timeout` passes; returns true if they are all gone.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        self.stopping.store(true, Relaxed);
+        let mut live = self.live.lock();
+        for c in live.values() {
+            c.shutdown_read();
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while !live.is_empty() {
+            if self.live_changed.wait_until(&mut live, deadline).timed_out() {
+                return live.is_empty();
+            }
+        }
+        true
+    }
+
+    fn session(self: &Arc<Self>, mut conn: Conn) -> io::Result<()> {
+        conn.set_read_timeout(Some(self.cfg.handshake_timeout))?;
+        let mut rd = BufReader::with_capacity(64 << 10, conn.try_clone()?);
+        let negotiated = self.handshake(&mut rd, &mut conn)?;
+        let Negotiated::Transmit { export, structured } = negotiated else {
+            return Ok(());
+        };
+        conn.set_read_timeout(None)?;
+        self.transmission(rd, conn, export, structured)
+    }
+
+    // ---------------------------------------------------------------- handshake
+
+    fn handshake(&self, rd: &mut impl Read, w: &mut Conn) -> io::Result<Negotiated> {
+        let mut hello = Vec::with_capacity(18);
+        hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        w.write_all(&hello)?;
+        let client_flags = read_u32(rd)?;
+        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+            return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
+        }
+        let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+        let mut structured = false;
+        loop {
+            let magic = read_u64(rd)?;
+            if magic != IHAVEOPT {
+                return Err(protocol_error(format!("bad option magic {magic:#x}")));
+            }
+            let opt = read_u32(rd)?;
+            let len = read_u32(rd)?;
+            // Options carry names and a few integers; anything huge is garbage.
+            if len > 64 << 10 {
+                return Err(protocol_error(format!("option {opt} with {len} bytes of data")));
+            }
+            let mut data = vec![0u8; len as usize];
+            rd.read_exact(&mut data)?;
+            match opt {
+                OPT_EXPORT_NAME => {
+                    let name = String::from_utf8_lossy(&data).into_owned();
+                    let Some(export) = self.exports.open(&name) else {
+                        warn!("client asked for unknown export {name:?}");
+                        return Ok(Negotiated::Done);
+                    };
+                    let info = export.info();
+                    let mut reply = Vec::with_capacity(10 + 124);
+                    reply.extend_from_slice(&info.size.to_be_bytes());
+                    reply.extend_from_slice(&self.transmission_flags(&info).to_be_bytes());
+                    if !no_zeroes {
+                        reply.extend_from_slice(&[0u8; 124]);
+                    }
+                    w.write_all(&reply)?;
+                    return Ok(Negotiated::Transmit { export, structured });
+                }
+                OPT_ABORT => {
+                    let _ = option_reply(w, opt, REP_ACK, &[]);
+                    return Ok(Negotiated::Done);
+                }
+                OPT_LIST => {
+                    if !data.is_empty() {
+                        option_error(w, opt, REP_ERR_INVALID, "LIST takes no data")?;
+                        continue;
+                    }
+                    for (name, desc) in self.exports.list() {
+                        let mut p = Vec::new();
+                        p.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                        p.extend_from_slice(name.as_bytes());
+                        p.extend_from_slice(desc.as_bytes());
+                        option_reply(w, opt, REP_SERVER, &p)?;
+                    }
+                    option_reply(w, opt, REP_ACK, &[])?;
+                }
+                OPT_STRUCTURED_REPLY => {
+                    if !data.is_empty() {
+                        option_error(w, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data")?;
+                    } else {
+                        structured = true;
+                        option_reply(w, opt, REP_ACK, &[])?;
+                    }
+                }
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                    if structured {
+                        // No metadata contexts are offered; an empty answer says so.
+                        option_reply(w, opt, REP_ACK, &[])?;
+                    } else {
+                        option_error(w, opt, REP_ERR_INVALID, "negotiate structured replies first")?;
+                    }
+                }
+                OPT_INFO | OPT_GO => {
+                    if let Some(export) = self.info_or_go(w, opt, &data)? {
+                        return Ok(Negotiated::Transmit { export, structured });
+                    }
+                }
+                OPT_STARTTLS => option_error(w, opt, REP_ERR_POLICY, "TLS is not configured on this server")?,
+                _ => option_error(w, opt, REP_ERR_UNSUP, "option not supported")?,
+            }
+        }
+    }
+
+    /// Answers INFO or GO; returns the export when GO succeeded.
+    fn info_or_go(&self, w: &mut Conn, opt: u32, data: &[u8]) -> io::Result<Option<Arc<dyn Export>>> {
+        let Some((name, requests)) = parse_info_request(data) else {
+            option_error(w, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
+            return Ok(None);
+        };
+        let Some(export) = self.exports.open(&name) else {
+            option_error(w, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}"))?;
+            return Ok(None);
+        };
+        let info = export.info();
+        let mut p = Vec::with_capacity(12);
+        p.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+        p.extend_from_slice(&info.size.to_be_bytes());
+        p.extend_from_slice(&self.transmission_flags(&info).to_be_bytes());
+        option_reply(w, opt, REP_INFO, &p)?;
+        for req in requests {
+            let mut p = Vec::new();
+            p.extend_from_slice(&req.to_be_bytes());
+            match req {
+                INFO_NAME => p.extend_from_slice(name.as_bytes()),
+                INFO_DESCRIPTION => p.extend_from_slice(info.description.as_bytes()),
+                INFO_BLOCK_SIZE => {
+                    p.extend_from_slice(&info.min_block.max(1).to_be_bytes());
+                    p.extend_from_slice(&info.preferred_block.max(512).to_be_bytes());
+                    p.extend_from_slice(&self.cfg.max_request.to_be_bytes());
+                }
+                _ => continue,
+            }
+            option_reply(w, opt, REP_INFO, &p)?;
+        }
+        option_reply(w, opt, REP_ACK, &[])?;
+        Ok((opt == OPT_GO).then_some(export))
+    }
+
+    fn transmission_flags(&self, info: &ExportInfo) -> u16 {
+        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
+        if info.read_only {
+            f |= TFLAG_READ_ONLY;
+        } else {
+            f |= TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
+        }
+        if info.multi_conn {
+            f |= TFLAG_CAN_MULTI_CONN;
+        }
+        if info.rotational {
+            f |= TFLAG_ROTATIONAL;
+        }
+        f
+    }
+
+    // ---------------------------------------------------------------- transmission
+
+    fn transmission(
+        self: &Arc<Self>,
+        mut rd: BufReader<Conn>,
+        conn: Conn,
+        export: Arc<dyn Export>,
+        structured: bool,
+    ) -> io::Result<()> {
+        let info = export.info();
+        let shared = Arc::new(ConnShared {
+            writer: Mutex::new(conn),
+            structured,
+            in_flight: Mutex::new(0),
+            drained: Condvar::new(),
+        });
+        let result = self.request_loop(&mut rd, &shared, &export, &info);
+        shared.wait_idle();
+        result
+    }
+
+    fn request_loop(
+        self: &Arc<Self>,
+        rd: &mut BufReader<Conn>,
+        shared: &Arc<ConnShared>,
+        export: &Arc<dyn Export>,
+        info: &ExportInfo,
+    ) -> io::Result<()> {
+        loop {
+            let mut hdr = [0u8; REQUEST_LEN];
+            match rd.read_exact(&mut hdr) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            let Some(req) = Request::decode(&hdr) else {
+                return Err(protocol_error("bad request magic; closing".into()));
+            };
+            self.stats.requests.fetch_add(1, Relaxed);
+            if req.kind == CMD_DISC {
+                return Ok(());
+            }
+            let payload = if req.kind == CMD_WRITE {
+                match self.read_payload(rd, req.length)? {
+                    Some(p) => Some(p),
+                    None => {
+                        shared.reply_error(req, EINVAL, &self.stats);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            if let Err(errno) = self.validate(&req, info) {
+                shared.reply_error(req, errno, &self.stats);
+                continue;
+            }
+            if req.kind == CMD_READ {
+                let mut buf = vec![0u8; req.length as usize];
+                if let Some(res) = export.try_read_now(req.offset, &mut buf) {
+                    self.stats.immediate_reads.fetch_add(1, Relaxed);
+                    shared.reply_read(req, res, &buf, &self.stats);
+                    continue;
+                }
+                self.dispatch(shared, req, move |ex| {
+                    let res = ex.read(req.offset, &mut buf);
+                    (res, buf)
+                }, export);
+                continue;
+            }
+            let fua = req.flags & CMD_FLAG_FUA != 0;
+            let (off, len) = (req.offset, u64::from(req.length));
+            self.dispatch(shared, req, move |ex| {
+                let res = match req.kind {
+                    CMD_WRITE => ex.write(off, payload.as_deref().unwrap_or(&[]), fua),
+                    CMD_FLUSH => ex.flush(),
+                    CMD_TRIM => ex.trim(off, len, fua),
+                    CMD_WRITE_ZEROES => ex.write_zeroes(off, len, fua),
+                    CMD_CACHE => ex.cache(off, len),
+                    _ => Err(Errno(libc::EINVAL)),
+                };
+                (res, Vec::new())
+            }, export);
+        }
+    }
+
+    /// Reads a WRITE payload; `None` if it was too large and was discarded.
+    fn read_payload(&self, rd: &mut impl Read, len: u32) -> io::Result<Option<Vec<u8>>> {
+        if len <= self.cfg.max_request {
+            let mut p = vec![0u8; len as usize];
+            rd.read_exact(&mut p)?;
+            return Ok(Some(p));
+        }
+        // Skip it in bounded chunks so the stream stays in step.
+        let mut left = u64::from(len);
+        let mut sink = vec![0u8; 1 << 20];
+        while left > 0 {
+            let n = left.min(sink.len() as u64) as usize;
+            rd.read_exact(&mut sink[..n])?;
+            left -= n as u64;
+        }
+        Ok(None)
+    }
+
+    fn validate(&self, req: &Request, info: &ExportInfo) -> Result<(), u32> {
+        let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+        match req.kind {
+            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_FLUSH => {}
+            _ => return Err(EINVAL),
+        }
+        if writes && info.read_only {
+            return Err(EPERM);
+        }
+        if req.kind == CMD_FLUSH {
+            return Ok(());
+        }
+        if matches!(req.kind, CMD_READ | CMD_WRITE) && req.length > self.cfg.max_request {
+            return Err(EINVAL);
+        }
+        match req.offset.checked_add(u64::from(req.length)) {
+            Some(end) if end <= info.size => Ok(()),
+            _ => Err(EINVAL),
+        }
+    }
+
+    fn dispatch<F>(self: &Arc<Self>, shared: &Arc<ConnShared>, req: Request, work: F, export: &Arc<dyn Export>)
+    where
+        F: FnOnce(&dyn Export) -> (NbdResult, Vec<u8>) + Send + 'static,
+    {
+        shared.acquire(self.cfg.max_in_flight);
+        let shared = Arc::clone(shared);
+        let export = Arc::clone(export);
+        let server = Arc::clone(self);
+        let job: Job = Box::new(move || {
+            let (res, buf) = work(export.as_ref());
+            if req.kind == CMD_READ {
+                shared.reply_read(req, res, &buf, &server.stats);
+            } else {
+                shared.reply_status(req, res, &server.stats);
+            }
+            shared.release();
+        });
+        if let Err(e) = self.jobs.send(job) {
+            // Only when every worker has died; run it here rather than drop it.
+            (e.into_inner())();
+        }
+    }
+}
+
+/// State one connection's reader and its in-flight jobs share.
+struct ConnShared {
+    writer: Mutex<Conn>,
+    structured: bool,
+    in_flight: Mutex<usize>,
+    drained: Condvar,
+}
+
+impl ConnShared {
+    fn acquire(&self, max: usize) {
+        let mut n = self.in_flight.lock();
+        while *n >= max.max(1) {
+            self.drained.wait(&mut n);
+        }
+        *n += 1;
+    }
+
+    fn release(&self) {
+        *self.in_flight.lock() -= 1;
+        self.drained.notify_all();
+    }
+
+    fn wait_idle(&self) {
+        let mut n = self.in_flight.lock();
+        while *n > 0 {
+            self.drained.wait(&mut n);
+        }
+    }
+
+    fn send(&self, parts: &[&[u8]]) {
+        let mut w = self.writer.lock();
+        if let Err(e) = write_all_vectored(&mut *w, parts) {
+            // The client is gone; make the reader notice too.
+            debug!("reply not delivered: {e}");
+            w.shutdown();
+        }
+    }
+
+    fn reply_read(&self, req: Request, res: NbdResult, data: &[u8], stats: &ServerStats) {
+        match res {
+            Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats),
+            Ok(()) if self.structured && !data.is_empty() => {
+                let mut h = [0u8; 28];
+                h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+                h[4..6].copy_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+                h[6..8].copy_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
+                h[8..16].copy_from_slice(&req.handle.to_be_bytes());
+                h[16..20].copy_from_slice(&(8 + data.len() as u32).to_be_bytes());
+                h[20..28].copy_from_slice(&req.offset.to_be_bytes());
+                self.send(&[&h, data]);
+            }
+            Ok(()) if self.structured => self.reply_status(req, Ok(()), stats),
+            Ok(()) => {
+                let h = simple_header(req.handle, 0);
+                self.send(&[&h, data]);
+            }
+        }
+    }
+
+    fn reply_status(&self, req: Request, res: NbdResult, stats: &ServerStats) {
+        match res {
+            Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats),
+            Ok(()) if self.structured => {
+                let h = structured_header(req.handle, REPLY_TYPE_NONE, 0);
+                self.send(&[&h]);
+            }
+            Ok(()) => self.send(&[&simple_header(req.handle, 0)]),
+        }
+    }
+
+    fn reply_error(&self, req: Request, errno: u32, stats: &ServerStats) {
+        stats.request_errors.fetch_add(1, Relaxed);
+        if self.structured {
+            let h = structured_header(req.handle, REPLY_TYPE_ERROR, 6);
+            let mut p = [0u8; 6];
+            p[0..4].copy_from_slice(&errno.to_be_bytes());
+            self.send(&[&h, &p]);
+        } else {
+            self.send(&[&simple_header(req.handle, errno)]);
+        }
+    }
+}
+
+fn simple_header(handle: u64, error: u32) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    h[4..8].copy_from_slice(&error.to_be_bytes());
+    h[8..16].copy_from_slice(&handle.to_be_bytes());
+    h
+}
+
+fn structured_header(handle: u64, kind: u16, len: u32) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+    h[6..8].copy_from_slice(&kind.to_be_bytes());
+    h[8..16].copy_from_slice(&handle.to_be_bytes());
+    h[16..20].copy_from_slice(&len.to_be_bytes());
+    h
+}
+
+/// Parses the data of INFO/GO: name length, name, count, info types.
+pub fn parse_info_request(data: &[u8]) -> Option<(String, Vec<u16>)> {
+    let name_len = u32::from_be_bytes(data.get(0..4)?.try_into().ok()?) as usize;
+    let name_end = 4usize.checked_add(name_len)?;
+    let name = std::str::from_utf8(data.get(4..name_end)?).ok()?.to_string();
+    let n = u16::from_be_bytes(data.get(name_end..name_end + 2)?.try_into().ok()?) as usize;
+    let rest = data.get(name_end + 2..)?;
+    if rest.len() != n * 2 {
+        return None;
+    }
+    let requests = rest.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+    Some((name, requests))
+}
+
+fn option_reply(w: &mut Conn, opt: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    let mut h = [0u8; 20];
+    h[0..8].copy_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+    h[8..12].copy_from_slice(&opt.to_be_bytes());
+    h[12..16].copy_from_slice(&kind.to_be_bytes());
+    h[16..20].copy_from_slice(&(data.len() as u32).to_be_bytes());
+    write_all_vectored(w, &[&h, data])
+}
+
+fn option_error(w: &mut Conn, opt: u32, kind: u32, msg: &str) -> io::Result<()> {
+    debug!("option {opt}: {msg}");
+    option_reply(w, opt, kind, msg.as_bytes())
+}
+
+fn protocol_error(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// Logs where a listener is, in the form clients take.
+pub fn announce(uri: &str) {
+    info!("serving NBD at {uri}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_request_parsing_is_strict() {
+        let mut d = Vec::new();
+        d.extend_from_slice(&3u32.to_be_bytes());
+        d.extend_from_slice(b"abc");
+        d.extend_from_slice(&1u16.to_be_bytes());
+        d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        assert_eq!(parse_info_request(&d), Some(("abc".to_string(), vec![INFO_BLOCK_SIZE])));
+        assert_eq!(parse_info_request(&d[..d.len() - 1]), None);
+        let mut huge = d.clone();
+        huge[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(parse_info_request(&huge), None);
+    }
+}

@@ -1,0 +1,157 @@
+//! The server and client against each other over a unix socket, with an
+//! in-memory export that can be told to stall its slow path.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nbd::proto::*;
+use nbd::{Client, Errno, Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig, Target};
+use parking_lot::Mutex;
+
+struct MemExport {
+    data: Mutex<Vec<u8>>,
+    read_only: bool,
+    /// Reads at offsets >= this go the slow way and take 300 ms.
+    slow_from: u64,
+}
+
+impl Export for MemExport {
+    fn info(&self) -> ExportInfo {
+        ExportInfo {
+            size: self.data.lock().len() as u64,
+            read_only: self.read_only,
+            multi_conn: true,
+            rotational: false,
+            description: "test".into(),
+            min_block: 1,
+            preferred_block: 4096,
+        }
+    }
+    fn try_read_now(&self, offset: u64, buf: &mut [u8]) -> Option<NbdResult> {
+        if offset >= self.slow_from {
+            return None;
+        }
+        let d = self.data.lock();
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Some(Ok(()))
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
+        std::thread::sleep(Duration::from_millis(300));
+        let d = self.data.lock();
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> NbdResult {
+        self.data.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn flush(&self) -> NbdResult {
+        Ok(())
+    }
+    fn trim(&self, _o: u64, _l: u64, _f: bool) -> NbdResult {
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _f: bool) -> NbdResult {
+        self.data.lock()[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+    fn cache(&self, _o: u64, _l: u64) -> NbdResult {
+        Err(Errno(libc::ENOTSUP))
+    }
+}
+
+struct Set(HashMap<String, Arc<dyn Export>>);
+impl ExportSet for Set {
+    fn list(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self.0.keys().map(|k| (k.clone(), String::new())).collect();
+        v.sort();
+        v
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
+        self.0.get(name).cloned()
+    }
+}
+
+fn start() -> (tempfile::TempDir, Target) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
+    m.insert("".into(), Arc::new(MemExport { data: Mutex::new(vec![0; 1 << 20]), read_only: false, slow_from: 1 << 19 }));
+    m.insert("ro".into(), Arc::new(MemExport { data: Mutex::new(vec![7; 1 << 16]), read_only: true, slow_from: u64::MAX }));
+    let server = Server::new(Arc::new(Set(m)), ServerConfig { max_request: 1 << 20, ..Default::default() });
+    server.listen_unix(UnixListener::bind(&sock).unwrap());
+    (dir, Target::Unix(sock))
+}
+
+#[test]
+fn write_read_list_and_errors() {
+    let (_d, t) = start();
+    let mut c = Client::connect(&t, "").unwrap();
+    assert_eq!(c.size(), 1 << 20);
+    c.write(4096, b"hello", true).unwrap();
+    let mut b = [0u8; 5];
+    c.read(4096, &mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    let e = c.read((1 << 20) - 2, &mut b).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "read past the end");
+    c.flush().unwrap();
+    let mut ro = Client::connect(&t, "ro").unwrap();
+    assert!(ro.read_only());
+    assert_eq!(ro.write(0, b"x", false).unwrap_err().errno(), libc::EPERM);
+    assert_eq!(Client::list(&t).unwrap(), vec!["".to_string(), "ro".to_string()]);
+    assert!(Client::connect(&t, "nope").is_err());
+    // The connection still works after all those errors.
+    c.read(4096, &mut b).unwrap();
+    c.disconnect().unwrap();
+}
+
+/// Raw protocol: a slow read followed by a fast one on the same connection;
+/// the fast reply must come first.
+#[test]
+fn fast_reply_overtakes_slow_one() {
+    let (_d, t) = start();
+    let Target::Unix(p) = &t else { unreachable!() };
+    let mut s = UnixStream::connect(p).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
+    // EXPORT_NAME "" (old style select).
+    let mut o = Vec::new();
+    o.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    o.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    o.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&o).unwrap();
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).unwrap();
+    let slow = Request { flags: 0, kind: CMD_READ, handle: 1, offset: 1 << 19, length: 512 };
+    let fast = Request { flags: 0, kind: CMD_READ, handle: 2, offset: 0, length: 512 };
+    let t0 = Instant::now();
+    s.write_all(&slow.encode()).unwrap();
+    s.write_all(&fast.encode()).unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 2, "fast reply first");
+    assert!(t0.elapsed() < Duration::from_millis(250));
+    let mut data = [0u8; 512];
+    s.read_exact(&mut data).unwrap();
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 1);
+}
+
+#[test]
+fn garbage_handshake_closes_only_that_connection() {
+    let (_d, t) = start();
+    let Target::Unix(p) = &t else { unreachable!() };
+    let mut s = UnixStream::connect(p).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&[0xde; 64]).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "server hangs up on garbage without replying");
+    let mut c = Client::connect(&t, "").unwrap();
+    c.flush().unwrap();
+}
