@@ -7,6 +7,7 @@ mod error;
 mod faulty;
 mod file;
 mod mem;
+mod remote;
 mod slow;
 
 pub use counting::{CountingDev, IoCounts};
@@ -14,6 +15,7 @@ pub use error::{DevError, DevResult};
 pub use faulty::{FaultPlan, FaultyDev};
 pub use file::{FileDev, FileDevOptions};
 pub use mem::MemDev;
+pub use remote::NbdDev;
 pub use slow::{SlowDev, SlowDevConfig};
 
 /// A random-access store of `size()` bytes. Implementations are shared
@@ -62,7 +64,11 @@ pub fn check_range(size: u64, offset: u64, len: u64) -> DevResult<()> {
 }
 
 /// The fallback for devices with no native zeroing: plain writes of zeroes.
-pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: u64) -> DevResult<()> {
+pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(
+    dev: &D,
+    offset: u64,
+    len: u64,
+) -> DevResult<()> {
     const CHUNK: u64 = 1 << 20;
     let zeroes = vec![0u8; CHUNK.min(len) as usize];
     let mut done = 0;

@@ -113,7 +113,10 @@ pub struct Server {
 
 /// Why a handshake ended without entering transmission.
 enum Negotiated {
-    Transmit { export: Arc<dyn Export>, structured: bool },
+    Transmit {
+        export: Arc<dyn Export>,
+        structured: bool,
+    },
     Done,
 }
 
@@ -183,7 +186,9 @@ impl Server {
 
     fn spawn_connection(self: &Arc<Self>, conn: Conn) {
         let server = Arc::clone(self);
-        let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || server.handle(conn));
+        let spawned = std::thread::Builder::new()
+            .name("nbd-conn".into())
+            .spawn(move || server.handle(conn));
         if let Err(e) = spawned {
             warn!("cannot start a connection thread: {e}");
         }
@@ -227,7 +232,11 @@ impl Server {
         }
         let deadline = std::time::Instant::now() + timeout;
         while !live.is_empty() {
-            if self.live_changed.wait_until(&mut live, deadline).timed_out() {
+            if self
+                .live_changed
+                .wait_until(&mut live, deadline)
+                .timed_out()
+            {
                 return live.is_empty();
             }
         }
@@ -255,7 +264,9 @@ impl Server {
         w.write_all(&hello)?;
         let client_flags = read_u32(rd)?;
         if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-            return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
+            return Err(protocol_error(format!(
+                "unknown client flags {client_flags:#x}"
+            )));
         }
         let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
         let mut structured = false;
@@ -268,7 +279,9 @@ impl Server {
             let len = read_u32(rd)?;
             // Options carry names and a few integers; anything huge is garbage.
             if len > 64 << 10 {
-                return Err(protocol_error(format!("option {opt} with {len} bytes of data")));
+                return Err(protocol_error(format!(
+                    "option {opt} with {len} bytes of data"
+                )));
             }
             let mut data = vec![0u8; len as usize];
             rd.read_exact(&mut data)?;
@@ -320,7 +333,12 @@ impl Server {
                         // No metadata contexts are offered; an empty answer says so.
                         option_reply(w, opt, REP_ACK, &[])?;
                     } else {
-                        option_error(w, opt, REP_ERR_INVALID, "negotiate structured replies first")?;
+                        option_error(
+                            w,
+                            opt,
+                            REP_ERR_INVALID,
+                            "negotiate structured replies first",
+                        )?;
                     }
                 }
                 OPT_INFO | OPT_GO => {
@@ -328,20 +346,35 @@ impl Server {
                         return Ok(Negotiated::Transmit { export, structured });
                     }
                 }
-                OPT_STARTTLS => option_error(w, opt, REP_ERR_POLICY, "TLS is not configured on this server")?,
+                OPT_STARTTLS => option_error(
+                    w,
+                    opt,
+                    REP_ERR_POLICY,
+                    "TLS is not configured on this server",
+                )?,
                 _ => option_error(w, opt, REP_ERR_UNSUP, "option not supported")?,
             }
         }
     }
 
     /// Answers INFO or GO; returns the export when GO succeeded.
-    fn info_or_go(&self, w: &mut Conn, opt: u32, data: &[u8]) -> io::Result<Option<Arc<dyn Export>>> {
+    fn info_or_go(
+        &self,
+        w: &mut Conn,
+        opt: u32,
+        data: &[u8],
+    ) -> io::Result<Option<Arc<dyn Export>>> {
         let Some((name, requests)) = parse_info_request(data) else {
             option_error(w, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
             return Ok(None);
         };
         let Some(export) = self.exports.open(&name) else {
-            option_error(w, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}"))?;
+            option_error(
+                w,
+                opt,
+                REP_ERR_UNKNOWN,
+                &format!("no export named {name:?}"),
+            )?;
             return Ok(None);
         };
         let info = export.info();
@@ -449,25 +482,35 @@ impl Server {
                     shared.reply_read(req, res, &buf, &self.stats);
                     continue;
                 }
-                self.dispatch(shared, req, move |ex| {
-                    let res = ex.read(req.offset, &mut buf);
-                    (res, buf)
-                }, export);
+                self.dispatch(
+                    shared,
+                    req,
+                    move |ex| {
+                        let res = ex.read(req.offset, &mut buf);
+                        (res, buf)
+                    },
+                    export,
+                );
                 continue;
             }
             let fua = req.flags & CMD_FLAG_FUA != 0;
             let (off, len) = (req.offset, u64::from(req.length));
-            self.dispatch(shared, req, move |ex| {
-                let res = match req.kind {
-                    CMD_WRITE => ex.write(off, payload.as_deref().unwrap_or(&[]), fua),
-                    CMD_FLUSH => ex.flush(),
-                    CMD_TRIM => ex.trim(off, len, fua),
-                    CMD_WRITE_ZEROES => ex.write_zeroes(off, len, fua),
-                    CMD_CACHE => ex.cache(off, len),
-                    _ => Err(Errno(libc::EINVAL)),
-                };
-                (res, Vec::new())
-            }, export);
+            self.dispatch(
+                shared,
+                req,
+                move |ex| {
+                    let res = match req.kind {
+                        CMD_WRITE => ex.write(off, payload.as_deref().unwrap_or(&[]), fua),
+                        CMD_FLUSH => ex.flush(),
+                        CMD_TRIM => ex.trim(off, len, fua),
+                        CMD_WRITE_ZEROES => ex.write_zeroes(off, len, fua),
+                        CMD_CACHE => ex.cache(off, len),
+                        _ => Err(Errno(libc::EINVAL)),
+                    };
+                    (res, Vec::new())
+                },
+                export,
+            );
         }
     }
 
@@ -510,8 +553,13 @@ impl Server {
         }
     }
 
-    fn dispatch<F>(self: &Arc<Self>, shared: &Arc<ConnShared>, req: Request, work: F, export: &Arc<dyn Export>)
-    where
+    fn dispatch<F>(
+        self: &Arc<Self>,
+        shared: &Arc<ConnShared>,
+        req: Request,
+        work: F,
+        export: &Arc<dyn Export>,
+    ) where
         F: FnOnce(&dyn Export) -> (NbdResult, Vec<u8>) + Send + 'static,
     {
         shared.acquire(self.cfg.max_in_flight);
@@ -639,13 +687,18 @@ fn structured_header(handle: u64, kind: u16, len: u32) -> [u8; 20] {
 pub fn parse_info_request(data: &[u8]) -> Option<(String, Vec<u16>)> {
     let name_len = u32::from_be_bytes(data.get(0..4)?.try_into().ok()?) as usize;
     let name_end = 4usize.checked_add(name_len)?;
-    let name = std::str::from_utf8(data.get(4..name_end)?).ok()?.to_string();
+    let name = std::str::from_utf8(data.get(4..name_end)?)
+        .ok()?
+        .to_string();
     let n = u16::from_be_bytes(data.get(name_end..name_end + 2)?.try_into().ok()?) as usize;
     let rest = data.get(name_end + 2..)?;
     if rest.len() != n * 2 {
         return None;
     }
-    let requests = rest.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+    let requests = rest
+        .chunks_exact(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
     Some((name, requests))
 }
 
@@ -695,7 +748,10 @@ mod tests {
         d.extend_from_slice(b"abc");
         d.extend_from_slice(&1u16.to_be_bytes());
         d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        assert_eq!(parse_info_request(&d), Some(("abc".to_string(), vec![INFO_BLOCK_SIZE])));
+        assert_eq!(
+            parse_info_request(&d),
+            Some(("abc".to_string(), vec![INFO_BLOCK_SIZE]))
+        );
         assert_eq!(parse_info_request(&d[..d.len() - 1]), None);
         let mut huge = d.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_be_bytes());

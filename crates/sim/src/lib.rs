@@ -63,6 +63,10 @@ pub fn replay(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[BlockAcces
         cache_blocks,
         requests,
         hits,
-        hit_ratio: if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
+        hit_ratio: if requests == 0 {
+            0.0
+        } else {
+            hits as f64 / requests as f64
+        },
     }
 }

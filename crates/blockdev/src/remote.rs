@@ -1,0 +1,165 @@
+use parking_lot::Mutex;
+
+use nbd::{Client, ClientError, NbdUri};
+
+use crate::{check_range, BlockDev, DevError, DevResult};
+
+/// Connections kept open to a remote server that allows several.
+const MAX_CONNECTIONS: usize = 8;
+
+/// An export of another NBD server, used as a backing store.
+pub struct NbdDev {
+    uri: NbdUri,
+    size: u64,
+    read_only: bool,
+    /// Without the server's CAN_MULTI_CONN, one connection only, so that a
+    /// FLUSH covers every write we made.
+    max_connections: usize,
+    idle: Mutex<Vec<Client>>,
+    open: Mutex<usize>,
+}
+
+fn remote_err(uri: &NbdUri, e: ClientError) -> DevError {
+    let errno = e.errno();
+    DevError::Remote(format!("{uri}: {e}"), errno)
+}
+
+impl NbdDev {
+    pub fn connect(uri: NbdUri) -> DevResult<NbdDev> {
+        let first = Client::connect(&uri.target, &uri.export).map_err(|e| remote_err(&uri, e))?;
+        let max_connections = if first.can_multi_conn() {
+            MAX_CONNECTIONS
+        } else {
+            1
+        };
+        Ok(NbdDev {
+            size: first.size(),
+            read_only: first.read_only(),
+            max_connections,
+            idle: Mutex::new(vec![first]),
+            open: Mutex::new(1),
+            uri,
+        })
+    }
+
+    /// Runs `op` on an idle connection, opening one if allowed and needed.
+    /// A connection that failed at the transport level is dropped and the
+    /// operation tried once more on a fresh one.
+    fn with_client<T>(
+        &self,
+        mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> DevResult<T> {
+        for attempt in 0..2 {
+            let mut client = self.checkout()?;
+            match op(&mut client) {
+                Ok(v) => {
+                    self.idle.lock().push(client);
+                    return Ok(v);
+                }
+                Err(e @ ClientError::Request { .. }) => {
+                    self.idle.lock().push(client);
+                    return Err(remote_err(&self.uri, e));
+                }
+                Err(e) => {
+                    *self.open.lock() -= 1;
+                    if attempt == 1 {
+                        return Err(remote_err(&self.uri, e));
+                    }
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    fn checkout(&self) -> DevResult<Client> {
+        loop {
+            if let Some(c) = self.idle.lock().pop() {
+                return Ok(c);
+            }
+            {
+                let mut open = self.open.lock();
+                if *open < self.max_connections {
+                    *open += 1;
+                    drop(open);
+                    return Client::connect(&self.uri.target, &self.uri.export).map_err(|e| {
+                        *self.open.lock() -= 1;
+                        remote_err(&self.uri, e)
+                    });
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+/// NBD requests carry a 32-bit length; larger ranges are split.
+const MAX_CHUNK: u64 = 16 << 20;
+
+impl BlockDev for NbdDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        check_range(self.size, offset, buf.len() as u64)?;
+        for (i, chunk) in buf.chunks_mut(MAX_CHUNK as usize).enumerate() {
+            let off = offset + i as u64 * MAX_CHUNK;
+            self.with_client(|c| c.read(off, chunk))?;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        if self.read_only {
+            return Err(DevError::ReadOnly);
+        }
+        check_range(self.size, offset, buf.len() as u64)?;
+        for (i, chunk) in buf.chunks(MAX_CHUNK as usize).enumerate() {
+            let off = offset + i as u64 * MAX_CHUNK;
+            self.with_client(|c| c.write(off, chunk, false))?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> DevResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.with_client(|c| c.flush())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
+        check_range(self.size, offset, len)?;
+        self.split(offset, len, |c, o, l| c.trim(o, l))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
+        check_range(self.size, offset, len)?;
+        self.split(offset, len, |c, o, l| c.write_zeroes(o, l))
+    }
+
+    fn describe(&self) -> String {
+        self.uri.to_string()
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+}
+
+impl NbdDev {
+    fn split(
+        &self,
+        offset: u64,
+        len: u64,
+        op: impl Fn(&mut Client, u64, u32) -> Result<(), ClientError>,
+    ) -> DevResult<()> {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(MAX_CHUNK);
+            self.with_client(|c| op(c, offset + done, n as u32))?;
+            done += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! One export: a backing device cut into records that live in the shared
+//! ARC. Reads fill whole records; writes go through to the backing device
+//! and then update the cached records they touch.
+//!
+//! Staleness is prevented by record locks (striped): a miss-fill and a write
+//! of the same record never overlap, so a fill cannot put bytes read before
+//! a write into the cache after that write updated it.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use arc_policy::Key;
+use blockdev::{BlockDev, DevError, DevResult};
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::cache::{Cache, Found, RecordData};
+
+const STRIPES: usize = 1024;
+
+/// Most records one backing IO fills or writes at once; bounds the locks
+/// one request holds and the size of a single device request.
+const MAX_RECORDS_PER_IO: u64 = 64;
+
+pub struct VolumeConfig {
+    pub name: String,
+    pub recordsize: u64,
+    pub read_only: bool,
+}
+
+pub struct Volume {
+    id: u16,
+    name: String,
+    dev: Arc<dyn BlockDev>,
+    size: u64,
+    recordsize: u64,
+    read_only: bool,
+    cache: Arc<Cache>,
+    stripes: Vec<Mutex<()>>,
+}
+
+/// Records `first..last+1` and the byte range of the request within them.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    first: u64,
+    end: u64,
+}
+
+impl Volume {
+    /// `id` must be unique among the volumes sharing `cache`.
+    pub fn new(id: u16, cfg: VolumeConfig, dev: Arc<dyn BlockDev>, cache: Arc<Cache>) -> Volume {
+        assert!(
+            cfg.recordsize.is_power_of_two(),
+            "recordsize is validated by the caller"
+        );
+        Volume {
+            id,
+            name: cfg.name,
+            size: dev.size(),
+            read_only: cfg.read_only || dev.is_read_only(),
+            recordsize: cfg.recordsize,
+            dev,
+            cache,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn recordsize(&self) -> u64 {
+        self.recordsize
+    }
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+    pub fn device(&self) -> &Arc<dyn BlockDev> {
+        &self.dev
+    }
+
+    fn key(&self, record: u64) -> Key {
+        (u64::from(self.id) << 48) | record
+    }
+
+    fn span(&self, offset: u64, len: u64) -> Span {
+        let first = offset / self.recordsize;
+        let end = if len == 0 {
+            first
+        } else {
+            (offset + len - 1) / self.recordsize + 1
+        };
+        Span { first, end }
+    }
+
+    /// Byte range of `record` on the device; the last record may be short.
+    fn record_range(&self, record: u64) -> Range<u64> {
+        let start = record * self.recordsize;
+        start..(start + self.recordsize).min(self.size)
+    }
+
+    fn lock_records(&self, records: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = records
+            .map(|r| (self.key(r).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % STRIPES)
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        // Ascending order everywhere, so two requests never wait on each other in a cycle.
+        idx.into_iter().map(|i| self.stripes[i].lock()).collect()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> DevResult<()> {
+        blockdev::check_range(self.size, offset, len)
+    }
+
+    /// Copies the part of `record` that overlaps `[offset, offset+buf.len())`.
+    fn copy_out(&self, record: u64, data: &[u8], offset: u64, buf: &mut [u8]) {
+        let r = self.record_range(record);
+        let from = offset.max(r.start);
+        let to = (offset + buf.len() as u64).min(r.end);
+        buf[(from - offset) as usize..(to - offset) as usize]
+            .copy_from_slice(&data[(from - r.start) as usize..(to - r.start) as usize]);
+    }
+
+    /// Serves a read from RAM if every record is cached; false otherwise,
+    /// having changed nothing.
+    pub fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> bool {
+        if self.check(offset, buf.len() as u64).is_err() {
+            return false;
+        }
+        let s = self.span(offset, buf.len() as u64);
+        let Some(records) = self.cache.lookup_all((s.first..s.end).map(|r| self.key(r))) else {
+            return false;
+        };
+        for (i, data) in records.iter().enumerate() {
+            self.copy_out(s.first + i as u64, data, offset, buf);
+        }
+        self.cache.count(Found::Hit, false, records.len() as u64);
+        true
+    }
+
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.load(offset, buf.len() as u64, false, Some(buf))
+    }
+
+    /// Brings a range into the ARC as a prefetch (NBD_CMD_CACHE).
+    pub fn prefetch(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.check(offset, len)?;
+        self.load(offset, len, true, None)
+    }
+
+    /// Finds every record of the range, filling missing runs from the
+    /// device, and copies into `out` when given.
+    fn load(
+        &self,
+        offset: u64,
+        len: u64,
+        prefetch: bool,
+        mut out: Option<&mut [u8]>,
+    ) -> DevResult<()> {
+        let s = self.span(offset, len);
+        let mut missing: Vec<u64> = Vec::new();
+        for r in s.first..s.end {
+            match self.cache.lookup(self.key(r), prefetch) {
+                Some(data) => {
+                    self.cache.count(Found::Hit, prefetch, 1);
+                    if let Some(buf) = out.as_deref_mut() {
+                        self.copy_out(r, &data, offset, buf);
+                    }
+                }
+                None => missing.push(r),
+            }
+        }
+        for run in runs(&missing) {
+            let mut start = run.start;
+            while start < run.end {
+                let end = (start + MAX_RECORDS_PER_IO).min(run.end);
+                self.fill(start..end, prefetch, offset, out.as_deref_mut())?;
+                start = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads records `rs` from the device into the cache, under their locks.
+    /// Records another request filled meanwhile are taken from the cache.
+    fn fill(
+        &self,
+        rs: Range<u64>,
+        prefetch: bool,
+        offset: u64,
+        mut out: Option<&mut [u8]>,
+    ) -> DevResult<()> {
+        let _locks = self.lock_records(rs.clone());
+        let mut need = rs.clone();
+        // Trim records that appeared while this request waited for the locks.
+        while need.start < need.end {
+            let Some(data) = self.cache.peek(self.key(need.start)) else {
+                break;
+            };
+            self.cache.count(Found::IoHit, prefetch, 1);
+            if let Some(buf) = out.as_deref_mut() {
+                self.copy_out(need.start, &data, offset, buf);
+            }
+            need.start += 1;
+        }
+        if need.is_empty() {
+            return Ok(());
+        }
+        let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
+        let mut block = vec![0u8; (bytes.end - bytes.start) as usize];
+        let c = &self.cache.counters;
+        c.backing_reads.fetch_add(1, Relaxed);
+        c.backing_read_bytes.fetch_add(block.len() as u64, Relaxed);
+        if let Err(e) = self.dev.read_at(&mut block, bytes.start) {
+            c.backing_errors.fetch_add(1, Relaxed);
+            return Err(e);
+        }
+        for r in need.clone() {
+            let rr = self.record_range(r);
+            let slice = &block[(rr.start - bytes.start) as usize..(rr.end - bytes.start) as usize];
+            let data: RecordData = Arc::from(slice);
+            if let Some(buf) = out.as_deref_mut() {
+                self.copy_out(r, &data, offset, buf);
+            }
+            self.cache.insert(self.key(r), data, prefetch);
+        }
+        self.cache
+            .count(Found::Miss, prefetch, need.end - need.start);
+        Ok(())
+    }
+
+    /// Writes through to the device, then updates the cached records: whole
+    /// records become the new contents, cached partial records are patched,
+    /// uncached partial records stay uncached.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> DevResult<()> {
+        if self.read_only {
+            return Err(DevError::ReadOnly);
+        }
+        self.check(offset, data.len() as u64)?;
+        let s = self.span(offset, data.len() as u64);
+        let mut start = s.first;
+        while start < s.end {
+            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
+            let lo = self.record_range(start).start.max(offset);
+            let hi = self
+                .record_range(end - 1)
+                .end
+                .min(offset + data.len() as u64);
+            let part = &data[(lo - offset) as usize..(hi - offset) as usize];
+            self.write_records(start..end, lo, part)?;
+            start = end;
+        }
+        if fua {
+            self.dev.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_records(&self, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
+        let _locks = self.lock_records(rs.clone());
+        let c = &self.cache.counters;
+        c.backing_writes.fetch_add(1, Relaxed);
+        c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
+        if let Err(e) = self.dev.write_at(data, offset) {
+            c.backing_errors.fetch_add(1, Relaxed);
+            // What reached the device is unknown; the device is the truth.
+            for r in rs {
+                self.cache.invalidate(self.key(r));
+            }
+            return Err(e);
+        }
+        let end = offset + data.len() as u64;
+        for r in rs {
+            let rr = self.record_range(r);
+            let key = self.key(r);
+            if offset <= rr.start && end >= rr.end {
+                let new = &data[(rr.start - offset) as usize..(rr.end - offset) as usize];
+                self.cache.insert(key, Arc::from(new), false);
+            } else if let Some(old) = self.cache.peek(key) {
+                let mut patched = old.to_vec();
+                let from = offset.max(rr.start);
+                let to = end.min(rr.end);
+                patched[(from - rr.start) as usize..(to - rr.start) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                self.cache.insert(key, Arc::from(patched), false);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn flush(&self) -> DevResult<()> {
+        self.dev.flush()
+    }
+
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.discard(offset, len, fua, |dev, o, l| dev.trim(o, l))
+    }
+
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.discard(offset, len, fua, |dev, o, l| dev.write_zeroes(o, l))
+    }
+
+    /// Trim and zeroing: the device changes a range, and every cached record
+    /// touching it is dropped (a partial one included) so no old byte is
+    /// ever served again.
+    fn discard(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        op: impl Fn(&dyn BlockDev, u64, u64) -> DevResult<()>,
+    ) -> DevResult<()> {
+        if self.read_only {
+            return Err(DevError::ReadOnly);
+        }
+        self.check(offset, len)?;
+        let s = self.span(offset, len);
+        let mut start = s.first;
+        while start < s.end {
+            let end = (start + 4 * MAX_RECORDS_PER_IO).min(s.end);
+            let lo = self.record_range(start).start.max(offset);
+            let hi = self.record_range(end - 1).end.min(offset + len);
+            let _locks = self.lock_records(start..end);
+            let res = op(self.dev.as_ref(), lo, hi - lo);
+            for r in start..end {
+                self.cache.invalidate(self.key(r));
+            }
+            res?;
+            start = end;
+        }
+        if fua {
+            self.dev.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// Groups sorted record numbers into contiguous runs.
+fn runs(sorted: &[u64]) -> Vec<Range<u64>> {
+    let mut out: Vec<Range<u64>> = Vec::new();
+    for &r in sorted {
+        match out.last_mut() {
+            Some(last) if last.end == r => last.end += 1,
+            _ => out.push(r..r + 1),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_group_contiguous_records() {
+        assert_eq!(runs(&[1, 2, 3, 7, 9, 10]), vec![1..4, 7..8, 9..11]);
+        assert!(runs(&[]).is_empty());
+    }
+}
