@@ -1,1 +1,96 @@
-fn main() {}
+//! `arcache`: a ZFS-style ARC cache for slow block storage, served over NBD.
+
+mod config;
+mod control;
+mod demo;
+mod exports;
+mod serve;
+mod simcmd;
+mod size;
+mod statcmd;
+mod tunables;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "arcache",
+    version,
+    about = "A ZFS-style ARC read cache in front of slow block storage, served over NBD"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Serve exports over NBD through a shared ARC in RAM.
+    Serve(serve::ServeArgs),
+    /// Print the counters of a running server (arcstats names).
+    Stat(statcmd::StatArgs),
+    /// Print tunables of a running server.
+    Get(statcmd::GetArgs),
+    /// Change a tunable of a running server.
+    Set(statcmd::SetArgs),
+    /// Replay a block trace through the cache policies, without IO.
+    Sim(simcmd::SimArgs),
+    /// Show, on a simulated slow disk array, what the cache buys.
+    Demo(demo::DemoArgs),
+}
+
+fn init_logging(default_level: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo talks to a person; its server's log lines would only interrupt.
+    init_logging(if matches!(cli.cmd, Cmd::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    });
+    let result = match cli.cmd {
+        Cmd::Serve(a) => serve::run(&a),
+        Cmd::Stat(a) => statcmd::stat(&a),
+        Cmd::Get(a) => statcmd::get(&a),
+        Cmd::Set(a) => statcmd::set(&a),
+        Cmd::Sim(a) => simcmd::run(&a),
+        Cmd::Demo(a) => demo::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("arcache: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The `--control PATH` option shared by the client subcommands.
+#[derive(Debug, clap::Args, Clone)]
+pub struct ControlArg {
+    /// The server's control socket (default: the runtime directory's).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+impl ControlArg {
+    pub fn path(&self) -> PathBuf {
+        self.control
+            .clone()
+            .unwrap_or_else(config::default_control_path)
+    }
+}

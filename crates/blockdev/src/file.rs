@@ -86,7 +86,7 @@ fn unsupported(e: &io::Error) -> bool {
 }
 
 fn aligned(offset: u64, len: usize) -> bool {
-    offset % DIRECT_ALIGN as u64 == 0 && len % DIRECT_ALIGN == 0 && len > 0
+    offset.is_multiple_of(DIRECT_ALIGN as u64) && len.is_multiple_of(DIRECT_ALIGN) && len > 0
 }
 
 /// A zeroed buffer of `len` bytes whose start is aligned for O_DIRECT.

@@ -101,7 +101,7 @@ fn failed_write_is_reported_and_never_cached() {
     let mut b = vec![0u8; 8192];
     v.read(0, &mut b).unwrap(); // cached
     faulty.set_plan(FaultPlan {
-        fail_writes: vec![0..4096],
+        fail_writes: std::iter::once(0..4096).collect(),
         ..Default::default()
     });
     assert!(v.write(0, &[9u8; 8192], false).is_err());
@@ -118,7 +118,7 @@ fn failed_write_is_reported_and_never_cached() {
 fn read_errors_reach_the_caller_and_other_ranges_still_work() {
     let faulty = Arc::new(FaultyDev::new(MemDev::new(DEV), 1));
     faulty.set_plan(FaultPlan {
-        fail_reads: vec![8192..8193],
+        fail_reads: std::iter::once(8192..8193).collect(),
         ..Default::default()
     });
     let (cache, v) = volume(faulty, 4096, 1 << 20);
@@ -145,7 +145,7 @@ fn concurrent_fills_and_writes_never_leave_stale_records() {
             s.spawn(move || {
                 for i in 0..2000u64 {
                     let off = (i * 7919 + t as u64 * 131) % (DEV - 8192);
-                    if (i + t as u64) % 3 == 0 {
+                    if (i + t as u64).is_multiple_of(3) {
                         v.write(off, &[t.wrapping_add(i as u8); 6000], false)
                             .unwrap();
                     } else {

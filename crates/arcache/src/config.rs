@@ -1,0 +1,257 @@
+//! The settings of `arcache serve`: a TOML file, overridden by flags.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::size::parse_size;
+use crate::tunables::{self, Tunables};
+
+/// A size written as a number of bytes or a string with a suffix.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    pub fn bytes(&self) -> Result<u64> {
+        match self {
+            SizeValue::Bytes(b) => Ok(*b),
+            SizeValue::Text(s) => parse_size(s),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportFile {
+    #[serde(default)]
+    pub name: String,
+    pub backing: String,
+    pub recordsize: Option<SizeValue>,
+    pub read_only: Option<bool>,
+    pub direct: Option<bool>,
+}
+
+/// The config file as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub arc_max: Option<SizeValue>,
+    pub arc_min: Option<SizeValue>,
+    pub recordsize: Option<SizeValue>,
+    pub read_only: Option<bool>,
+    pub direct: Option<bool>,
+    #[serde(default)]
+    pub listen: Vec<String>,
+    pub control: Option<PathBuf>,
+    pub workers: Option<usize>,
+    /// Tunables by name, as with `--set`.
+    #[serde(default)]
+    pub set: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    pub export: Vec<ExportFile>,
+}
+
+impl ConfigFile {
+    pub fn load(path: &Path) -> Result<ConfigFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+    }
+}
+
+/// One export, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportSpec {
+    pub name: String,
+    pub backing: String,
+    pub recordsize: u64,
+    pub read_only: bool,
+    pub direct: bool,
+}
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl Listen {
+    /// `unix:PATH` or `tcp:HOST:PORT`, `tcp:HOST`, `tcp::PORT`; TCP defaults
+    /// to 127.0.0.1 and port 10809.
+    pub fn parse(s: &str) -> Result<Listen> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                bail!("--listen unix: needs a path");
+            }
+            return Ok(Listen::Unix(PathBuf::from(p)));
+        }
+        let Some(rest) = s.strip_prefix("tcp:") else {
+            bail!("bad --listen {s:?}: use unix:PATH or tcp:HOST:PORT");
+        };
+        let (host, port) = if let Some(h) = rest.strip_prefix('[') {
+            let (h, after) = h.split_once(']').context("unclosed [ in --listen")?;
+            (h.to_string(), after.strip_prefix(':').unwrap_or(""))
+        } else {
+            match rest.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), p),
+                None => (rest.to_string(), ""),
+            }
+        };
+        let host = if host.is_empty() {
+            "127.0.0.1".to_string()
+        } else {
+            host
+        };
+        let port: u16 = if port.is_empty() {
+            nbd::uri::DEFAULT_PORT
+        } else {
+            port.parse()
+                .with_context(|| format!("bad port in --listen {s:?}"))?
+        };
+        let addr = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        Ok(Listen::Tcp(addr))
+    }
+}
+
+pub const RECORDSIZE_MIN: u64 = 4 << 10;
+pub const RECORDSIZE_MAX: u64 = 1 << 20;
+pub const RECORDSIZE_DEFAULT: u64 = 16 << 10;
+
+pub fn check_recordsize(rs: u64) -> Result<u64> {
+    if !(RECORDSIZE_MIN..=RECORDSIZE_MAX).contains(&rs) || !rs.is_power_of_two() {
+        bail!("recordsize {rs} must be a power of two from 4K to 1M");
+    }
+    Ok(rs)
+}
+
+/// Everything `serve` needs, after the file and the flags are merged.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub exports: Vec<ExportSpec>,
+    pub listen: Vec<Listen>,
+    pub control: PathBuf,
+    pub tunables: Tunables,
+    pub workers: usize,
+}
+
+/// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not
+/// a name separator.
+pub fn split_export(s: &str) -> (String, String) {
+    if nbd::NbdUri::is_nbd_uri(s) || s.starts_with('/') || s.starts_with('.') {
+        return (String::new(), s.to_string());
+    }
+    match s.split_once('=') {
+        Some((name, backing)) => (name.to_string(), backing.to_string()),
+        None => (String::new(), s.to_string()),
+    }
+}
+
+/// The directory for sockets when none is given.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("arcache");
+    }
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        PathBuf::from("/run/arcache")
+    } else {
+        std::env::temp_dir().join(format!("arcache-{uid}"))
+    }
+}
+
+pub fn default_control_path() -> PathBuf {
+    runtime_dir().join("control.sock")
+}
+
+/// Applies `NAME=VALUE` tunables in order, each validated.
+pub fn apply_sets(t: &mut Tunables, sets: &[(String, String)]) -> Result<()> {
+    for (name, value) in sets {
+        let v = tunables::parse_value(name, value)?;
+        t.set(name, v)
+            .with_context(|| format!("--set {name}={value}"))?;
+    }
+    Ok(())
+}
+
+pub fn toml_value_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_forms() {
+        assert_eq!(
+            Listen::parse("tcp:").unwrap(),
+            Listen::Tcp("127.0.0.1:10809".into())
+        );
+        assert_eq!(
+            Listen::parse("tcp::1234").unwrap(),
+            Listen::Tcp("127.0.0.1:1234".into())
+        );
+        assert_eq!(
+            Listen::parse("tcp:0.0.0.0:99").unwrap(),
+            Listen::Tcp("0.0.0.0:99".into())
+        );
+        assert_eq!(
+            Listen::parse("tcp:[::1]:5").unwrap(),
+            Listen::Tcp("[::1]:5".into())
+        );
+        assert_eq!(Listen::parse("unix:/x").unwrap(), Listen::Unix("/x".into()));
+        assert!(Listen::parse("udp:1").is_err());
+    }
+
+    #[test]
+    fn export_forms() {
+        assert_eq!(split_export("/dev/sdb"), ("".into(), "/dev/sdb".into()));
+        assert_eq!(split_export("vm=/img"), ("vm".into(), "/img".into()));
+        assert_eq!(
+            split_export("nbd+unix:///x?socket=/s"),
+            ("".into(), "nbd+unix:///x?socket=/s".into())
+        );
+        assert_eq!(
+            split_export("nas=nbd://h/e"),
+            ("nas".into(), "nbd://h/e".into())
+        );
+    }
+
+    #[test]
+    fn config_file_parses() {
+        let c: ConfigFile = toml::from_str(
+            r#"
+            arc_max = "2G"
+            listen = ["tcp:127.0.0.1:10809"]
+            [set]
+            zfs_arc_min_prefetch_ms = 500
+            [[export]]
+            name = "vm"
+            backing = "/img"
+            recordsize = "64K"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.arc_max.unwrap().bytes().unwrap(), 2 << 30);
+        assert_eq!(
+            c.export[0].recordsize.as_ref().unwrap().bytes().unwrap(),
+            64 << 10
+        );
+        assert!(toml::from_str::<ConfigFile>("bogus = 1").is_err());
+    }
+}

@@ -1,0 +1,106 @@
+//! The glue between the engine's volumes and the NBD protocol.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arcache_engine::Volume;
+use blockdev::DevError;
+use nbd::{Errno, Export, ExportInfo, ExportSet, NbdResult};
+use tracing::warn;
+
+pub struct NbdExport {
+    vol: Arc<Volume>,
+    description: String,
+}
+
+impl NbdExport {
+    pub fn new(vol: Arc<Volume>, description: String) -> Self {
+        NbdExport { vol, description }
+    }
+}
+
+fn errno(op: &str, e: DevError) -> Errno {
+    let n = e.errno();
+    if n == libc::EIO || n == libc::ENOSPC {
+        warn!("{op}: {e}");
+    }
+    Errno(n)
+}
+
+impl Export for NbdExport {
+    fn info(&self) -> ExportInfo {
+        ExportInfo {
+            size: self.vol.size(),
+            read_only: self.vol.read_only(),
+            // Every connection goes through the same volume and device, and a
+            // device flush covers all writes completed before it.
+            multi_conn: self.vol.device().flush_covers_all_handles(),
+            rotational: false,
+            description: self.description.clone(),
+            min_block: 1,
+            preferred_block: self.vol.recordsize() as u32,
+        }
+    }
+
+    fn try_read_now(&self, offset: u64, buf: &mut [u8]) -> Option<NbdResult> {
+        self.vol.try_read_cached(offset, buf).then_some(Ok(()))
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
+        self.vol.read(offset, buf).map_err(|e| errno("read", e))
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult {
+        self.vol
+            .write(offset, data, fua)
+            .map_err(|e| errno("write", e))
+    }
+
+    fn flush(&self) -> NbdResult {
+        self.vol.flush().map_err(|e| errno("flush", e))
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
+        self.vol
+            .trim(offset, len, fua)
+            .map_err(|e| errno("trim", e))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
+        self.vol
+            .write_zeroes(offset, len, fua)
+            .map_err(|e| errno("write_zeroes", e))
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> NbdResult {
+        self.vol
+            .prefetch(offset, len)
+            .map_err(|e| errno("cache", e))
+    }
+}
+
+#[derive(Default)]
+pub struct ExportTable {
+    by_name: BTreeMap<String, Arc<NbdExport>>,
+}
+
+impl ExportTable {
+    pub fn insert(&mut self, e: NbdExport) {
+        self.by_name.insert(e.vol.name().to_string(), Arc::new(e));
+    }
+}
+
+impl ExportSet for ExportTable {
+    fn list(&self) -> Vec<(String, String)> {
+        self.by_name
+            .iter()
+            .map(|(n, e)| (n.clone(), e.description.clone()))
+            .collect()
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
+        self.by_name
+            .get(name)
+            .map(|e| Arc::clone(e) as Arc<dyn Export>)
+    }
+}

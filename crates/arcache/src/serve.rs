@@ -1,0 +1,464 @@
+//! `arcache serve`: exports behind one shared ARC, served over NBD.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use arcache_engine::{Cache, CacheConfig, Volume, VolumeConfig};
+use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
+use clap::Args;
+use nbd::{NbdUri, Server, ServerConfig};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use crate::config::{
+    apply_sets, check_recordsize, default_control_path, runtime_dir, split_export, toml_value_text,
+    ConfigFile, ExportSpec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
+};
+use crate::control::{self, Request};
+use crate::exports::{ExportTable, NbdExport};
+use crate::size::parse_size;
+use crate::tunables::{self, Tunables};
+
+#[derive(Debug, Args, Default, Clone)]
+pub struct ServeArgs {
+    /// An export: [NAME=]BACKING, where BACKING is a file, a block device or
+    /// an NBD URI (nbd://host[:port]/name, nbd+unix:///name?socket=PATH).
+    /// Repeatable; no NAME means the default export "".
+    #[arg(long = "export", value_name = "[NAME=]BACKING")]
+    pub exports: Vec<String>,
+    /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable). TCP defaults
+    /// to 127.0.0.1 and port 10809. Default: a unix socket in the runtime dir.
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Largest ARC size in RAM (K/M/G suffixes); the zfs_arc_max tunable.
+    #[arg(long, value_name = "SIZE")]
+    pub arc_max: Option<String>,
+    /// Smallest ARC target (K/M/G suffixes); the zfs_arc_min tunable.
+    #[arg(long, value_name = "SIZE")]
+    pub arc_min: Option<String>,
+    /// Cache block size of each export, 4K..1M (default 16K), like a zvol's volblocksize.
+    #[arg(long, value_name = "SIZE")]
+    pub recordsize: Option<String>,
+    /// Serve every export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Open file and block-device backings with O_DIRECT (aligned IO bypasses the page cache).
+    #[arg(long)]
+    pub direct: bool,
+    /// A TOML file with the same settings; flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Set a tunable at start, by its ZFS name where ZFS has one (repeatable).
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    pub sets: Vec<String>,
+    /// The control socket for `arcache stat/get/set` (mode 0600).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Worker threads for requests that must wait for the backing store.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+}
+
+fn split_set(s: &str) -> Result<(String, String)> {
+    match s.split_once('=') {
+        Some((n, v)) if !n.trim().is_empty() => Ok((n.trim().to_string(), v.trim().to_string())),
+        _ => bail!("bad --set {s:?}: expected NAME=VALUE"),
+    }
+}
+
+/// Merges defaults, the config file and the flags, in that order.
+pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
+    let file = match &args.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let mut t = Tunables::defaults();
+    let mut min_given = false;
+    let mut sets: Vec<(String, String)> = Vec::new();
+    if let Some(v) = &file.arc_max {
+        sets.push(("zfs_arc_max".into(), v.bytes()?.to_string()));
+    }
+    if let Some(v) = &file.arc_min {
+        sets.push(("zfs_arc_min".into(), v.bytes()?.to_string()));
+    }
+    sets.extend(
+        file.set
+            .iter()
+            .map(|(k, v)| (k.clone(), toml_value_text(v))),
+    );
+    if let Some(v) = &args.arc_max {
+        sets.push(("zfs_arc_max".into(), parse_size(v)?.to_string()));
+    }
+    if let Some(v) = &args.arc_min {
+        sets.push(("zfs_arc_min".into(), parse_size(v)?.to_string()));
+    }
+    for s in &args.sets {
+        sets.push(split_set(s)?);
+    }
+    // A smaller arc_max pulls the default arc_min down with it; an explicit
+    // arc_min above arc_max is still an error.
+    for (name, value) in &sets {
+        tunables::spec(name)?;
+        if name == "zfs_arc_min" {
+            min_given = true;
+        }
+        if name == "zfs_arc_max" && !min_given {
+            let max = tunables::parse_value(name, value)?;
+            t.zfs_arc_min = t.zfs_arc_min.min(max / 2);
+        }
+    }
+    apply_sets(&mut t, &sets)?;
+
+    let default_rs = match (&args.recordsize, &file.recordsize) {
+        (Some(s), _) => parse_size(s)?,
+        (None, Some(v)) => v.bytes()?,
+        (None, None) => RECORDSIZE_DEFAULT,
+    };
+    check_recordsize(default_rs)?;
+    let all_ro = args.read_only || file.read_only.unwrap_or(false);
+    let direct = args.direct || file.direct.unwrap_or(false);
+    let mut exports: BTreeMap<String, ExportSpec> = BTreeMap::new();
+    for e in &file.export {
+        let rs = match &e.recordsize {
+            Some(v) => check_recordsize(v.bytes()?)?,
+            None => default_rs,
+        };
+        let spec = ExportSpec {
+            name: e.name.clone(),
+            backing: e.backing.clone(),
+            recordsize: rs,
+            read_only: all_ro || e.read_only.unwrap_or(false),
+            direct: e.direct.unwrap_or(direct),
+        };
+        if exports.insert(e.name.clone(), spec).is_some() {
+            bail!("export {:?} is defined twice in the config file", e.name);
+        }
+    }
+    let mut from_flags = BTreeMap::new();
+    for s in &args.exports {
+        let (name, backing) = split_export(s);
+        if backing.is_empty() {
+            bail!("--export {s:?} has no backing store");
+        }
+        let spec = ExportSpec {
+            name: name.clone(),
+            backing,
+            recordsize: default_rs,
+            read_only: all_ro,
+            direct,
+        };
+        if from_flags.insert(name.clone(), spec).is_some() {
+            bail!("export {name:?} is given twice");
+        }
+    }
+    exports.extend(from_flags);
+    if exports.is_empty() {
+        bail!("nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)");
+    }
+    let listen_src = if args.listen.is_empty() {
+        &file.listen
+    } else {
+        &args.listen
+    };
+    let mut listen = listen_src
+        .iter()
+        .map(|s| Listen::parse(s))
+        .collect::<Result<Vec<_>>>()?;
+    if listen.is_empty() {
+        listen.push(Listen::Unix(runtime_dir().join("nbd.sock")));
+    }
+    Ok(ServeSettings {
+        exports: exports.into_values().collect(),
+        listen,
+        control: args
+            .control
+            .clone()
+            .or(file.control)
+            .unwrap_or_else(default_control_path),
+        tunables: t,
+        workers: args.workers.or(file.workers).unwrap_or(32),
+    })
+}
+
+fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
+    if NbdUri::is_nbd_uri(&spec.backing) {
+        let uri = NbdUri::parse(&spec.backing)?;
+        let dev = NbdDev::connect(uri)
+            .with_context(|| format!("connecting to backing {}", spec.backing))?;
+        return Ok(Arc::new(dev));
+    }
+    let path = PathBuf::from(&spec.backing);
+    if !path.exists() {
+        bail!("backing store {} does not exist", path.display());
+    }
+    let opts = FileDevOptions {
+        direct: spec.direct,
+        read_only: spec.read_only,
+        create_size: None,
+    };
+    let dev = FileDev::open(&path, opts)
+        .with_context(|| format!("opening backing {}", path.display()))?;
+    if dev.size() == 0 {
+        bail!("backing store {} is empty (size 0)", path.display());
+    }
+    Ok(Arc::new(dev))
+}
+
+/// A running server and what it needs to stop cleanly.
+pub struct Running {
+    pub server: Arc<Server>,
+    pub cache: Arc<Cache>,
+    pub volumes: Vec<Arc<Volume>>,
+    /// One URI per export and listener, for clients.
+    pub uris: Vec<String>,
+    pub control: Option<PathBuf>,
+    sockets: Vec<PathBuf>,
+}
+
+impl Running {
+    /// Stops taking requests, answers those in flight, syncs the backings.
+    pub fn stop(self) -> Result<()> {
+        if !self.server.shutdown(Duration::from_secs(30)) {
+            warn!("some clients were still connected after 30 s");
+        }
+        let mut result = Ok(());
+        for v in &self.volumes {
+            if v.read_only() {
+                continue;
+            }
+            if let Err(e) = v.flush() {
+                warn!("flushing export {:?}: {e}", v.name());
+                result = Err(e).context("flushing at shutdown");
+            }
+        }
+        for s in self.sockets.iter().chain(self.control.iter()) {
+            let _ = std::fs::remove_file(s);
+        }
+        result
+    }
+}
+
+/// Opens every backing store, binds every socket and starts serving.
+pub fn start(
+    settings: &ServeSettings,
+    nbd_cfg: ServerConfig,
+    with_control: bool,
+) -> Result<Running> {
+    let devices = settings
+        .exports
+        .iter()
+        .map(open_backing)
+        .collect::<Result<Vec<_>>>()?;
+    start_on(settings, devices, nbd_cfg, with_control)
+}
+
+/// Starts serving `devices`, one per export of `settings`, in order.
+pub fn start_on(
+    settings: &ServeSettings,
+    devices: Vec<Arc<dyn BlockDev>>,
+    nbd_cfg: ServerConfig,
+    with_control: bool,
+) -> Result<Running> {
+    let t = settings.tunables;
+    let cache = Cache::new(CacheConfig {
+        arc_min: t.zfs_arc_min,
+        arc_max: t.zfs_arc_max,
+        min_prefetch_ms: t.zfs_arc_min_prefetch_ms,
+    });
+    let mut volumes = Vec::new();
+    let mut table = ExportTable::default();
+    for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
+        let id = u16::try_from(i).context("too many exports")?;
+        let vol = Arc::new(Volume::new(
+            id,
+            VolumeConfig {
+                name: spec.name.clone(),
+                recordsize: spec.recordsize,
+                read_only: spec.read_only,
+            },
+            dev,
+            Arc::clone(&cache),
+        ));
+        info!(
+            "export {:?}: {} ({} bytes, recordsize {}{})",
+            spec.name,
+            vol.device().describe(),
+            vol.size(),
+            spec.recordsize,
+            if vol.read_only() { ", read-only" } else { "" }
+        );
+        table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone()));
+        volumes.push(vol);
+    }
+    let server = Server::new(
+        Arc::new(table),
+        ServerConfig {
+            workers: settings.workers,
+            ..nbd_cfg
+        },
+    );
+    let mut uris = Vec::new();
+    let mut sockets = Vec::new();
+    for l in &settings.listen {
+        match l {
+            Listen::Unix(p) => {
+                let listener = control::bind_private(p)?;
+                server.listen_unix(listener);
+                sockets.push(p.clone());
+                for v in &volumes {
+                    uris.push(
+                        NbdUri {
+                            target: nbd::Target::Unix(p.clone()),
+                            export: v.name().to_string(),
+                        }
+                        .to_string(),
+                    );
+                }
+            }
+            Listen::Tcp(addr) => {
+                let listener =
+                    TcpListener::bind(addr).with_context(|| format!("binding tcp {addr}"))?;
+                let local = listener.local_addr()?;
+                if !local.ip().is_loopback() {
+                    warn!("listening on {local}, reachable from other hosts (no TLS yet)");
+                }
+                server.listen_tcp(listener);
+                for v in &volumes {
+                    let target = nbd::Target::Tcp {
+                        host: local.ip().to_string(),
+                        port: local.port(),
+                    };
+                    uris.push(
+                        NbdUri {
+                            target,
+                            export: v.name().to_string(),
+                        }
+                        .to_string(),
+                    );
+                }
+            }
+        }
+    }
+    let control = if with_control {
+        let handler = Arc::new(ControlState {
+            cache: Arc::clone(&cache),
+            tunables: Mutex::new(t),
+            server: Arc::clone(&server),
+            volumes: volumes.clone(),
+        });
+        Some(control::serve(&settings.control, handler)?)
+    } else {
+        None
+    };
+    Ok(Running {
+        server,
+        cache,
+        volumes,
+        uris,
+        control,
+        sockets,
+    })
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let settings = resolve(args)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    let running = start(&settings, ServerConfig::default(), true)?;
+    for u in &running.uris {
+        println!("serving {u}");
+    }
+    if let Some(c) = &running.control {
+        println!("control socket {}", c.display());
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    info!("stopping: answering requests in flight and syncing backing stores");
+    running.stop()?;
+    info!("stopped cleanly");
+    Ok(())
+}
+
+/// Answers the control socket.
+struct ControlState {
+    cache: Arc<Cache>,
+    tunables: Mutex<Tunables>,
+    server: Arc<Server>,
+    volumes: Vec<Arc<Volume>>,
+}
+
+impl ControlState {
+    fn stat(&self) -> Result<Value> {
+        let mut v = serde_json::to_value(self.cache.stats())?;
+        let s = self.server.stats();
+        let obj = v.as_object_mut().context("stats are an object")?;
+        use std::sync::atomic::Ordering::Relaxed;
+        obj.insert("nbd_connections".into(), json!(s.connections.load(Relaxed)));
+        obj.insert(
+            "nbd_active_connections".into(),
+            json!(s.active_connections.load(Relaxed)),
+        );
+        obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));
+        obj.insert(
+            "nbd_request_errors".into(),
+            json!(s.request_errors.load(Relaxed)),
+        );
+        obj.insert(
+            "nbd_immediate_reads".into(),
+            json!(s.immediate_reads.load(Relaxed)),
+        );
+        obj.insert("exports".into(), json!(self.volumes.len()));
+        Ok(v)
+    }
+
+    fn apply(&self, t: &Tunables) {
+        self.cache.set_limits(t.zfs_arc_min, t.zfs_arc_max);
+        self.cache.set_min_prefetch_ms(t.zfs_arc_min_prefetch_ms);
+    }
+}
+
+impl control::Handler for ControlState {
+    fn handle(&self, req: Request) -> Result<Value> {
+        match req {
+            Request::Stat => self.stat(),
+            Request::Get { name } => {
+                let v = self.tunables.lock().get(&name)?;
+                Ok(json!({ "name": name, "value": v }))
+            }
+            Request::GetAll => {
+                let t = self.tunables.lock();
+                let d = Tunables::defaults();
+                let rows: Vec<Value> = tunables::SPECS
+                    .iter()
+                    .map(|s| {
+                        json!({
+                            "name": s.name,
+                            "value": t.get(s.name).unwrap_or(0),
+                            "default": d.get(s.name).unwrap_or(0),
+                            "unit": s.unit,
+                            "description": s.description,
+                        })
+                    })
+                    .collect();
+                Ok(Value::Array(rows))
+            }
+            Request::Set { name, value } => {
+                let v = tunables::parse_value(&name, &value)?;
+                let mut t = self.tunables.lock();
+                t.set(&name, v)?;
+                self.apply(&t);
+                info!("tunable {name} set to {v}");
+                Ok(json!({ "name": name, "value": v }))
+            }
+        }
+    }
+}
