@@ -79,7 +79,6 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         None => ConfigFile::default(),
     };
     let mut t = Tunables::defaults();
-    let mut min_given = false;
     let mut sets: Vec<(String, String)> = Vec::new();
     if let Some(v) = &file.arc_max {
         sets.push(("zfs_arc_max".into(), v.bytes()?.to_string()));
@@ -101,19 +100,20 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
     for s in &args.sets {
         sets.push(split_set(s)?);
     }
-    // A smaller arc_max pulls the default arc_min down with it; an explicit
-    // arc_min above arc_max is still an error.
+    let mut given_min = None;
     for (name, value) in &sets {
-        tunables::spec(name)?;
         if name == "zfs_arc_min" {
-            min_given = true;
-        }
-        if name == "zfs_arc_max" && !min_given {
-            let max = tunables::parse_value(name, value)?;
-            t.zfs_arc_min = t.zfs_arc_min.min(max / 2);
+            given_min = Some(tunables::parse_value(name, value)?);
         }
     }
     apply_sets(&mut t, &sets)?;
+    // A lower arc_max pulls the default arc_min down; one the user chose is kept or refused.
+    if let Some(min) = given_min.filter(|&m| m != t.zfs_arc_min) {
+        bail!(
+            "zfs_arc_min ({min}) exceeds zfs_arc_max ({})",
+            t.zfs_arc_max
+        );
+    }
 
     let default_rs = match (&args.recordsize, &file.recordsize) {
         (Some(s), _) => parse_size(s)?,

@@ -107,11 +107,19 @@ impl Tunables {
         })
     }
 
-    /// Sets a value, checking it against the others.
+    /// Sets a value, checking it against the others. Lowering `zfs_arc_max`
+    /// below `zfs_arc_min` pulls the minimum down to half the new maximum,
+    /// since the minimum is usually a machine-derived default; raising the
+    /// minimum above the maximum is an error.
     pub fn set(&mut self, name: &str, value: u64) -> Result<()> {
         let mut next = *self;
         match spec(name)?.name {
-            "zfs_arc_max" => next.zfs_arc_max = value,
+            "zfs_arc_max" => {
+                next.zfs_arc_max = value;
+                if next.zfs_arc_min > value {
+                    next.zfs_arc_min = value / 2;
+                }
+            }
             "zfs_arc_min" => next.zfs_arc_min = value,
             "zfs_arc_min_prefetch_ms" => next.zfs_arc_min_prefetch_ms = value,
             other => bail!("tunable {other} has no storage"),
@@ -160,6 +168,10 @@ mod tests {
             .contains("unknown tunable"));
         let mut t = Tunables::defaults();
         t.set("zfs_arc_max", 64 << 20).unwrap();
+        assert!(
+            t.zfs_arc_min <= 32 << 20,
+            "the minimum follows a lower maximum"
+        );
         assert!(t.set("zfs_arc_min", 128 << 20).is_err());
         assert_eq!(t.get("zfs_arc_max").unwrap(), 64 << 20);
     }

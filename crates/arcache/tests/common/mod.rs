@@ -1,0 +1,162 @@
+//! Starting the real `arcache` binary for tests, and finding real clients.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_arcache");
+
+/// A running `arcache serve`, killed on drop if the test did not stop it.
+pub struct Serve {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub sock: PathBuf,
+    pub control: PathBuf,
+}
+
+impl Serve {
+    /// Starts `arcache serve` with a unix socket and control socket in a
+    /// fresh directory, plus `args`; waits until both sockets answer.
+    pub fn start(dir: tempfile::TempDir, args: &[&str]) -> Serve {
+        let sock = dir.path().join("nbd.sock");
+        let control = dir.path().join("control.sock");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--control")
+            .arg(&control)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("RUST_LOG", "warn");
+        let child = cmd.spawn().expect("spawn arcache serve");
+        let mut s = Serve {
+            child: Some(child),
+            dir,
+            sock,
+            control,
+        };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&self.sock).is_ok()
+                && std::os::unix::net::UnixStream::connect(&self.control).is_ok()
+            {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let out = self.child.take().map(|c| c.wait_with_output());
+                panic!("arcache serve exited early ({status}): {out:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("arcache serve did not come up in 20 s");
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.sock.display())
+    }
+
+    pub fn target(&self) -> nbd::Target {
+        nbd::Target::Unix(self.sock.clone())
+    }
+
+    /// Runs an `arcache` client subcommand against this server.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--control")
+            .arg(&self.control)
+            .output()
+            .expect("run arcache")
+    }
+
+    pub fn stat(&self) -> serde_json::Value {
+        let out = self.ctl(&["stat", "--json"]);
+        assert!(
+            out.status.success(),
+            "stat failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("stat --json prints JSON")
+    }
+
+    /// Sends SIGTERM and waits; returns the exit status and stderr.
+    pub fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        let child = self.child.take().expect("still running");
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = wait_timeout(child, Duration::from_secs(40));
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("collect output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Fails loudly when a client the tests need is missing: `.ci/run` installs
+/// them, and a skipped test would claim coverage it does not give.
+pub fn need(tool: &str) -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| panic!("{tool} is not installed; run .ci/run (or apt-get install fio nbdkit libnbd-bin qemu-utils)"))
+}
+
+/// A file of `size` pseudo-random bytes.
+pub fn random_file(path: &Path, size: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut data = vec![0u8; size];
+    rng.fill(&mut data[..]);
+    std::fs::write(path, &data).expect("write test image");
+    data
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

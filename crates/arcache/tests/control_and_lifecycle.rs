@@ -1,0 +1,252 @@
+//! `stat`, `get`, `set`, the config file, signals, the demo and `sim`,
+//! through the real binary.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use common::*;
+
+fn serve_one(extra: &[&str]) -> (Serve, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("b.img");
+    random_file(&p, 4 << 20, 3);
+    let mut args = vec!["--export", p.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let p2 = p.clone();
+    (Serve::start(dir, &args), p2)
+}
+
+#[test]
+fn stat_reports_arcstats_fields_that_move_with_io() {
+    let (s, _) = serve_one(&["--arc-max", "32M", "--arc-min", "8M"]);
+    let before = s.stat();
+    for f in [
+        "hits",
+        "misses",
+        "demand_data_hits",
+        "demand_data_misses",
+        "mru_hits",
+        "mfu_hits",
+        "mru_ghost_hits",
+        "mfu_ghost_hits",
+        "size",
+        "c",
+        "c_min",
+        "c_max",
+        "mru_size",
+        "mfu_size",
+        "mru_ghost_size",
+        "mfu_ghost_size",
+        "evict_skip",
+        "deleted",
+    ] {
+        assert!(before[f].is_u64(), "field {f} present: {before}");
+    }
+    assert_eq!(before["c_max"], 32 << 20);
+    assert_eq!(before["c_min"], 8 << 20);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut b = vec![0u8; 64 << 10];
+    c.read(0, &mut b).unwrap();
+    let mid = s.stat();
+    assert_eq!(
+        mid["demand_data_misses"].as_u64().unwrap(),
+        4,
+        "64K = four 16K records missed"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    c.read(0, &mut b).unwrap();
+    let after = s.stat();
+    assert_eq!(after["demand_data_hits"].as_u64().unwrap(), 4);
+    assert!(after["size"].as_u64().unwrap() >= 64 << 10);
+    assert_eq!(
+        after["mfu_hits"].as_u64().unwrap() + after["mru_hits"].as_u64().unwrap(),
+        4
+    );
+    let human = s.ctl(&["stat"]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("hit%"));
+}
+
+#[test]
+fn get_and_set_tunables_at_run_time() {
+    let (s, _) = serve_one(&["--set", "zfs_arc_min_prefetch_ms=250"]);
+    let o = s.ctl(&["get", "zfs_arc_min_prefetch_ms"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "250");
+    let o = s.ctl(&["set", "zfs_arc_max=24M"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(s.stat()["c_max"], 24 << 20);
+    let o = s.ctl(&["set", "no_such_tunable=1"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown tunable"));
+    let o = s.ctl(&["set", "zfs_arc_max=1K"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("out of range"));
+    let o = s.ctl(&["get", "--all"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("zfs_arc_max") && text.contains("description"));
+}
+
+#[test]
+fn shrinking_arc_max_evicts_at_once() {
+    let (s, _) = serve_one(&["--arc-max", "64M"]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut b = vec![0u8; 4 << 20];
+    c.read(0, &mut b).unwrap();
+    assert!(s.stat()["size"].as_u64().unwrap() >= 4 << 20);
+    let o = s.ctl(&["set", "zfs_arc_max=2M"]);
+    assert!(o.status.success());
+    let st = s.stat();
+    assert!(st["size"].as_u64().unwrap() <= 2 << 20, "{st}");
+}
+
+#[test]
+fn control_socket_is_private() {
+    let (s, _) = serve_one(&[]);
+    let mode = std::fs::metadata(&s.control).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let mode = std::fs::metadata(&s.sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "NBD unix socket too");
+}
+
+#[test]
+fn config_file_with_flags_overriding() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("b.img");
+    random_file(&p, 1 << 20, 4);
+    let cfg = dir.path().join("arcache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "arc_max = \"48M\"\narc_min = \"4M\"\n[set]\nzfs_arc_min_prefetch_ms = 300\n[[export]]\nname = \"disk\"\nbacking = \"{}\"\nrecordsize = \"64K\"\n",
+            p.display()
+        ),
+    )
+    .unwrap();
+    let s = Serve::start(
+        dir,
+        &["--config", cfg.to_str().unwrap(), "--arc-max", "40M"],
+    );
+    assert_eq!(s.stat()["c_max"], 40 << 20, "flag beats file");
+    assert_eq!(
+        String::from_utf8_lossy(&s.ctl(&["get", "zfs_arc_min_prefetch_ms"]).stdout).trim(),
+        "300"
+    );
+    let c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    assert_eq!(c.size(), 1 << 20);
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["serve"], "nothing to serve"),
+        (&["serve", "--export", "/no/such/file"], "does not exist"),
+        (
+            &["serve", "--export", "/dev/null", "--recordsize", "3K"],
+            "power of two",
+        ),
+        (
+            &["serve", "--export", "/dev/null", "--set", "bogus=1"],
+            "unknown tunable",
+        ),
+        (
+            &["serve", "--export", "/dev/null", "--listen", "udp:1"],
+            "--listen",
+        ),
+        (
+            &[
+                "serve",
+                "--export",
+                "/dev/null",
+                "--arc-min",
+                "100M",
+                "--arc-max",
+                "50M",
+            ],
+            "exceeds",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = Command::new(BIN)
+            .args(*args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: expected {want:?} in {err}");
+    }
+}
+
+#[test]
+fn sigterm_answers_in_flight_requests_syncs_and_exits_cleanly() {
+    let (mut s, backing) = serve_one(&[]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    c.write(0, b"before the signal", false).unwrap();
+    let (status, stderr) = s.terminate();
+    assert!(status.success(), "clean exit: {status} {stderr}");
+    assert!(!s.sock.exists(), "socket removed");
+    assert!(!s.control.exists(), "control socket removed");
+    assert_eq!(
+        &std::fs::read(&backing).unwrap()[..17],
+        b"before the signal"
+    );
+}
+
+#[test]
+fn demo_warm_pass_is_at_least_five_times_the_cold_pass() {
+    let o = run(Command::new(BIN).args(["demo", "--quick", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("demo --json");
+    let seq = v["sequential_speedup"].as_f64().unwrap();
+    let rnd = v["random_speedup"].as_f64().unwrap();
+    assert!(seq >= 5.0, "sequential warm/cold = {seq}");
+    assert!(rnd >= 5.0, "random warm/cold = {rnd}");
+    assert_eq!(v["random_warm"]["hit_ratio"].as_f64().unwrap(), 1.0);
+}
+
+#[test]
+fn sim_prints_one_json_object_per_policy_and_size() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/traces/snia_samples/msr_hm0_sample.csv.gz"
+    );
+    let o = run(Command::new(BIN).args([
+        "sim",
+        "--trace",
+        trace,
+        "--policy",
+        "arc,arc-paper,lru",
+        "--cache-blocks",
+        "19,95",
+        "--json",
+    ]));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6);
+    for l in &lines {
+        assert_eq!(l["requests"], 2473);
+        assert!(l["hits"].as_u64().unwrap() <= 2473);
+    }
+    // libCacheSim's ARC gives 265 hits at 19 blocks (10.72%), 412 at 95.
+    let paper19 = lines
+        .iter()
+        .find(|l| l["policy"] == "arc-paper" && l["cache_blocks"] == 19)
+        .unwrap();
+    assert_eq!(paper19["hits"], 265);
+    let o = Command::new(BIN)
+        .args([
+            "sim",
+            "--trace",
+            trace,
+            "--policy",
+            "nope",
+            "--cache-blocks",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}
