@@ -180,7 +180,7 @@ pub fn apply_sets(t: &mut Tunables, sets: &[(String, String)]) -> Result<()> {
     for (name, value) in sets {
         let v = tunables::parse_value(name, value)?;
         t.set(name, v)
-            .with_context(|| format!("--set {name}={value}"))?;
+            .with_context(|| format!("setting {name}={value}"))?;
     }
     Ok(())
 }

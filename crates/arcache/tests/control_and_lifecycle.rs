@@ -164,7 +164,7 @@ fn bad_configuration_is_a_clear_error() {
                 "--arc-max",
                 "50M",
             ],
-            "exceeds",
+            "exceed",
         ),
     ];
     for (args, want) in cases {
