@@ -132,14 +132,18 @@ impl FileDev {
             meta.len()
         };
         let direct = if opts.direct {
-            Some(
-                OpenOptions::new()
-                    .read(true)
-                    .write(!opts.read_only)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(path)
-                    .map_err(err)?,
-            )
+            match OpenOptions::new()
+                .read(true)
+                .write(!opts.read_only)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+            {
+                Ok(f) => Some(f),
+                // Filesystems such as tmpfs refuse O_DIRECT; serve buffered
+                // rather than not at all, and say so through `is_direct`.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+                Err(e) => return Err(err(e)),
+            }
         } else {
             None
         };
@@ -151,6 +155,11 @@ impl FileDev {
             is_block,
             read_only: opts.read_only,
         })
+    }
+
+    /// True if aligned IO bypasses the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     pub fn path(&self) -> &Path {
