@@ -250,3 +250,86 @@ fn sim_prints_one_json_object_per_policy_and_size() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+/// Starts `arcache serve` with piped stdout and returns the URIs it printed.
+fn serve_printing(
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> (std::process::Child, Vec<String>) {
+    use std::io::BufRead;
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut uris = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(u) = line.strip_prefix("serving ") {
+            uris.push(u.to_string());
+        }
+        if line.starts_with("control socket") {
+            break;
+        }
+    }
+    (child, uris)
+}
+
+#[test]
+fn default_listener_is_a_unix_socket_in_the_runtime_dir_with_its_uri_printed() {
+    need("nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("b.img");
+    random_file(&img, 1 << 20, 8);
+    let (mut child, uris) = serve_printing(
+        &["--export", img.to_str().unwrap()],
+        &[("XDG_RUNTIME_DIR", dir.path())],
+    );
+    let want = format!(
+        "nbd+unix:///?socket={}",
+        dir.path().join("arcache/nbd.sock").display()
+    );
+    assert_eq!(uris, vec![want.clone()]);
+    let o = run(Command::new("nbdinfo").arg("--size").arg(&want));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        (1 << 20).to_string()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn tcp_listener_defaults_to_loopback_and_serves_nbdinfo() {
+    need("nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("b.img");
+    random_file(&img, 2 << 20, 9);
+    let control = dir.path().join("c.sock");
+    let (mut child, uris) = serve_printing(
+        &[
+            "--export",
+            &format!("disk={}", img.display()),
+            "--listen",
+            "tcp::0",
+            "--control",
+            control.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(uris.len(), 1);
+    assert!(uris[0].starts_with("nbd://127.0.0.1:"), "{uris:?}");
+    assert!(uris[0].ends_with("/disk"));
+    let o = run(Command::new("nbdinfo").arg("--size").arg(&uris[0]));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        (2 << 20).to_string()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -45,6 +45,13 @@ fn handshake_err(msg: impl Into<String>) -> ClientError {
 impl Client {
     /// Connects and selects `export` with OPT_GO.
     pub fn connect(target: &Target, export: &str) -> ClientResult<Client> {
+        let mut c = Client::greeted(target)?;
+        c.go(export)?;
+        Ok(c)
+    }
+
+    /// A connection that has finished the greeting and may send options.
+    fn greeted(target: &Target) -> ClientResult<Client> {
         let wr = Conn::connect(target)?;
         let rd = BufReader::new(wr.try_clone()?);
         let mut c = Client {
@@ -55,22 +62,12 @@ impl Client {
             next_handle: 1,
         };
         c.greet()?;
-        c.go(export)?;
         Ok(c)
     }
 
     /// Lists the server's exports with OPT_LIST, then aborts.
     pub fn list(target: &Target) -> ClientResult<Vec<String>> {
-        let wr = Conn::connect(target)?;
-        let rd = BufReader::new(wr.try_clone()?);
-        let mut c = Client {
-            rd,
-            wr,
-            size: 0,
-            flags: 0,
-            next_handle: 1,
-        };
-        c.greet()?;
+        let mut c = Client::greeted(target)?;
         c.send_option(OPT_LIST, &[])?;
         let mut names = Vec::new();
         loop {

@@ -151,34 +151,34 @@ impl Server {
 
     /// Accepts connections on a unix socket in a background thread.
     pub fn listen_unix(self: &Arc<Self>, listener: UnixListener) {
-        let server = Arc::clone(self);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                if server.stopping.load(Relaxed) {
-                    break;
-                }
-                match stream {
-                    Ok(s) => server.spawn_connection(Conn::Unix(s)),
-                    Err(e) => warn!("accept on unix socket: {e}"),
-                }
-            }
-        });
+        self.accept_loop(std::iter::from_fn(move || {
+            Some(listener.accept().map(|(s, _)| Conn::Unix(s)))
+        }));
     }
 
     /// Accepts connections on a TCP socket in a background thread.
     pub fn listen_tcp(self: &Arc<Self>, listener: TcpListener) {
+        self.accept_loop(std::iter::from_fn(move || {
+            Some(listener.accept().map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                Conn::Tcp(s)
+            }))
+        }));
+    }
+
+    fn accept_loop(
+        self: &Arc<Self>,
+        incoming: impl Iterator<Item = io::Result<Conn>> + Send + 'static,
+    ) {
         let server = Arc::clone(self);
         std::thread::spawn(move || {
-            for stream in listener.incoming() {
+            for conn in incoming {
                 if server.stopping.load(Relaxed) {
                     break;
                 }
-                match stream {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        server.spawn_connection(Conn::Tcp(s));
-                    }
-                    Err(e) => warn!("accept on tcp socket: {e}"),
+                match conn {
+                    Ok(c) => server.spawn_connection(c),
+                    Err(e) => warn!("accept: {e}"),
                 }
             }
         });

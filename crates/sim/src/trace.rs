@@ -68,30 +68,35 @@ pub fn parse_csv(reader: impl BufRead, name: &str) -> Result<Vec<TraceRequest>, 
     Ok(out)
 }
 
+fn field<'a>(f: &mut impl Iterator<Item = &'a str>, what: &str) -> Result<&'a str, String> {
+    f.next()
+        .map(str::trim)
+        .ok_or_else(|| format!("missing {what}"))
+}
+
+fn number<'a>(f: &mut impl Iterator<Item = &'a str>, what: &str) -> Result<u64, String> {
+    let s = field(f, what)?;
+    s.parse::<u64>()
+        .map_err(|e| format!("bad {what} {s:?}: {e}"))
+}
+
 fn parse_line(line: &str) -> Result<TraceRequest, String> {
     let mut f = line.split(',');
-    let mut num = |what: &str| -> Result<u64, String> {
-        let s = f.next().ok_or_else(|| format!("missing {what}"))?;
-        s.trim()
-            .parse::<u64>()
-            .map_err(|e| format!("bad {what} {s:?}: {e}"))
-    };
-    let ts_us = num("timestamp")?;
-    let op = f.next().ok_or("missing op")?.trim();
-    let write = match op {
+    let ts_us = number(&mut f, "timestamp")?;
+    let write = match field(&mut f, "op")? {
         "R" | "r" | "0" => false,
         "W" | "w" | "1" => true,
         other => return Err(format!("bad op {other:?} (want R or W)")),
     };
-    let mut num = |what: &str| -> Result<u64, String> {
-        let s = f.next().ok_or_else(|| format!("missing {what}"))?;
-        s.trim()
-            .parse::<u64>()
-            .map_err(|e| format!("bad {what} {s:?}: {e}"))
+    let offset = number(&mut f, "offset")?;
+    let len = number(&mut f, "length")?;
+    // The volume column is optional; when present it must be a number.
+    let mut rest = f.peekable();
+    let dev = if rest.peek().is_some() {
+        number(&mut rest, "dev")?
+    } else {
+        0
     };
-    let offset = num("offset")?;
-    let len = num("length")?;
-    let dev = num("dev").unwrap_or(0);
     if offset.checked_add(len).is_none() {
         return Err("offset + length overflows".into());
     }
@@ -136,5 +141,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("bad offset"), "{err}");
+        let err = parse_csv("1,R,0,1,vol\n".as_bytes(), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bad dev"), "{err}");
     }
 }
