@@ -57,10 +57,7 @@ pub struct Access {
 
 impl Access {
     pub fn demand(now_ns: u64) -> Self {
-        Access {
-            now_ns,
-            prefetch: false,
-        }
+        Access { now_ns, prefetch: false }
     }
 }
 

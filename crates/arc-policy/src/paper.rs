@@ -92,11 +92,8 @@ impl PaperArc {
     fn replace(&mut self, in_b2: bool, evicted: &mut Vec<Key>) {
         let t1 = self.t1.len() as f64;
         let from_t1 = self.t1.len() >= 1 && ((in_b2 && t1 == self.p) || t1 > self.p);
-        let (src, dst) = if from_t1 || self.t2.len() == 0 {
-            (Where::T1, Where::B1)
-        } else {
-            (Where::T2, Where::B2)
-        };
+        let (src, dst) =
+            if from_t1 || self.t2.len() == 0 { (Where::T1, Where::B1) } else { (Where::T2, Where::B2) };
         if let Some(idx) = self.list(src).tail() {
             evicted.push(self.slab.get(idx).key);
             self.stats.evicted += 1;
@@ -203,9 +200,7 @@ impl Policy for PaperArc {
     }
 
     fn contains(&self, key: Key) -> bool {
-        self.index
-            .get(&key)
-            .is_some_and(|&i| matches!(self.slab.get(i).at, Where::T1 | Where::T2))
+        self.index.get(&key).is_some_and(|&i| matches!(self.slab.get(i).at, Where::T1 | Where::T2))
     }
 
     fn set_limits(&mut self, _c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {
@@ -238,21 +233,13 @@ impl Policy for PaperArc {
         s.mfu_ghost_size = self.b2.len() as u64;
         s.size = s.mru_size + s.mfu_size;
         s.entries = s.size;
-        s.pd = if self.c == 0 {
-            0
-        } else {
-            (self.p / self.c as f64 * 4_294_967_296.0) as u64
-        };
+        s.pd = if self.c == 0 { 0 } else { (self.p / self.c as f64 * 4_294_967_296.0) as u64 };
         s
     }
 
     fn validate(&self) -> Result<(), String> {
-        let (t1, t2, b1, b2) = (
-            self.t1.len() as u64,
-            self.t2.len() as u64,
-            self.b1.len() as u64,
-            self.b2.len() as u64,
-        );
+        let (t1, t2, b1, b2) =
+            (self.t1.len() as u64, self.t2.len() as u64, self.b1.len() as u64, self.b2.len() as u64);
         let c = self.c;
         if t1 + t2 > c {
             return Err(format!("|T1|+|T2| = {} > c = {c}", t1 + t2));
@@ -269,12 +256,9 @@ impl Policy for PaperArc {
         if self.index.len() as u64 != t1 + t2 + b1 + b2 {
             return Err("index and lists disagree".into());
         }
-        for (list, at) in [
-            (&self.t1, Where::T1),
-            (&self.t2, Where::T2),
-            (&self.b1, Where::B1),
-            (&self.b2, Where::B2),
-        ] {
+        for (list, at) in
+            [(&self.t1, Where::T1), (&self.t2, Where::T2), (&self.b1, Where::B1), (&self.b2, Where::B2)]
+        {
             for (idx, e) in self.slab.iter(list) {
                 if e.at != at || self.index.get(&e.key) != Some(&idx) {
                     return Err(format!("entry {} misfiled", e.key));

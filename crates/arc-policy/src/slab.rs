@@ -31,11 +31,7 @@ pub(crate) struct List {
 
 impl Default for List {
     fn default() -> Self {
-        List {
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        }
+        List { head: NIL, tail: NIL, len: 0 }
     }
 }
 
@@ -51,19 +47,12 @@ impl List {
 
 impl<T> Slab<T> {
     pub(crate) fn new() -> Self {
-        Slab {
-            nodes: Vec::new(),
-            free: Vec::new(),
-        }
+        Slab { nodes: Vec::new(), free: Vec::new() }
     }
 
     /// Stores `val` detached from any list and returns its index.
     pub(crate) fn alloc(&mut self, val: T) -> u32 {
-        let node = Node {
-            prev: NIL,
-            next: NIL,
-            val,
-        };
+        let node = Node { prev: NIL, next: NIL, val };
         if let Some(idx) = self.free.pop() {
             self.nodes[idx as usize] = node;
             idx

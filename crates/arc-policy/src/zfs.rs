@@ -168,13 +168,7 @@ impl ZfsArc {
 
     /// Demotes entries from the tail of `from` until `want` bytes are freed.
     /// Young prefetches are skipped while `honor_lifetime` holds.
-    fn evict_from(
-        &mut self,
-        from: State,
-        want: u64,
-        honor_lifetime: bool,
-        out: &mut Vec<Key>,
-    ) -> u64 {
+    fn evict_from(&mut self, from: State, want: u64, honor_lifetime: bool, out: &mut Vec<Key>) -> u64 {
         let mut freed = 0;
         let mut skipped = 0u32;
         let mut cur = self.lists[from as usize].tail();
@@ -214,12 +208,9 @@ impl ZfsArc {
         let mut freed = self.evict_from(State::Mru, excess.min(mru_over), true, out);
         // Each step takes what the previous ones left; the last two give up
         // on the split and then on prefetch lifetimes, so RAM stays bounded.
-        for (state, honor) in [
-            (State::Mfu, true),
-            (State::Mru, true),
-            (State::Mfu, false),
-            (State::Mru, false),
-        ] {
+        for (state, honor) in
+            [(State::Mfu, true), (State::Mru, true), (State::Mfu, false), (State::Mru, false)]
+        {
             if freed >= excess {
                 break;
             }
@@ -248,8 +239,7 @@ impl ZfsArc {
             }
         }
         while self.sizes.iter().sum::<u64>() > 2 * c {
-            if !self.delete_ghost_tail(State::MfuGhost) && !self.delete_ghost_tail(State::MruGhost)
-            {
+            if !self.delete_ghost_tail(State::MfuGhost) && !self.delete_ghost_tail(State::MruGhost) {
                 break;
             }
         }
@@ -263,8 +253,7 @@ impl ZfsArc {
             last_access_ns: self.now_ns,
             prefetch: access.prefetch,
         });
-        self.slab
-            .push_head(&mut self.lists[State::Mru as usize], idx);
+        self.slab.push_head(&mut self.lists[State::Mru as usize], idx);
         self.sizes[State::Mru as usize] += size;
         self.index.insert(key, idx);
     }
@@ -387,9 +376,7 @@ impl Policy for ZfsArc {
     }
 
     fn contains(&self, key: Key) -> bool {
-        self.index
-            .get(&key)
-            .is_some_and(|&i| matches!(self.slab.get(i).state, State::Mru | State::Mfu))
+        self.index.get(&key).is_some_and(|&i| matches!(self.slab.get(i).state, State::Mru | State::Mfu))
     }
 
     fn set_limits(&mut self, c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {
@@ -419,10 +406,7 @@ impl Policy for ZfsArc {
     fn validate(&self) -> Result<(), String> {
         let c = self.c;
         if !(self.cfg.c_min..=self.cfg.c_max).contains(&c) {
-            return Err(format!(
-                "c = {c} outside [{}, {}]",
-                self.cfg.c_min, self.cfg.c_max
-            ));
+            return Err(format!("c = {c} outside [{}, {}]", self.cfg.c_min, self.cfg.c_max));
         }
         if self.pd > ONE {
             return Err(format!("pd = {} > 2^32", self.pd));
@@ -481,15 +465,9 @@ mod tests {
         let mut ev = Vec::new();
         assert_eq!(a.lookup(1, Access::demand(0)), Lookup::Miss);
         a.insert(1, 1, Access::demand(0), &mut ev);
-        assert_eq!(
-            a.lookup(1, Access::demand(10 * MS)),
-            Lookup::Hit(ListKind::Mru)
-        );
+        assert_eq!(a.lookup(1, Access::demand(10 * MS)), Lookup::Hit(ListKind::Mru));
         assert_eq!(a.stats().mru_size, 1, "a quick re-access stays in MRU");
-        assert_eq!(
-            a.lookup(1, Access::demand(100 * MS)),
-            Lookup::Hit(ListKind::Mru)
-        );
+        assert_eq!(a.lookup(1, Access::demand(100 * MS)), Lookup::Hit(ListKind::Mru));
         assert_eq!(a.stats().mfu_size, 1, "a later re-access promotes");
         a.validate().unwrap();
     }
@@ -498,10 +476,7 @@ mod tests {
     fn first_demand_after_prefetch_does_not_promote() {
         let mut a = arc(10);
         let mut ev = Vec::new();
-        let pf = Access {
-            now_ns: 0,
-            prefetch: true,
-        };
+        let pf = Access { now_ns: 0, prefetch: true };
         a.lookup(7, pf);
         a.insert(7, 1, pf, &mut ev);
         a.lookup(7, Access::demand(500 * MS));
@@ -522,10 +497,7 @@ mod tests {
         assert_eq!(ev, vec![0, 1]);
         assert_eq!(a.stats().size, 4);
         assert!(!a.contains(0));
-        assert_eq!(
-            a.lookup(1, Access::demand(10 * MS)),
-            Lookup::GhostHit(ListKind::Mru)
-        );
+        assert_eq!(a.lookup(1, Access::demand(10 * MS)), Lookup::GhostHit(ListKind::Mru));
     }
 
     #[test]
@@ -558,19 +530,12 @@ mod tests {
     fn young_prefetches_are_skipped_then_forced() {
         let mut a = arc(2);
         let mut ev = Vec::new();
-        let pf = Access {
-            now_ns: 0,
-            prefetch: true,
-        };
+        let pf = Access { now_ns: 0, prefetch: true };
         a.insert(1, 1, pf, &mut ev);
         a.insert(2, 1, pf, &mut ev);
         a.insert(3, 1, pf, &mut ev);
         assert!(a.stats().evict_skip > 0);
-        assert_eq!(
-            a.stats().size,
-            2,
-            "RAM stays bounded even when all are young"
-        );
+        assert_eq!(a.stats().size, 2, "RAM stays bounded even when all are young");
         a.validate().unwrap();
     }
 

@@ -8,12 +8,7 @@ use std::collections::{HashSet, VecDeque};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Access {
-        key: u64,
-        size: u64,
-        dt_ms: u64,
-        prefetch: bool,
-    },
+    Access { key: u64, size: u64, dt_ms: u64, prefetch: bool },
     Remove(u64),
     Resize(u64),
 }
@@ -34,17 +29,9 @@ fn drive(p: &mut dyn Policy, ops: &[Op], uniform: bool) -> Result<(), TestCaseEr
     let mut evicted = Vec::new();
     for op in ops {
         match *op {
-            Op::Access {
-                key,
-                size,
-                dt_ms,
-                prefetch,
-            } => {
+            Op::Access { key, size, dt_ms, prefetch } => {
                 now += dt_ms * 1_000_000;
-                let a = Access {
-                    now_ns: now,
-                    prefetch,
-                };
+                let a = Access { now_ns: now, prefetch };
                 let size = if uniform { 1 } else { size };
                 let hit = p.lookup(key, a).is_hit();
                 prop_assert_eq!(hit, resident.contains(&key), "hit iff resident");

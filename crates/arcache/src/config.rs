@@ -59,8 +59,8 @@ pub struct ConfigFile {
 
 impl ConfigFile {
     pub fn load(path: &Path) -> Result<ConfigFile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading config {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
     }
 }
@@ -104,22 +104,13 @@ impl Listen {
                 None => (rest.to_string(), ""),
             }
         };
-        let host = if host.is_empty() {
-            "127.0.0.1".to_string()
-        } else {
-            host
-        };
+        let host = if host.is_empty() { "127.0.0.1".to_string() } else { host };
         let port: u16 = if port.is_empty() {
             nbd::uri::DEFAULT_PORT
         } else {
-            port.parse()
-                .with_context(|| format!("bad port in --listen {s:?}"))?
+            port.parse().with_context(|| format!("bad port in --listen {s:?}"))?
         };
-        let addr = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
+        let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
         Ok(Listen::Tcp(addr))
     }
 }
@@ -179,8 +170,7 @@ pub fn default_control_path() -> PathBuf {
 pub fn apply_sets(t: &mut Tunables, sets: &[(String, String)]) -> Result<()> {
     for (name, value) in sets {
         let v = tunables::parse_value(name, value)?;
-        t.set(name, v)
-            .with_context(|| format!("setting {name}={value}"))?;
+        t.set(name, v).with_context(|| format!("setting {name}={value}"))?;
     }
     Ok(())
 }
@@ -198,22 +188,10 @@ mod tests {
 
     #[test]
     fn listen_forms() {
-        assert_eq!(
-            Listen::parse("tcp:").unwrap(),
-            Listen::Tcp("127.0.0.1:10809".into())
-        );
-        assert_eq!(
-            Listen::parse("tcp::1234").unwrap(),
-            Listen::Tcp("127.0.0.1:1234".into())
-        );
-        assert_eq!(
-            Listen::parse("tcp:0.0.0.0:99").unwrap(),
-            Listen::Tcp("0.0.0.0:99".into())
-        );
-        assert_eq!(
-            Listen::parse("tcp:[::1]:5").unwrap(),
-            Listen::Tcp("[::1]:5".into())
-        );
+        assert_eq!(Listen::parse("tcp:").unwrap(), Listen::Tcp("127.0.0.1:10809".into()));
+        assert_eq!(Listen::parse("tcp::1234").unwrap(), Listen::Tcp("127.0.0.1:1234".into()));
+        assert_eq!(Listen::parse("tcp:0.0.0.0:99").unwrap(), Listen::Tcp("0.0.0.0:99".into()));
+        assert_eq!(Listen::parse("tcp:[::1]:5").unwrap(), Listen::Tcp("[::1]:5".into()));
         assert_eq!(Listen::parse("unix:/x").unwrap(), Listen::Unix("/x".into()));
         assert!(Listen::parse("udp:1").is_err());
     }
@@ -222,14 +200,8 @@ mod tests {
     fn export_forms() {
         assert_eq!(split_export("/dev/sdb"), ("".into(), "/dev/sdb".into()));
         assert_eq!(split_export("vm=/img"), ("vm".into(), "/img".into()));
-        assert_eq!(
-            split_export("nbd+unix:///x?socket=/s"),
-            ("".into(), "nbd+unix:///x?socket=/s".into())
-        );
-        assert_eq!(
-            split_export("nas=nbd://h/e"),
-            ("nas".into(), "nbd://h/e".into())
-        );
+        assert_eq!(split_export("nbd+unix:///x?socket=/s"), ("".into(), "nbd+unix:///x?socket=/s".into()));
+        assert_eq!(split_export("nas=nbd://h/e"), ("nas".into(), "nbd://h/e".into()));
     }
 
     #[test]
@@ -248,10 +220,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.arc_max.unwrap().bytes().unwrap(), 2 << 30);
-        assert_eq!(
-            c.export[0].recordsize.as_ref().unwrap().bytes().unwrap(),
-            64 << 10
-        );
+        assert_eq!(c.export[0].recordsize.as_ref().unwrap().bytes().unwrap(), 64 << 10);
         assert!(toml::from_str::<ConfigFile>("bogus = 1").is_err());
     }
 }

@@ -39,23 +39,21 @@ pub trait Handler: Send + Sync {
 /// Binds the control socket with mode 0600 and serves it in the background.
 pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<PathBuf> {
     let listener = bind_private(path)?;
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                match stream {
-                    Ok(s) => {
-                        let h = Arc::clone(&handler);
-                        std::thread::spawn(move || {
-                            if let Err(e) = session(s, h.as_ref()) {
-                                warn!("control connection: {e:#}");
-                            }
-                        });
-                    }
-                    Err(e) => warn!("control accept: {e}"),
+    std::thread::Builder::new().name("control".into()).spawn(move || {
+        for stream in listener.incoming() {
+            match stream {
+                Ok(s) => {
+                    let h = Arc::clone(&handler);
+                    std::thread::spawn(move || {
+                        if let Err(e) = session(s, h.as_ref()) {
+                            warn!("control connection: {e:#}");
+                        }
+                    });
                 }
+                Err(e) => warn!("control accept: {e}"),
             }
-        })?;
+        }
+    })?;
     Ok(path.to_path_buf())
 }
 
@@ -69,8 +67,7 @@ pub fn bind_private(path: &Path) -> Result<UnixListener> {
         if UnixStream::connect(path).is_ok() {
             bail!("{} is in use by a running server", path.display());
         }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     // Create it private from the start: no window where others could connect.
     // SAFETY: umask only changes this process's file creation mask.
@@ -94,22 +91,10 @@ fn session(stream: UnixStream, handler: &dyn Handler) -> Result<()> {
         }
         let resp = match serde_json::from_str::<Request>(&line) {
             Ok(req) => match handler.handle(req) {
-                Ok(v) => Response {
-                    ok: true,
-                    result: Some(v),
-                    error: None,
-                },
-                Err(e) => Response {
-                    ok: false,
-                    result: None,
-                    error: Some(format!("{e:#}")),
-                },
+                Ok(v) => Response { ok: true, result: Some(v), error: None },
+                Err(e) => Response { ok: false, result: None, error: Some(format!("{e:#}")) },
             },
-            Err(e) => Response {
-                ok: false,
-                result: None,
-                error: Some(format!("bad request: {e}")),
-            },
+            Err(e) => Response { ok: false, result: None, error: Some(format!("bad request: {e}")) },
         };
         let mut text = serde_json::to_string(&resp)?;
         text.push('\n');
@@ -137,8 +122,6 @@ pub fn call(path: &Path, req: &Request) -> Result<Value> {
     if resp.ok {
         Ok(resp.result.unwrap_or(Value::Null))
     } else {
-        Err(anyhow!(resp
-            .error
-            .unwrap_or_else(|| "unknown error".into())))
+        Err(anyhow!(resp.error.unwrap_or_else(|| "unknown error".into())))
     }
 }

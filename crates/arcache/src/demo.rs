@@ -44,11 +44,7 @@ struct Plan {
 
 impl Plan {
     fn new(quick: bool) -> Plan {
-        let slow = SlowDevConfig {
-            latency: Duration::from_millis(5),
-            parallelism: 4,
-            bandwidth: 120 << 20,
-        };
+        let slow = SlowDevConfig { latency: Duration::from_millis(5), parallelism: 4, bandwidth: 120 << 20 };
         if quick {
             Plan {
                 disk: 48 << 20,
@@ -114,8 +110,7 @@ fn bar(show: bool, len: u64, msg: &str, bytes: bool) -> ProgressBar {
 
 /// Fills the image with incompressible, position-dependent bytes.
 fn make_image(path: &std::path::Path, size: u64, show: bool) -> Result<()> {
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let pb = bar(show, size, "writing the disk image", true);
     let mut rng = StdRng::seed_from_u64(0xA4C);
     let mut buf = vec![0u8; 1 << 20];
@@ -195,8 +190,7 @@ fn random(r: &Running, target: &Target, plan: &Plan, label: &str, show: bool) ->
             }));
         }
         for h in handles {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a demo client panicked"))??;
+            h.join().map_err(|_| anyhow::anyhow!("a demo client panicked"))??;
         }
         Ok(())
     })?;
@@ -260,35 +254,11 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     }
     let target = Target::Unix(sock);
     let seq_label = format!("sequential {} file", human(plan.file));
-    let sc = sequential(
-        &running,
-        &target,
-        &plan,
-        &format!("{seq_label}, cold"),
-        show,
-    )?;
-    let sw = sequential(
-        &running,
-        &target,
-        &plan,
-        &format!("{seq_label}, warm"),
-        show,
-    )?;
+    let sc = sequential(&running, &target, &plan, &format!("{seq_label}, cold"), show)?;
+    let sw = sequential(&running, &target, &plan, &format!("{seq_label}, warm"), show)?;
     let rnd_label = format!("random 4K in {}", human(plan.working_set));
-    let rc = random(
-        &running,
-        &target,
-        &plan,
-        &format!("{rnd_label}, cold"),
-        show,
-    )?;
-    let rw = random(
-        &running,
-        &target,
-        &plan,
-        &format!("{rnd_label}, warm"),
-        show,
-    )?;
+    let rc = random(&running, &target, &plan, &format!("{rnd_label}, cold"), show)?;
+    let rw = random(&running, &target, &plan, &format!("{rnd_label}, warm"), show)?;
     running.stop()?;
     let result = DemoResult {
         sequential_cold: sc,
@@ -307,10 +277,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
 }
 
 fn print_table(r: &DemoResult, plan: &Plan) {
-    println!(
-        "{:<34} {:>12} {:>12} {:>9}",
-        "", "cold (disk)", "warm (ARC)", "speed-up"
-    );
+    println!("{:<34} {:>12} {:>12} {:>9}", "", "cold (disk)", "warm (ARC)", "speed-up");
     println!(
         "{:<34} {:>9.1} MB/s {:>7.1} MB/s {:>8.1}x",
         format!("sequential read, {} file", human(plan.file)),

@@ -51,9 +51,7 @@ impl Export for NbdExport {
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult {
-        self.vol
-            .write(offset, data, fua)
-            .map_err(|e| errno("write", e))
+        self.vol.write(offset, data, fua).map_err(|e| errno("write", e))
     }
 
     fn flush(&self) -> NbdResult {
@@ -61,21 +59,15 @@ impl Export for NbdExport {
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
-        self.vol
-            .trim(offset, len, fua)
-            .map_err(|e| errno("trim", e))
+        self.vol.trim(offset, len, fua).map_err(|e| errno("trim", e))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
-        self.vol
-            .write_zeroes(offset, len, fua)
-            .map_err(|e| errno("write_zeroes", e))
+        self.vol.write_zeroes(offset, len, fua).map_err(|e| errno("write_zeroes", e))
     }
 
     fn cache(&self, offset: u64, len: u64) -> NbdResult {
-        self.vol
-            .prefetch(offset, len)
-            .map_err(|e| errno("cache", e))
+        self.vol.prefetch(offset, len).map_err(|e| errno("cache", e))
     }
 }
 
@@ -92,15 +84,10 @@ impl ExportTable {
 
 impl ExportSet for ExportTable {
     fn list(&self) -> Vec<(String, String)> {
-        self.by_name
-            .iter()
-            .map(|(n, e)| (n.clone(), e.description.clone()))
-            .collect()
+        self.by_name.iter().map(|(n, e)| (n.clone(), e.description.clone())).collect()
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
-        self.by_name
-            .get(name)
-            .map(|e| Arc::clone(e) as Arc<dyn Export>)
+        self.by_name.get(name).map(|e| Arc::clone(e) as Arc<dyn Export>)
     }
 }

@@ -57,11 +57,7 @@ fn init_logging(default_level: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo talks to a person; its server's log lines would only interrupt.
-    init_logging(if matches!(cli.cmd, Cmd::Demo(_)) {
-        "warn"
-    } else {
-        "info"
-    });
+    init_logging(if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info" });
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Stat(a) => statcmd::stat(&a),
@@ -89,8 +85,6 @@ pub struct ControlArg {
 
 impl ControlArg {
     pub fn path(&self) -> PathBuf {
-        self.control
-            .clone()
-            .unwrap_or_else(config::default_control_path)
+        self.control.clone().unwrap_or_else(config::default_control_path)
     }
 }

@@ -86,11 +86,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
     if let Some(v) = &file.arc_min {
         sets.push(("zfs_arc_min".into(), v.bytes()?.to_string()));
     }
-    sets.extend(
-        file.set
-            .iter()
-            .map(|(k, v)| (k.clone(), toml_value_text(v))),
-    );
+    sets.extend(file.set.iter().map(|(k, v)| (k.clone(), toml_value_text(v))));
     if let Some(v) = &args.arc_max {
         sets.push(("zfs_arc_max".into(), parse_size(v)?.to_string()));
     }
@@ -109,10 +105,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
     apply_sets(&mut t, &sets)?;
     // A lower arc_max pulls the default arc_min down; one the user chose is kept or refused.
     if let Some(min) = given_min.filter(|&m| m != t.zfs_arc_min) {
-        bail!(
-            "zfs_arc_min ({min}) exceeds zfs_arc_max ({})",
-            t.zfs_arc_max
-        );
+        bail!("zfs_arc_min ({min}) exceeds zfs_arc_max ({})", t.zfs_arc_max);
     }
 
     let default_rs = match (&args.recordsize, &file.recordsize) {
@@ -146,41 +139,27 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         if backing.is_empty() {
             bail!("--export {s:?} has no backing store");
         }
-        let spec = ExportSpec {
-            name: name.clone(),
-            backing,
-            recordsize: default_rs,
-            read_only: all_ro,
-            direct,
-        };
+        let spec =
+            ExportSpec { name: name.clone(), backing, recordsize: default_rs, read_only: all_ro, direct };
         if from_flags.insert(name.clone(), spec).is_some() {
             bail!("export {name:?} is given twice");
         }
     }
     exports.extend(from_flags);
     if exports.is_empty() {
-        bail!("nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)");
+        bail!(
+            "nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)"
+        );
     }
-    let listen_src = if args.listen.is_empty() {
-        &file.listen
-    } else {
-        &args.listen
-    };
-    let mut listen = listen_src
-        .iter()
-        .map(|s| Listen::parse(s))
-        .collect::<Result<Vec<_>>>()?;
+    let listen_src = if args.listen.is_empty() { &file.listen } else { &args.listen };
+    let mut listen = listen_src.iter().map(|s| Listen::parse(s)).collect::<Result<Vec<_>>>()?;
     if listen.is_empty() {
         listen.push(Listen::Unix(runtime_dir().join("nbd.sock")));
     }
     Ok(ServeSettings {
         exports: exports.into_values().collect(),
         listen,
-        control: args
-            .control
-            .clone()
-            .or(file.control)
-            .unwrap_or_else(default_control_path),
+        control: args.control.clone().or(file.control).unwrap_or_else(default_control_path),
         tunables: t,
         workers: args.workers.or(file.workers).unwrap_or(32),
     })
@@ -189,21 +168,15 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
 fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
     if NbdUri::is_nbd_uri(&spec.backing) {
         let uri = NbdUri::parse(&spec.backing)?;
-        let dev = NbdDev::connect(uri)
-            .with_context(|| format!("connecting to backing {}", spec.backing))?;
+        let dev = NbdDev::connect(uri).with_context(|| format!("connecting to backing {}", spec.backing))?;
         return Ok(Arc::new(dev));
     }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
         bail!("backing store {} does not exist", path.display());
     }
-    let opts = FileDevOptions {
-        direct: spec.direct,
-        read_only: spec.read_only,
-        create_size: None,
-    };
-    let dev = FileDev::open(&path, opts)
-        .with_context(|| format!("opening backing {}", path.display()))?;
+    let opts = FileDevOptions { direct: spec.direct, read_only: spec.read_only, create_size: None };
+    let dev = FileDev::open(&path, opts).with_context(|| format!("opening backing {}", path.display()))?;
     if dev.size() == 0 {
         bail!("backing store {} is empty (size 0)", path.display());
     }
@@ -245,16 +218,8 @@ impl Running {
 }
 
 /// Opens every backing store, binds every socket and starts serving.
-pub fn start(
-    settings: &ServeSettings,
-    nbd_cfg: ServerConfig,
-    with_control: bool,
-) -> Result<Running> {
-    let devices = settings
-        .exports
-        .iter()
-        .map(open_backing)
-        .collect::<Result<Vec<_>>>()?;
+pub fn start(settings: &ServeSettings, nbd_cfg: ServerConfig, with_control: bool) -> Result<Running> {
+    let devices = settings.exports.iter().map(open_backing).collect::<Result<Vec<_>>>()?;
     start_on(settings, devices, nbd_cfg, with_control)
 }
 
@@ -277,11 +242,7 @@ pub fn start_on(
         let id = u16::try_from(i).context("too many exports")?;
         let vol = Arc::new(Volume::new(
             id,
-            VolumeConfig {
-                name: spec.name.clone(),
-                recordsize: spec.recordsize,
-                read_only: spec.read_only,
-            },
+            VolumeConfig { name: spec.name.clone(), recordsize: spec.recordsize, read_only: spec.read_only },
             dev,
             Arc::clone(&cache),
         ));
@@ -296,13 +257,7 @@ pub fn start_on(
         table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone()));
         volumes.push(vol);
     }
-    let server = Server::new(
-        Arc::new(table),
-        ServerConfig {
-            workers: settings.workers,
-            ..nbd_cfg
-        },
-    );
+    let server = Server::new(Arc::new(table), ServerConfig { workers: settings.workers, ..nbd_cfg });
     let mut uris = Vec::new();
     let mut sockets = Vec::new();
     for l in &settings.listen {
@@ -313,34 +268,21 @@ pub fn start_on(
                 sockets.push(p.clone());
                 for v in &volumes {
                     uris.push(
-                        NbdUri {
-                            target: nbd::Target::Unix(p.clone()),
-                            export: v.name().to_string(),
-                        }
-                        .to_string(),
+                        NbdUri { target: nbd::Target::Unix(p.clone()), export: v.name().to_string() }
+                            .to_string(),
                     );
                 }
             }
             Listen::Tcp(addr) => {
-                let listener =
-                    TcpListener::bind(addr).with_context(|| format!("binding tcp {addr}"))?;
+                let listener = TcpListener::bind(addr).with_context(|| format!("binding tcp {addr}"))?;
                 let local = listener.local_addr()?;
                 if !local.ip().is_loopback() {
                     warn!("listening on {local}, reachable from other hosts (no TLS yet)");
                 }
                 server.listen_tcp(listener);
                 for v in &volumes {
-                    let target = nbd::Target::Tcp {
-                        host: local.ip().to_string(),
-                        port: local.port(),
-                    };
-                    uris.push(
-                        NbdUri {
-                            target,
-                            export: v.name().to_string(),
-                        }
-                        .to_string(),
-                    );
+                    let target = nbd::Target::Tcp { host: local.ip().to_string(), port: local.port() };
+                    uris.push(NbdUri { target, export: v.name().to_string() }.to_string());
                 }
             }
         }
@@ -356,14 +298,7 @@ pub fn start_on(
     } else {
         None
     };
-    Ok(Running {
-        server,
-        cache,
-        volumes,
-        uris,
-        control,
-        sockets,
-    })
+    Ok(Running { server, cache, volumes, uris, control, sockets })
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -403,19 +338,10 @@ impl ControlState {
         let obj = v.as_object_mut().context("stats are an object")?;
         use std::sync::atomic::Ordering::Relaxed;
         obj.insert("nbd_connections".into(), json!(s.connections.load(Relaxed)));
-        obj.insert(
-            "nbd_active_connections".into(),
-            json!(s.active_connections.load(Relaxed)),
-        );
+        obj.insert("nbd_active_connections".into(), json!(s.active_connections.load(Relaxed)));
         obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));
-        obj.insert(
-            "nbd_request_errors".into(),
-            json!(s.request_errors.load(Relaxed)),
-        );
-        obj.insert(
-            "nbd_immediate_reads".into(),
-            json!(s.immediate_reads.load(Relaxed)),
-        );
+        obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
+        obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
         Ok(v)
     }

@@ -35,20 +35,13 @@ pub fn run(a: &SimArgs) -> Result<()> {
     }
     for p in &a.policy {
         if !POLICY_NAMES.contains(&p.as_str()) {
-            bail!(
-                "unknown policy {p:?}; choose from {}",
-                POLICY_NAMES.join(", ")
-            );
+            bail!("unknown policy {p:?}; choose from {}", POLICY_NAMES.join(", "));
         }
     }
-    let requests =
-        read_trace(&a.trace).with_context(|| format!("loading {}", a.trace.display()))?;
+    let requests = read_trace(&a.trace).with_context(|| format!("loading {}", a.trace.display()))?;
     let accesses = expand(&requests, a.block_size, a.reads_only);
     if !a.json {
-        println!(
-            "{:<10} {:>12} {:>12} {:>12} {:>9}",
-            "policy", "cache_blocks", "requests", "hits", "hit%"
-        );
+        println!("{:<10} {:>12} {:>12} {:>12} {:>9}", "policy", "cache_blocks", "requests", "hits", "hit%");
     }
     for &size in &a.cache_blocks {
         for p in &a.policy {

@@ -4,13 +4,11 @@ use anyhow::{bail, Context, Result};
 
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
-    let digits_end = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let digits_end = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits_end);
-    let num: f64 = num.parse().with_context(|| {
-        format!("bad size {s:?}: expected a number with an optional K/M/G/T suffix")
-    })?;
+    let num: f64 = num
+        .parse()
+        .with_context(|| format!("bad size {s:?}: expected a number with an optional K/M/G/T suffix"))?;
     let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,
         "K" | "KB" | "KIB" => 1 << 10,

@@ -74,10 +74,7 @@ pub fn get(a: &GetArgs) -> Result<()> {
     if a.all {
         let v = call(&path, &Request::GetAll)?;
         let rows = v.as_array().context("get --all returns a list")?;
-        println!(
-            "{:<28} {:>14} {:>14} {:<12} description",
-            "name", "value", "default", "unit"
-        );
+        println!("{:<28} {:>14} {:>14} {:<12} description", "name", "value", "default", "unit");
         for r in rows {
             println!(
                 "{:<28} {:>14} {:>14} {:<12} {}",
@@ -90,9 +87,7 @@ pub fn get(a: &GetArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let Some(name) = &a.name else {
-        bail!("give a tunable name or --all")
-    };
+    let Some(name) = &a.name else { bail!("give a tunable name or --all") };
     let v = call(&path, &Request::Get { name: name.clone() })?;
     println!("{}", v["value"]);
     Ok(())
@@ -102,13 +97,7 @@ pub fn set(a: &SetArgs) -> Result<()> {
     let Some((name, value)) = a.assignment.split_once('=') else {
         bail!("expected NAME=VALUE, got {:?}", a.assignment);
     };
-    let v = call(
-        &a.control.path(),
-        &Request::Set {
-            name: name.trim().into(),
-            value: value.trim().into(),
-        },
-    )?;
+    let v = call(&a.control.path(), &Request::Set { name: name.trim().into(), value: value.trim().into() })?;
     println!("{} = {}", v["name"].as_str().unwrap_or(name), v["value"]);
     Ok(())
 }

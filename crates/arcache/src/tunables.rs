@@ -52,10 +52,7 @@ pub fn spec(name: &str) -> Result<&'static Spec> {
         Some(s) => Ok(s),
         None => {
             let known: Vec<&str> = SPECS.iter().map(|s| s.name).collect();
-            bail!(
-                "unknown tunable {name:?}; known tunables: {}",
-                known.join(", ")
-            )
+            bail!("unknown tunable {name:?}; known tunables: {}", known.join(", "))
         }
     }
 }
@@ -65,10 +62,9 @@ pub fn parse_value(name: &str, value: &str) -> Result<u64> {
     let s = spec(name)?;
     let v = match s.unit {
         Unit::Bytes => parse_size(value)?,
-        Unit::Milliseconds => value
-            .trim()
-            .parse::<u64>()
-            .map_err(|e| anyhow::anyhow!("bad value {value:?} for {name}: {e}"))?,
+        Unit::Milliseconds => {
+            value.trim().parse::<u64>().map_err(|e| anyhow::anyhow!("bad value {value:?} for {name}: {e}"))?
+        }
     };
     if v < s.min || v > s.max {
         bail!("{name} = {v} is out of range [{}, {}]", s.min, s.max);
@@ -125,11 +121,7 @@ impl Tunables {
             other => bail!("tunable {other} has no storage"),
         }
         if next.zfs_arc_min > next.zfs_arc_max {
-            bail!(
-                "zfs_arc_min ({}) would exceed zfs_arc_max ({})",
-                next.zfs_arc_min,
-                next.zfs_arc_max
-            );
+            bail!("zfs_arc_min ({}) would exceed zfs_arc_max ({})", next.zfs_arc_min, next.zfs_arc_max);
         }
         *self = next;
         Ok(())
@@ -138,12 +130,7 @@ impl Tunables {
 
 fn physical_ram() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
-    let (pages, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
     if pages > 0 && page > 0 {
         pages as u64 * page as u64
     } else {
@@ -158,20 +145,11 @@ mod tests {
     #[test]
     fn parse_and_validate() {
         assert_eq!(parse_value("zfs_arc_max", "2G").unwrap(), 2 << 30);
-        assert!(parse_value("zfs_arc_max", "1K")
-            .unwrap_err()
-            .to_string()
-            .contains("out of range"));
-        assert!(parse_value("l2arc_nope", "1")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown tunable"));
+        assert!(parse_value("zfs_arc_max", "1K").unwrap_err().to_string().contains("out of range"));
+        assert!(parse_value("l2arc_nope", "1").unwrap_err().to_string().contains("unknown tunable"));
         let mut t = Tunables::defaults();
         t.set("zfs_arc_max", 64 << 20).unwrap();
-        assert!(
-            t.zfs_arc_min <= 32 << 20,
-            "the minimum follows a lower maximum"
-        );
+        assert!(t.zfs_arc_min <= 32 << 20, "the minimum follows a lower maximum");
         assert!(t.set("zfs_arc_min", 128 << 20).is_err());
         assert_eq!(t.get("zfs_arc_max").unwrap(), 64 << 20);
     }

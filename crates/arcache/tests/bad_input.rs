@@ -31,8 +31,7 @@ fn raw(s: &Serve) -> UnixStream {
     let mut hello = [0u8; 18];
     c.read_exact(&mut hello).unwrap();
     assert_eq!(&hello[0..8], &NBDMAGIC.to_be_bytes());
-    c.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .unwrap();
+    c.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
     c
 }
 
@@ -66,27 +65,14 @@ fn transmitting(s: &Serve, export: &str) -> UnixStream {
 }
 
 fn request(c: &mut UnixStream, kind: u16, handle: u64, offset: u64, length: u32) {
-    c.write_all(
-        &Request {
-            flags: 0,
-            kind,
-            handle,
-            offset,
-            length,
-        }
-        .encode(),
-    )
-    .unwrap();
+    c.write_all(&Request { flags: 0, kind, handle, offset, length }.encode()).unwrap();
 }
 
 fn simple_reply(c: &mut UnixStream) -> (u32, u64) {
     let mut h = [0u8; 16];
     c.read_exact(&mut h).unwrap();
     assert_eq!(&h[0..4], &SIMPLE_REPLY_MAGIC.to_be_bytes());
-    (
-        u32::from_be_bytes(h[4..8].try_into().unwrap()),
-        u64::from_be_bytes(h[8..16].try_into().unwrap()),
-    )
+    (u32::from_be_bytes(h[4..8].try_into().unwrap()), u64::from_be_bytes(h[8..16].try_into().unwrap()))
 }
 
 fn still_serves(s: &Serve) {
@@ -102,10 +88,7 @@ fn unknown_option_gets_unsup_and_the_handshake_goes_on() {
     send_option(&mut c, 0xdead, b"junk");
     assert_eq!(option_reply(&mut c).0, REP_ERR_UNSUP);
     send_option(&mut c, OPT_STARTTLS, &[]);
-    assert!(
-        option_reply(&mut c).0 & REP_FLAG_ERROR != 0,
-        "no TLS configured: an error, not a hang"
-    );
+    assert!(option_reply(&mut c).0 & REP_FLAG_ERROR != 0, "no TLS configured: an error, not a hang");
     let mut go = Vec::new();
     go.extend_from_slice(&7u32.to_be_bytes());
     go.extend_from_slice(b"missing");
@@ -122,11 +105,7 @@ fn unknown_option_gets_unsup_and_the_handshake_goes_on() {
 #[test]
 fn garbage_in_the_handshake_closes_only_that_connection() {
     let s = server(false);
-    for garbage in [
-        &b"GET / HTTP/1.1\r\n\r\n"[..],
-        &[0xff; 300][..],
-        &[0, 0, 0, 3, 0xde, 0xad][..],
-    ] {
+    for garbage in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0xff; 300][..], &[0, 0, 0, 3, 0xde, 0xad][..]] {
         let mut c = UnixStream::connect(&s.sock).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut hello = [0u8; 18];
@@ -145,10 +124,7 @@ fn garbage_in_the_handshake_closes_only_that_connection() {
     c.write_all(&o).unwrap();
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest);
-    assert!(
-        rest.is_empty(),
-        "server hangs up instead of allocating 4 GiB"
-    );
+    assert!(rest.is_empty(), "server hangs up instead of allocating 4 GiB");
     still_serves(&s);
 }
 
@@ -230,11 +206,7 @@ fn structured_replies_carry_data_and_errors() {
         assert_eq!(kind, REP_INFO);
         if d[0..2] == INFO_BLOCK_SIZE.to_be_bytes() {
             saw_block_size = true;
-            assert_eq!(
-                u32::from_be_bytes(d[6..10].try_into().unwrap()),
-                16384,
-                "preferred = recordsize"
-            );
+            assert_eq!(u32::from_be_bytes(d[6..10].try_into().unwrap()), 16384, "preferred = recordsize");
         }
     }
     assert!(saw_block_size);

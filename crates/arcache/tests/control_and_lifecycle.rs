@@ -50,20 +50,13 @@ fn stat_reports_arcstats_fields_that_move_with_io() {
     let mut b = vec![0u8; 64 << 10];
     c.read(0, &mut b).unwrap();
     let mid = s.stat();
-    assert_eq!(
-        mid["demand_data_misses"].as_u64().unwrap(),
-        4,
-        "64K = four 16K records missed"
-    );
+    assert_eq!(mid["demand_data_misses"].as_u64().unwrap(), 4, "64K = four 16K records missed");
     std::thread::sleep(std::time::Duration::from_millis(100));
     c.read(0, &mut b).unwrap();
     let after = s.stat();
     assert_eq!(after["demand_data_hits"].as_u64().unwrap(), 4);
     assert!(after["size"].as_u64().unwrap() >= 64 << 10);
-    assert_eq!(
-        after["mfu_hits"].as_u64().unwrap() + after["mru_hits"].as_u64().unwrap(),
-        4
-    );
+    assert_eq!(after["mfu_hits"].as_u64().unwrap() + after["mru_hits"].as_u64().unwrap(), 4);
     let human = s.ctl(&["stat"]);
     assert!(String::from_utf8_lossy(&human.stdout).contains("hit%"));
 }
@@ -123,15 +116,9 @@ fn config_file_with_flags_overriding() {
         ),
     )
     .unwrap();
-    let s = Serve::start(
-        dir,
-        &["--config", cfg.to_str().unwrap(), "--arc-max", "40M"],
-    );
+    let s = Serve::start(dir, &["--config", cfg.to_str().unwrap(), "--arc-max", "40M"]);
     assert_eq!(s.stat()["c_max"], 40 << 20, "flag beats file");
-    assert_eq!(
-        String::from_utf8_lossy(&s.ctl(&["get", "zfs_arc_min_prefetch_ms"]).stdout).trim(),
-        "300"
-    );
+    assert_eq!(String::from_utf8_lossy(&s.ctl(&["get", "zfs_arc_min_prefetch_ms"]).stdout).trim(), "300");
     let c = nbd::Client::connect(&s.target(), "disk").unwrap();
     assert_eq!(c.size(), 1 << 20);
 }
@@ -142,37 +129,13 @@ fn bad_configuration_is_a_clear_error() {
     let cases: &[(&[&str], &str)] = &[
         (&["serve"], "nothing to serve"),
         (&["serve", "--export", "/no/such/file"], "does not exist"),
-        (
-            &["serve", "--export", "/dev/null", "--recordsize", "3K"],
-            "power of two",
-        ),
-        (
-            &["serve", "--export", "/dev/null", "--set", "bogus=1"],
-            "unknown tunable",
-        ),
-        (
-            &["serve", "--export", "/dev/null", "--listen", "udp:1"],
-            "--listen",
-        ),
-        (
-            &[
-                "serve",
-                "--export",
-                "/dev/null",
-                "--arc-min",
-                "100M",
-                "--arc-max",
-                "50M",
-            ],
-            "exceed",
-        ),
+        (&["serve", "--export", "/dev/null", "--recordsize", "3K"], "power of two"),
+        (&["serve", "--export", "/dev/null", "--set", "bogus=1"], "unknown tunable"),
+        (&["serve", "--export", "/dev/null", "--listen", "udp:1"], "--listen"),
+        (&["serve", "--export", "/dev/null", "--arc-min", "100M", "--arc-max", "50M"], "exceed"),
     ];
     for (args, want) in cases {
-        let o = Command::new(BIN)
-            .args(*args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
+        let o = Command::new(BIN).args(*args).current_dir(dir.path()).output().unwrap();
         assert!(!o.status.success(), "{args:?} must fail");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{args:?}: expected {want:?} in {err}");
@@ -188,10 +151,7 @@ fn sigterm_answers_in_flight_requests_syncs_and_exits_cleanly() {
     assert!(status.success(), "clean exit: {status} {stderr}");
     assert!(!s.sock.exists(), "socket removed");
     assert!(!s.control.exists(), "control socket removed");
-    assert_eq!(
-        &std::fs::read(&backing).unwrap()[..17],
-        b"before the signal"
-    );
+    assert_eq!(&std::fs::read(&backing).unwrap()[..17], b"before the signal");
 }
 
 #[test]
@@ -207,10 +167,8 @@ fn demo_warm_pass_is_at_least_five_times_the_cold_pass() {
 
 #[test]
 fn sim_prints_one_json_object_per_policy_and_size() {
-    let trace = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces/snia_samples/msr_hm0_sample.csv.gz"
-    );
+    let trace =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/snia_samples/msr_hm0_sample.csv.gz");
     let o = run(Command::new(BIN).args([
         "sim",
         "--trace",
@@ -221,47 +179,28 @@ fn sim_prints_one_json_object_per_policy_and_size() {
         "19,95",
         "--json",
     ]));
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 6);
     for l in &lines {
         assert_eq!(l["requests"], 2473);
         assert!(l["hits"].as_u64().unwrap() <= 2473);
     }
     // libCacheSim's ARC gives 265 hits at 19 blocks (10.72%), 412 at 95.
-    let paper19 = lines
-        .iter()
-        .find(|l| l["policy"] == "arc-paper" && l["cache_blocks"] == 19)
-        .unwrap();
+    let paper19 = lines.iter().find(|l| l["policy"] == "arc-paper" && l["cache_blocks"] == 19).unwrap();
     assert_eq!(paper19["hits"], 265);
     let o = Command::new(BIN)
-        .args([
-            "sim",
-            "--trace",
-            trace,
-            "--policy",
-            "nope",
-            "--cache-blocks",
-            "1",
-        ])
+        .args(["sim", "--trace", trace, "--policy", "nope", "--cache-blocks", "1"])
         .output()
         .unwrap();
     assert!(!o.status.success());
 }
 
 /// Starts `arcache serve` with piped stdout and returns the URIs it printed.
-fn serve_printing(
-    args: &[&str],
-    env: &[(&str, &std::path::Path)],
-) -> (std::process::Child, Vec<String>) {
+fn serve_printing(args: &[&str], env: &[(&str, &std::path::Path)]) -> (std::process::Child, Vec<String>) {
     use std::io::BufRead;
     let mut cmd = Command::new(BIN);
-    cmd.arg("serve")
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
+    cmd.arg("serve").args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -286,20 +225,12 @@ fn default_listener_is_a_unix_socket_in_the_runtime_dir_with_its_uri_printed() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("b.img");
     random_file(&img, 1 << 20, 8);
-    let (mut child, uris) = serve_printing(
-        &["--export", img.to_str().unwrap()],
-        &[("XDG_RUNTIME_DIR", dir.path())],
-    );
-    let want = format!(
-        "nbd+unix:///?socket={}",
-        dir.path().join("arcache/nbd.sock").display()
-    );
+    let (mut child, uris) =
+        serve_printing(&["--export", img.to_str().unwrap()], &[("XDG_RUNTIME_DIR", dir.path())]);
+    let want = format!("nbd+unix:///?socket={}", dir.path().join("arcache/nbd.sock").display());
     assert_eq!(uris, vec![want.clone()]);
     let o = run(Command::new("nbdinfo").arg("--size").arg(&want));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        (1 << 20).to_string()
-    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), (1 << 20).to_string());
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -326,10 +257,7 @@ fn tcp_listener_defaults_to_loopback_and_serves_nbdinfo() {
     assert!(uris[0].starts_with("nbd://127.0.0.1:"), "{uris:?}");
     assert!(uris[0].ends_with("/disk"));
     let o = run(Command::new("nbdinfo").arg("--size").arg(&uris[0]));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        (2 << 20).to_string()
-    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), (2 << 20).to_string());
     let _ = child.kill();
     let _ = child.wait();
 }

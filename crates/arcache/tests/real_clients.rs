@@ -18,49 +18,21 @@ fn image(size: usize) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
 fn fio_random_reads_and_verified_writes() {
     need("fio");
     let (dir, backing, _) = image(64 << 20);
-    let s = Serve::start(
-        dir,
-        &["--export", backing.to_str().unwrap(), "--arc-max", "16M"],
-    );
+    let s = Serve::start(dir, &["--export", backing.to_str().unwrap(), "--arc-max", "16M"]);
     // Writes with checksums, read back and verified, at queue depth 16; the
     // ARC is smaller than the data, so verification also reads evicted records.
     run(Command::new("fio")
-        .args([
-            "--name=verify",
-            "--ioengine=nbd",
-            "--rw=randwrite",
-            "--bs=4k",
-            "--size=48M",
-        ])
-        .args([
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--randseed=7",
-        ])
+        .args(["--name=verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=48M"])
+        .args(["--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--randseed=7"])
         .arg(format!("--uri={}", s.uri(""))));
     run(Command::new("fio")
-        .args([
-            "--name=reads",
-            "--ioengine=nbd",
-            "--rw=randread",
-            "--bs=4k",
-            "--size=48M",
-            "--iodepth=8",
-        ])
+        .args(["--name=reads", "--ioengine=nbd", "--rw=randread", "--bs=4k", "--size=48M", "--iodepth=8"])
         .args(["--number_ios=4000", "--randseed=9"])
         .arg(format!("--uri={}", s.uri(""))));
     let st = s.stat();
-    assert!(
-        st["hits"].as_u64().unwrap() > 0,
-        "some reads were hits: {st}"
-    );
+    assert!(st["hits"].as_u64().unwrap() > 0, "some reads were hits: {st}");
     assert!(st["misses"].as_u64().unwrap() > 0);
-    assert!(
-        st["size"].as_u64().unwrap() <= 16 << 20,
-        "ARC stays under arc_max"
-    );
+    assert!(st["size"].as_u64().unwrap() <= 16 << 20, "ARC stays under arc_max");
 }
 
 #[test]
@@ -70,42 +42,16 @@ fn qemu_img_convert_and_qemu_io_read_after_write() {
     let (dir, backing, data) = image(8 << 20);
     let out = dir.path().join("copy.img");
     let s = Serve::start(dir, &["--export", backing.to_str().unwrap()]);
-    run(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "raw", &s.uri("")])
-        .arg(&out));
-    assert!(
-        std::fs::read(&out).unwrap() == data,
-        "qemu-img copy equals the backing image"
-    );
+    run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &s.uri("")]).arg(&out));
+    assert!(std::fs::read(&out).unwrap() == data, "qemu-img copy equals the backing image");
     let o = run(Command::new("qemu-io")
-        .args([
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0xab 12288 65536",
-            "-c",
-            "read -P 0xab 12288 65536",
-        ])
-        .args([
-            "-c",
-            "write -z 200000 5000",
-            "-c",
-            "read -P 0 200000 5000",
-            "-c",
-            "flush",
-            &s.uri(""),
-        ]));
+        .args(["-f", "raw", "-c", "write -P 0xab 12288 65536", "-c", "read -P 0xab 12288 65536"])
+        .args(["-c", "write -z 200000 5000", "-c", "read -P 0 200000 5000", "-c", "flush", &s.uri("")]));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(!text.contains("Pattern verification failed"), "{text}");
     let disk = std::fs::read(&backing).unwrap();
-    assert!(
-        disk[12288..12288 + 65536].iter().all(|&b| b == 0xab),
-        "writes reached the backing file"
-    );
-    assert!(
-        disk[200000..205000].iter().all(|&b| b == 0),
-        "zeroes reached the backing file"
-    );
+    assert!(disk[12288..12288 + 65536].iter().all(|&b| b == 0xab), "writes reached the backing file");
+    assert!(disk[200000..205000].iter().all(|&b| b == 0), "zeroes reached the backing file");
 }
 
 #[test]
@@ -123,14 +69,8 @@ fn nbdcopy_through_arcache_and_back_is_byte_identical() {
     );
     run(Command::new("nbdcopy").arg(&src).arg(s.uri("")));
     run(Command::new("nbdcopy").arg(s.uri("")).arg(&back));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "round trip through arcache is exact"
-    );
-    assert!(
-        std::fs::read(&backing).unwrap() == data,
-        "the backing store has it too"
-    );
+    assert!(std::fs::read(&back).unwrap() == data, "round trip through arcache is exact");
+    assert!(std::fs::read(&backing).unwrap() == data, "the backing store has it too");
     drop(dir);
 }
 
@@ -156,18 +96,12 @@ fn nbdinfo_lists_several_exports() {
     let o = run(Command::new("nbdinfo").arg("--list").arg(s.uri("")));
     let text = String::from_utf8_lossy(&o.stdout);
     for name in ["alpha", "beta"] {
-        assert!(
-            text.contains(&format!("export=\"{name}\"")) || text.contains(name),
-            "{name} listed: {text}"
-        );
+        assert!(text.contains(&format!("export=\"{name}\"")) || text.contains(name), "{name} listed: {text}");
     }
     let o = run(Command::new("nbdinfo").arg("--json").arg(s.uri("beta")));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["exports"][0]["export-size"], 2 << 20);
-    assert_eq!(
-        v["exports"][0]["can_multi_conn"], true,
-        "file backings are multi-conn safe"
-    );
+    assert_eq!(v["exports"][0]["can_multi_conn"], true, "file backings are multi-conn safe");
 }
 
 #[test]

@@ -36,10 +36,7 @@ fn slow_origin(dir: &Path, image: &Path, rdelay: &str) -> (Nbdkit, String) {
         assert!(Instant::now() < deadline, "nbdkit did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    (
-        Nbdkit(child),
-        format!("nbd+unix:///?socket={}", sock.display()),
-    )
+    (Nbdkit(child), format!("nbd+unix:///?socket={}", sock.display()))
 }
 
 #[test]
@@ -58,8 +55,7 @@ fn a_hit_overtakes_a_slow_miss_on_the_same_connection() {
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut hello = [0u8; 18];
     c.read_exact(&mut hello).unwrap();
-    c.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .unwrap();
+    c.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
     let mut o = Vec::new();
     o.extend_from_slice(&IHAVEOPT.to_be_bytes());
     o.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
@@ -68,39 +64,13 @@ fn a_hit_overtakes_a_slow_miss_on_the_same_connection() {
     let mut info = [0u8; 10];
     c.read_exact(&mut info).unwrap();
     let t0 = Instant::now();
-    c.write_all(
-        &Request {
-            flags: 0,
-            kind: CMD_READ,
-            handle: 1,
-            offset: 2 << 20,
-            length: 4096,
-        }
-        .encode(),
-    )
-    .unwrap();
-    c.write_all(
-        &Request {
-            flags: 0,
-            kind: CMD_READ,
-            handle: 2,
-            offset: 0,
-            length: 4096,
-        }
-        .encode(),
-    )
-    .unwrap();
+    c.write_all(&Request { flags: 0, kind: CMD_READ, handle: 1, offset: 2 << 20, length: 4096 }.encode())
+        .unwrap();
+    c.write_all(&Request { flags: 0, kind: CMD_READ, handle: 2, offset: 0, length: 4096 }.encode()).unwrap();
     let mut h = [0u8; 16];
     c.read_exact(&mut h).unwrap();
-    assert_eq!(
-        u64::from_be_bytes(h[8..16].try_into().unwrap()),
-        2,
-        "the hit is answered first"
-    );
-    assert!(
-        t0.elapsed() < Duration::from_millis(400),
-        "without waiting for the miss"
-    );
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 2, "the hit is answered first");
+    assert!(t0.elapsed() < Duration::from_millis(400), "without waiting for the miss");
     let mut got = vec![0u8; 4096];
     c.read_exact(&mut got).unwrap();
     assert_eq!(got, data[..4096]);
@@ -125,10 +95,7 @@ fn sigterm_answers_a_request_in_flight() {
     });
     std::thread::sleep(Duration::from_millis(300));
     let (status, stderr) = s.terminate();
-    let got = reader
-        .join()
-        .unwrap()
-        .expect("the in-flight read is answered, not dropped");
+    let got = reader.join().unwrap().expect("the in-flight read is answered, not dropped");
     assert_eq!(got, data[1 << 20..(1 << 20) + 65536]);
     assert!(status.success(), "{status}: {stderr}");
 }
@@ -153,11 +120,7 @@ fn many_concurrent_misses_reach_the_origin_in_parallel() {
             });
         }
     });
-    assert!(
-        t0.elapsed() < Duration::from_secs(4),
-        "took {:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < Duration::from_secs(4), "took {:?}", t0.elapsed());
 }
 
 #[test]
@@ -168,29 +131,10 @@ fn direct_io_backing_passes_fio_verification() {
     random_file(&img, 16 << 20, 14);
     let s = Serve::start(
         dir,
-        &[
-            "--export",
-            img.to_str().unwrap(),
-            "--direct",
-            "--arc-max",
-            "4M",
-            "--recordsize",
-            "4K",
-        ],
+        &["--export", img.to_str().unwrap(), "--direct", "--arc-max", "4M", "--recordsize", "4K"],
     );
     run(Command::new("fio")
-        .args([
-            "--name=direct",
-            "--ioengine=nbd",
-            "--rw=randwrite",
-            "--bs=4k,512",
-            "--size=12M",
-        ])
-        .args([
-            "--iodepth=8",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-        ])
+        .args(["--name=direct", "--ioengine=nbd", "--rw=randwrite", "--bs=4k,512", "--size=12M"])
+        .args(["--iodepth=8", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"])
         .arg(format!("--uri={}", s.uri(""))));
 }

@@ -4,13 +4,7 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
     #[error("{op} of {len} bytes at offset {offset} on {dev}: {source}")]
-    Io {
-        op: &'static str,
-        dev: String,
-        offset: u64,
-        len: u64,
-        source: io::Error,
-    },
+    Io { op: &'static str, dev: String, offset: u64, len: u64, source: io::Error },
     #[error("range {offset}+{len} lies beyond the device end ({size} bytes)")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("device is read-only")]

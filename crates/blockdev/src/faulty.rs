@@ -68,19 +68,13 @@ impl<D: BlockDev> BlockDev for FaultyDev<D> {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
         if touches(&self.plan.lock().fail_writes, offset, buf.len() as u64) {
-            return Err(DevError::Injected {
-                op: "write",
-                offset,
-            });
+            return Err(DevError::Injected { op: "write", offset });
         }
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> DevResult<()> {
         if self.plan.lock().fail_flush {
-            return Err(DevError::Injected {
-                op: "flush",
-                offset: 0,
-            });
+            return Err(DevError::Injected { op: "flush", offset: 0 });
         }
         self.inner.flush()
     }
@@ -89,10 +83,7 @@ impl<D: BlockDev> BlockDev for FaultyDev<D> {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
         if touches(&self.plan.lock().fail_writes, offset, len) {
-            return Err(DevError::Injected {
-                op: "write_zeroes",
-                offset,
-            });
+            return Err(DevError::Injected { op: "write_zeroes", offset });
         }
         self.inner.write_zeroes(offset, len)
     }

@@ -32,13 +32,7 @@ pub struct FileDev {
 }
 
 fn io_err(op: &'static str, dev: &Path, offset: u64, len: u64, source: io::Error) -> DevError {
-    DevError::Io {
-        op,
-        dev: dev.display().to_string(),
-        offset,
-        len,
-        source,
-    }
+    DevError::Io { op, dev: dev.display().to_string(), offset, len, source }
 }
 
 fn block_device_size(f: &File) -> io::Result<u64> {
@@ -54,14 +48,7 @@ fn block_device_size(f: &File) -> io::Result<u64> {
 
 fn fallocate(f: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain syscall on an owned descriptor.
-    let rc = unsafe {
-        libc::fallocate(
-            f.as_raw_fd(),
-            mode,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -79,10 +66,7 @@ fn range_ioctl(f: &File, request: libc::c_ulong, offset: u64, len: u64) -> io::R
 }
 
 fn unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL)
-    )
+    matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL))
 }
 
 fn aligned(offset: u64, len: usize) -> bool {
@@ -111,32 +95,15 @@ impl FileDev {
     pub fn open(path: &Path, opts: FileDevOptions) -> DevResult<FileDev> {
         let err = |source| io_err("open", path, 0, 0, source);
         if let (Some(size), false) = (opts.create_size, path.exists()) {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(err)?;
+            let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(err)?;
             f.set_len(size).map_err(err)?;
         }
-        let buffered = OpenOptions::new()
-            .read(true)
-            .write(!opts.read_only)
-            .open(path)
-            .map_err(err)?;
+        let buffered = OpenOptions::new().read(true).write(!opts.read_only).open(path).map_err(err)?;
         let meta = buffered.metadata().map_err(err)?;
         let is_block = meta.file_type().is_block_device();
-        let size = if is_block {
-            block_device_size(&buffered).map_err(err)?
-        } else {
-            meta.len()
-        };
+        let size = if is_block { block_device_size(&buffered).map_err(err)? } else { meta.len() };
         let direct = if opts.direct {
-            match OpenOptions::new()
-                .read(true)
-                .write(!opts.read_only)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
+            match OpenOptions::new().read(true).write(!opts.read_only).custom_flags(libc::O_DIRECT).open(path)
             {
                 Ok(f) => Some(f),
                 // Filesystems such as tmpfs refuse O_DIRECT; serve buffered
@@ -147,14 +114,7 @@ impl FileDev {
         } else {
             None
         };
-        Ok(FileDev {
-            path: path.to_path_buf(),
-            buffered,
-            direct,
-            size,
-            is_block,
-            read_only: opts.read_only,
-        })
+        Ok(FileDev { path: path.to_path_buf(), buffered, direct, size, is_block, read_only: opts.read_only })
     }
 
     /// True if aligned IO bypasses the page cache.
@@ -217,9 +177,7 @@ impl BlockDev for FileDev {
         if self.read_only {
             return Ok(());
         }
-        self.buffered
-            .sync_data()
-            .map_err(|e| io_err("flush", &self.path, 0, 0, e))
+        self.buffered.sync_data().map_err(|e| io_err("flush", &self.path, 0, 0, e))
     }
 
     fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
@@ -231,12 +189,7 @@ impl BlockDev for FileDev {
             const BLKDISCARD: libc::c_ulong = 0x1277;
             range_ioctl(&self.buffered, BLKDISCARD, offset, len)
         } else {
-            fallocate(
-                &self.buffered,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset,
-                len,
-            )
+            fallocate(&self.buffered, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
         };
         match res {
             // Trim is advice: a device that cannot discard keeps its bytes.
@@ -254,12 +207,7 @@ impl BlockDev for FileDev {
             const BLKZEROOUT: libc::c_ulong = 0x127f;
             range_ioctl(&self.buffered, BLKZEROOUT, offset, len)
         } else {
-            fallocate(
-                &self.buffered,
-                libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-                offset,
-                len,
-            )
+            fallocate(&self.buffered, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
         };
         match res {
             Ok(()) => Ok(()),
@@ -284,15 +232,9 @@ mod tests {
     fn roundtrip(direct: bool) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("dev.img");
-        let dev = FileDev::open(
-            &p,
-            FileDevOptions {
-                direct,
-                create_size: Some(1 << 20),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let dev =
+            FileDev::open(&p, FileDevOptions { direct, create_size: Some(1 << 20), ..Default::default() })
+                .unwrap();
         assert_eq!(dev.size(), 1 << 20);
         let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
         dev.write_at(&data, 4096).unwrap();
@@ -323,12 +265,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let probe = dir.path().join("probe");
         std::fs::write(&probe, [0u8; 4096]).unwrap();
-        if OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&probe)
-            .is_ok()
-        {
+        if OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok() {
             roundtrip(true);
         }
     }
@@ -338,14 +275,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("ro.img");
         std::fs::write(&p, vec![1u8; 4096]).unwrap();
-        let dev = FileDev::open(
-            &p,
-            FileDevOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let dev = FileDev::open(&p, FileDevOptions { read_only: true, ..Default::default() }).unwrap();
         assert_eq!(dev.write_at(&[0], 0).unwrap_err().errno(), libc::EPERM);
     }
 }

@@ -64,11 +64,7 @@ pub fn check_range(size: u64, offset: u64, len: u64) -> DevResult<()> {
 }
 
 /// The fallback for devices with no native zeroing: plain writes of zeroes.
-pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(
-    dev: &D,
-    offset: u64,
-    len: u64,
-) -> DevResult<()> {
+pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: u64) -> DevResult<()> {
     const CHUNK: u64 = 1 << 20;
     let zeroes = vec![0u8; CHUNK.min(len) as usize];
     let mut done = 0;

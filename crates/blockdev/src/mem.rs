@@ -9,15 +9,11 @@ pub struct MemDev {
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        MemDev {
-            data: RwLock::new(vec![0; size as usize]),
-        }
+        MemDev { data: RwLock::new(vec![0; size as usize]) }
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        MemDev {
-            data: RwLock::new(bytes),
-        }
+        MemDev { data: RwLock::new(bytes) }
     }
 
     /// A copy of the whole contents.

@@ -27,11 +27,7 @@ fn remote_err(uri: &NbdUri, e: ClientError) -> DevError {
 impl NbdDev {
     pub fn connect(uri: NbdUri) -> DevResult<NbdDev> {
         let first = Client::connect(&uri.target, &uri.export).map_err(|e| remote_err(&uri, e))?;
-        let max_connections = if first.can_multi_conn() {
-            MAX_CONNECTIONS
-        } else {
-            1
-        };
+        let max_connections = if first.can_multi_conn() { MAX_CONNECTIONS } else { 1 };
         Ok(NbdDev {
             size: first.size(),
             read_only: first.read_only(),
@@ -45,10 +41,7 @@ impl NbdDev {
     /// Runs `op` on an idle connection, opening one if allowed and needed.
     /// A connection that failed at the transport level is dropped and the
     /// operation tried once more on a fresh one.
-    fn with_client<T>(
-        &self,
-        mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
-    ) -> DevResult<T> {
+    fn with_client<T>(&self, mut op: impl FnMut(&mut Client) -> Result<T, ClientError>) -> DevResult<T> {
         for attempt in 0..2 {
             let mut client = self.checkout()?;
             match op(&mut client) {

@@ -34,12 +34,7 @@ pub struct SlowDev<D> {
 
 impl<D: BlockDev> SlowDev<D> {
     pub fn new(inner: D, cfg: SlowDevConfig) -> Self {
-        SlowDev {
-            inner,
-            cfg,
-            busy: Mutex::new(0),
-            freed: Condvar::new(),
-        }
+        SlowDev { inner, cfg, busy: Mutex::new(0), freed: Condvar::new() }
     }
 
     fn occupy(&self, len: u64) {

@@ -93,10 +93,7 @@ impl Cache {
     }
 
     fn access(&self, prefetch: bool) -> Access {
-        Access {
-            now_ns: self.epoch.elapsed().as_nanos() as u64,
-            prefetch,
-        }
+        Access { now_ns: self.epoch.elapsed().as_nanos() as u64, prefetch }
     }
 
     /// Looks a record up as a read; a hit is recorded and returned.
@@ -111,10 +108,7 @@ impl Cache {
 
     /// Looks up every key as one read; all or nothing, so a read that would
     /// need IO leaves no trace and can be retried on the slow path.
-    pub(crate) fn lookup_all(
-        &self,
-        keys: impl Iterator<Item = Key> + Clone,
-    ) -> Option<Vec<RecordData>> {
+    pub(crate) fn lookup_all(&self, keys: impl Iterator<Item = Key> + Clone) -> Option<Vec<RecordData>> {
         let a = self.access(false);
         let mut s = self.state.lock();
         if !keys.clone().all(|k| s.data.contains_key(&k)) {
@@ -202,17 +196,10 @@ impl Cache {
         s.policy.validate()?;
         let p = s.policy.stats();
         if p.entries != s.data.len() as u64 {
-            return Err(format!(
-                "policy has {} entries, map {}",
-                p.entries,
-                s.data.len()
-            ));
+            return Err(format!("policy has {} entries, map {}", p.entries, s.data.len()));
         }
         if p.size != s.data_bytes + RECORD_OVERHEAD * p.entries {
-            return Err(format!(
-                "policy size {} but data {} + headers",
-                p.size, s.data_bytes
-            ));
+            return Err(format!("policy size {} but data {} + headers", p.size, s.data_bytes));
         }
         Ok(())
     }

@@ -58,12 +58,7 @@ pub struct ArcStats {
 }
 
 impl ArcStats {
-    pub(crate) fn collect(
-        p: &PolicyStats,
-        c: &Counters,
-        data_bytes: u64,
-        entries: u64,
-    ) -> ArcStats {
+    pub(crate) fn collect(p: &PolicyStats, c: &Counters, data_bytes: u64, entries: u64) -> ArcStats {
         let dh = c.demand_hits.load(Relaxed);
         let di = c.demand_iohits.load(Relaxed);
         let dm = c.demand_misses.load(Relaxed);

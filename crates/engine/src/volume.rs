@@ -49,10 +49,7 @@ struct Span {
 impl Volume {
     /// `id` must be unique among the volumes sharing `cache`.
     pub fn new(id: u16, cfg: VolumeConfig, dev: Arc<dyn BlockDev>, cache: Arc<Cache>) -> Volume {
-        assert!(
-            cfg.recordsize.is_power_of_two(),
-            "recordsize is validated by the caller"
-        );
+        assert!(cfg.recordsize.is_power_of_two(), "recordsize is validated by the caller");
         Volume {
             id,
             name: cfg.name,
@@ -87,11 +84,7 @@ impl Volume {
 
     fn span(&self, offset: u64, len: u64) -> Span {
         let first = offset / self.recordsize;
-        let end = if len == 0 {
-            first
-        } else {
-            (offset + len - 1) / self.recordsize + 1
-        };
+        let end = if len == 0 { first } else { (offset + len - 1) / self.recordsize + 1 };
         Span { first, end }
     }
 
@@ -154,13 +147,7 @@ impl Volume {
 
     /// Finds every record of the range, filling missing runs from the
     /// device, and copies into `out` when given.
-    fn load(
-        &self,
-        offset: u64,
-        len: u64,
-        prefetch: bool,
-        mut out: Option<&mut [u8]>,
-    ) -> DevResult<()> {
+    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<()> {
         let s = self.span(offset, len);
         let mut missing: Vec<u64> = Vec::new();
         for r in s.first..s.end {
@@ -187,13 +174,7 @@ impl Volume {
 
     /// Reads records `rs` from the device into the cache, under their locks.
     /// Records another request filled meanwhile are taken from the cache.
-    fn fill(
-        &self,
-        rs: Range<u64>,
-        prefetch: bool,
-        offset: u64,
-        mut out: Option<&mut [u8]>,
-    ) -> DevResult<()> {
+    fn fill(&self, rs: Range<u64>, prefetch: bool, offset: u64, mut out: Option<&mut [u8]>) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
         let mut need = rs.clone();
         // Trim records that appeared while this request waited for the locks.
@@ -228,8 +209,7 @@ impl Volume {
             }
             self.cache.insert(self.key(r), data, prefetch);
         }
-        self.cache
-            .count(Found::Miss, prefetch, need.end - need.start);
+        self.cache.count(Found::Miss, prefetch, need.end - need.start);
         Ok(())
     }
 
@@ -246,10 +226,7 @@ impl Volume {
         while start < s.end {
             let end = (start + MAX_RECORDS_PER_IO).min(s.end);
             let lo = self.record_range(start).start.max(offset);
-            let hi = self
-                .record_range(end - 1)
-                .end
-                .min(offset + data.len() as u64);
+            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
             let part = &data[(lo - offset) as usize..(hi - offset) as usize];
             self.write_records(start..end, lo, part)?;
             start = end;

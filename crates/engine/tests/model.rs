@@ -32,18 +32,10 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn volume(dev: Arc<dyn BlockDev>, recordsize: u64, arc_max: u64) -> (Arc<Cache>, Volume) {
-    let cache = Cache::new(CacheConfig {
-        arc_min: arc_max / 2,
-        arc_max,
-        min_prefetch_ms: 1000,
-    });
+    let cache = Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 1000 });
     let v = Volume::new(
         0,
-        VolumeConfig {
-            name: "t".into(),
-            recordsize,
-            read_only: false,
-        },
+        VolumeConfig { name: "t".into(), recordsize, read_only: false },
         dev,
         Arc::clone(&cache),
     );
@@ -100,27 +92,17 @@ fn failed_write_is_reported_and_never_cached() {
     let (_cache, v) = volume(faulty.clone(), 4096, 1 << 20);
     let mut b = vec![0u8; 8192];
     v.read(0, &mut b).unwrap(); // cached
-    faulty.set_plan(FaultPlan {
-        fail_writes: std::iter::once(0..4096).collect(),
-        ..Default::default()
-    });
+    faulty.set_plan(FaultPlan { fail_writes: std::iter::once(0..4096).collect(), ..Default::default() });
     assert!(v.write(0, &[9u8; 8192], false).is_err());
     faulty.set_plan(FaultPlan::default());
     v.read(0, &mut b).unwrap();
-    assert_eq!(
-        b,
-        mem.snapshot()[..8192],
-        "cache agrees with the device after a failed write"
-    );
+    assert_eq!(b, mem.snapshot()[..8192], "cache agrees with the device after a failed write");
 }
 
 #[test]
 fn read_errors_reach_the_caller_and_other_ranges_still_work() {
     let faulty = Arc::new(FaultyDev::new(MemDev::new(DEV), 1));
-    faulty.set_plan(FaultPlan {
-        fail_reads: std::iter::once(8192..8193).collect(),
-        ..Default::default()
-    });
+    faulty.set_plan(FaultPlan { fail_reads: std::iter::once(8192..8193).collect(), ..Default::default() });
     let (cache, v) = volume(faulty, 4096, 1 << 20);
     let mut b = vec![0u8; 4096];
     assert_eq!(v.read(8192, &mut b).unwrap_err().errno(), libc_eio());
@@ -146,8 +128,7 @@ fn concurrent_fills_and_writes_never_leave_stale_records() {
                 for i in 0..2000u64 {
                     let off = (i * 7919 + t as u64 * 131) % (DEV - 8192);
                     if (i + t as u64).is_multiple_of(3) {
-                        v.write(off, &[t.wrapping_add(i as u8); 6000], false)
-                            .unwrap();
+                        v.write(off, &[t.wrapping_add(i as u8); 6000], false).unwrap();
                     } else {
                         let mut b = vec![0u8; 6000];
                         v.read(off, &mut b).unwrap();

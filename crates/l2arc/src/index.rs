@@ -30,6 +30,8 @@ const DEV_SHIFT: u32 = 52;
 const FLAG_COMPRESSED: u64 = 1 << 57;
 const FLAG_PREFETCH: u64 = 1 << 58;
 const FLAG_MFU: u64 = 1 << 59;
+/// log2(logical size) - 12, for `l2_size` accounting without more RAM.
+const LSHIFT_SHIFT: u32 = 60;
 pub const MAX_DEVICES: usize = 32;
 pub const SECTOR: u64 = 512;
 /// The largest blob one entry can describe.
@@ -41,6 +43,9 @@ pub struct BlobFlags {
     pub compressed: bool,
     pub prefetch: bool,
     pub mfu: bool,
+    /// The record's logical size is `1 << (12 + lshift)` (4K..1M, 0..=8);
+    /// a short last record of an export is counted at full size.
+    pub lshift: u8,
 }
 
 impl L2Ptr {
@@ -48,8 +53,7 @@ impl L2Ptr {
     pub fn new(dev: usize, daddr: u64, blob_len: u64, flags: BlobFlags, cksum: u64) -> L2Ptr {
         assert!(dev < MAX_DEVICES && daddr % SECTOR == 0 && blob_len % SECTOR == 0);
         assert!(blob_len > 0 && blob_len <= MAX_BLOB && daddr / SECTOR < 1 << DADDR_BITS);
-        let mut bits =
-            (daddr / SECTOR) | ((blob_len / SECTOR) << PSIZE_SHIFT) | ((dev as u64) << DEV_SHIFT);
+        let mut bits = (daddr / SECTOR) | ((blob_len / SECTOR) << PSIZE_SHIFT) | ((dev as u64) << DEV_SHIFT);
         if flags.compressed {
             bits |= FLAG_COMPRESSED;
         }
@@ -59,6 +63,7 @@ impl L2Ptr {
         if flags.mfu {
             bits |= FLAG_MFU;
         }
+        bits |= u64::from(flags.lshift.min(15)) << LSHIFT_SHIFT;
         L2Ptr { cksum, bits }
     }
 
@@ -76,7 +81,13 @@ impl L2Ptr {
             compressed: self.bits & FLAG_COMPRESSED != 0,
             prefetch: self.bits & FLAG_PREFETCH != 0,
             mfu: self.bits & FLAG_MFU != 0,
+            lshift: (self.bits >> LSHIFT_SHIFT) as u8,
         }
+    }
+
+    /// Logical bytes this entry stands for.
+    pub fn lsize(&self) -> u64 {
+        1 << (12 + (self.bits >> LSHIFT_SHIFT))
     }
 }
 
@@ -86,10 +97,7 @@ struct Slot {
     ptr: L2Ptr,
 }
 
-const EMPTY_SLOT: Slot = Slot {
-    key: EMPTY,
-    ptr: L2Ptr { cksum: 0, bits: 0 },
-};
+const EMPTY_SLOT: Slot = Slot { key: EMPTY, ptr: L2Ptr { cksum: 0, bits: 0 } };
 
 pub struct L2Index {
     slots: Vec<Slot>,
@@ -104,10 +112,7 @@ impl Default for L2Index {
 
 impl L2Index {
     pub fn new() -> Self {
-        L2Index {
-            slots: vec![EMPTY_SLOT; MIN_CAPACITY],
-            len: 0,
-        }
+        L2Index { slots: vec![EMPTY_SLOT; MIN_CAPACITY], len: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -180,11 +185,7 @@ impl L2Index {
         while self.slots[k].key != EMPTY {
             let home = self.home(self.slots[k].key);
             // The entry at k may fill the hole if its home is not in (hole, k].
-            let movable = if hole <= k {
-                home <= hole || home > k
-            } else {
-                home <= hole && home > k
-            };
+            let movable = if hole <= k { home <= hole || home > k } else { home <= hole && home > k };
             if movable {
                 self.slots[hole] = self.slots[k];
                 hole = k;
@@ -193,8 +194,7 @@ impl L2Index {
         }
         self.slots[hole] = EMPTY_SLOT;
         self.len -= 1;
-        if self.slots.len() > MIN_CAPACITY && (self.len as f64) < self.slots.len() as f64 * MIN_LOAD
-        {
+        if self.slots.len() > MIN_CAPACITY && (self.len as f64) < self.slots.len() as f64 * MIN_LOAD {
             self.resize(((self.len as f64 / 0.75) as usize).max(MIN_CAPACITY));
         }
         Some(old)
@@ -213,10 +213,7 @@ impl L2Index {
 
     /// Every (key, location); for tests and dumps.
     pub fn iter(&self) -> impl Iterator<Item = (u64, L2Ptr)> + '_ {
-        self.slots
-            .iter()
-            .filter(|s| s.key != EMPTY)
-            .map(|s| (s.key, s.ptr))
+        self.slots.iter().filter(|s| s.key != EMPTY).map(|s| (s.key, s.ptr))
     }
 }
 
@@ -231,17 +228,14 @@ mod tests {
 
     #[test]
     fn pointer_fields_roundtrip() {
-        let f = BlobFlags {
-            compressed: true,
-            prefetch: false,
-            mfu: true,
-        };
+        let f = BlobFlags { compressed: true, prefetch: false, mfu: true, lshift: 2 };
         let p = L2Ptr::new(31, (1 << 40) * 512 - 512, MAX_BLOB, f, 77);
         assert_eq!(p.dev(), 31);
         assert_eq!(p.daddr(), (1 << 40) * 512 - 512);
         assert_eq!(p.blob_len(), MAX_BLOB);
         assert_eq!(p.flags(), f);
         assert_eq!(p.cksum, 77);
+        assert_eq!(p.lsize(), 16384);
     }
 
     #[test]

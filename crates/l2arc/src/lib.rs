@@ -1,5 +1,332 @@
 //! The L2ARC: records evicted from RAM kept on fast devices (SSD files or
 //! block devices) written as rotary logs, found through a compact index, and
 //! verified by checksum on every read.
+//!
+//! This crate is mechanism only: what to feed and when is decided by the
+//! engine's feed thread; here are the devices, the index and the rules that
+//! keep an L2 copy from ever being served after its record changed.
 
+pub mod device;
 pub mod index;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tracing::warn;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+pub use device::{L2Device, ALIGN, HEADER_RESERVED};
+pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
+
+/// One record handed to the feed: its key, stored bytes and flags.
+pub struct FeedItem {
+    pub key: u64,
+    pub data: Arc<[u8]>,
+    pub flags: BlobFlags,
+}
+
+/// Why an L2 read did not produce data; the caller reads the backing store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Miss {
+    /// The device failed the read.
+    IoError,
+    /// The bytes did not match their checksum.
+    ChecksumBad,
+    /// The copy was overwritten by the write hand while being read.
+    EvictedWhileReading,
+    /// The device is out of service.
+    Unavailable,
+}
+
+/// Counters with OpenZFS arcstats names.
+#[derive(Debug, Default)]
+pub struct L2Stats {
+    pub l2_read_bytes: AtomicU64,
+    pub l2_write_bytes: AtomicU64,
+    pub l2_writes_sent: AtomicU64,
+    pub l2_writes_done: AtomicU64,
+    pub l2_writes_error: AtomicU64,
+    pub l2_cksum_bad: AtomicU64,
+    pub l2_io_error: AtomicU64,
+    pub l2_evict_reading: AtomicU64,
+    /// Records whose L2 copy the write hand overwrote.
+    pub l2_evict_hand: AtomicU64,
+    /// L2 copies dropped because the record was written, trimmed or zeroed.
+    pub l2_invalidated: AtomicU64,
+    pub l2_feeds: AtomicU64,
+}
+
+/// The index and the set of records the feed is writing right now. One lock
+/// for both: invalidation must see an in-flight record atomically with its
+/// index entry.
+struct Meta {
+    index: L2Index,
+    /// Keys captured by the feed and not yet committed; `true` once a write
+    /// made the captured bytes stale, so the commit must not index them.
+    in_flight: HashMap<u64, bool>,
+    size: u64,
+    asize: u64,
+}
+
+pub struct L2Arc {
+    devices: Vec<Arc<L2Device>>,
+    meta: Mutex<Meta>,
+    pub stats: L2Stats,
+}
+
+/// Frames a record for the device: little-endian length, bytes, zero padding
+/// to a sector. The length makes a compressed record decodable exactly.
+pub fn frame(data: &[u8]) -> Vec<u8> {
+    let len = (4 + data.len() as u64).div_ceil(SECTOR) * SECTOR;
+    let mut out = Vec::with_capacity(len as usize);
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(data);
+    out.resize(len as usize, 0);
+    out
+}
+
+fn unframe(blob: &[u8]) -> Option<&[u8]> {
+    let len = u32::from_le_bytes(blob.get(0..4)?.try_into().ok()?) as usize;
+    blob.get(4..4 + len)
+}
+
+/// The checksum of a stored blob, bound to the record's key so a misdirected
+/// read (another record's bytes) never validates.
+pub fn checksum(key: u64, blob: &[u8]) -> u64 {
+    xxh3_64_with_seed(blob, key)
+}
+
+impl L2Arc {
+    pub fn new(devices: Vec<L2Device>) -> Result<L2Arc, String> {
+        if devices.len() > MAX_DEVICES {
+            return Err(format!("at most {MAX_DEVICES} L2 devices"));
+        }
+        Ok(L2Arc {
+            devices: devices.into_iter().map(Arc::new).collect(),
+            meta: Mutex::new(Meta {
+                index: L2Index::new(),
+                in_flight: Default::default(),
+                size: 0,
+                asize: 0,
+            }),
+            stats: L2Stats::default(),
+        })
+    }
+
+    pub fn devices(&self) -> &[Arc<L2Device>] {
+        &self.devices
+    }
+
+    pub fn healthy_devices(&self) -> usize {
+        self.devices.iter().filter(|d| !d.is_degraded()).count()
+    }
+
+    pub fn lookup(&self, key: u64) -> Option<L2Ptr> {
+        self.meta.lock().index.get(key)
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.lookup(key).is_some()
+    }
+
+    /// Marks `key` as being fed; false if it is on L2 already or being fed.
+    /// Call while the record's bytes cannot change (under the ARC lock).
+    pub fn begin_feed(&self, key: u64) -> bool {
+        let mut m = self.meta.lock();
+        if m.index.get(key).is_some() || m.in_flight.contains_key(&key) {
+            return false;
+        }
+        m.in_flight.insert(key, false);
+        true
+    }
+
+    /// Forgets any L2 copy of `key`, including one the feed is writing now.
+    /// Call after the new contents are in RAM and before the change is
+    /// acknowledged.
+    pub fn invalidate(&self, key: u64) {
+        let mut m = self.meta.lock();
+        if let Some(dirty) = m.in_flight.get_mut(&key) {
+            *dirty = true;
+        }
+        if let Some(p) = m.index.remove(key) {
+            m.size -= p.lsize();
+            m.asize -= p.blob_len();
+            self.stats.l2_invalidated.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Removes the entry only if it still is `ptr`.
+    fn drop_if_same(&self, key: u64, ptr: L2Ptr) -> bool {
+        let mut m = self.meta.lock();
+        if m.index.get(key) == Some(ptr) {
+            m.index.remove(key);
+            m.size -= ptr.lsize();
+            m.asize -= ptr.blob_len();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Reads and verifies the L2 copy `ptr` of `key`; returns the record's
+    /// stored bytes. A failure drops the entry and is counted.
+    pub fn read(&self, key: u64, ptr: L2Ptr) -> Result<Vec<u8>, L2Miss> {
+        let Some(dev) = self.devices.get(ptr.dev()) else {
+            self.drop_if_same(key, ptr);
+            return Err(L2Miss::Unavailable);
+        };
+        if dev.is_degraded() {
+            self.drop_if_same(key, ptr);
+            return Err(L2Miss::Unavailable);
+        }
+        let blob = match dev.read(ptr.daddr(), ptr.blob_len()) {
+            Ok(b) => b,
+            Err(e) => {
+                self.stats.l2_io_error.fetch_add(1, Relaxed);
+                self.drop_if_same(key, ptr);
+                if dev.note_error() {
+                    warn!("L2 device {} taken out of service after repeated errors (last: {e})", dev.path);
+                    self.retire(ptr.dev());
+                }
+                return Err(L2Miss::IoError);
+            }
+        };
+        dev.note_success();
+        self.stats.l2_read_bytes.fetch_add(blob.len() as u64, Relaxed);
+        let data = (checksum(key, &blob) == ptr.cksum).then(|| unframe(&blob)).flatten();
+        match data {
+            Some(d) => Ok(d.to_vec()),
+            None if self.drop_if_same(key, ptr) => {
+                self.stats.l2_cksum_bad.fetch_add(1, Relaxed);
+                dev.stats.cksum_bad.fetch_add(1, Relaxed);
+                Err(L2Miss::ChecksumBad)
+            }
+            None => {
+                self.stats.l2_evict_reading.fetch_add(1, Relaxed);
+                Err(L2Miss::EvictedWhileReading)
+            }
+        }
+    }
+
+    /// Drops every entry of a device that left service.
+    fn retire(&self, dev_idx: usize) {
+        let batches = self.devices[dev_idx].clear();
+        let mut m = self.meta.lock();
+        for (start, b) in batches {
+            for &k in b.keys.iter() {
+                if let Some(p) =
+                    m.index.get(k).filter(|p| p.dev() == dev_idx && p.daddr() >= start && p.daddr() < b.end)
+                {
+                    m.index.remove(k);
+                    m.size -= p.lsize();
+                    m.asize -= p.blob_len();
+                }
+            }
+        }
+    }
+
+    /// Writes `items` as one batch at device `dev_idx`'s hand, keeping `ahead`
+    /// bytes beyond it clear. Entries the hand overwrites are dropped before
+    /// the write; the new ones are indexed after it, except records that
+    /// changed meanwhile. Returns the bytes written.
+    pub fn write_batch(
+        &self,
+        dev_idx: usize,
+        items: Vec<FeedItem>,
+        ahead: u64,
+        trim_ahead: bool,
+    ) -> Result<u64, String> {
+        let dev = &self.devices[dev_idx];
+        let mut buf = Vec::new();
+        let mut placed = Vec::with_capacity(items.len());
+        for it in &items {
+            let blob = frame(&it.data);
+            placed.push((it.key, buf.len() as u64, blob.len() as u64, checksum(it.key, &blob), it.flags));
+            buf.extend_from_slice(&blob);
+        }
+        let len = (buf.len() as u64).div_ceil(ALIGN) * ALIGN;
+        buf.resize(len as usize, 0);
+        let abort = |why: String| {
+            let mut m = self.meta.lock();
+            for it in &items {
+                m.in_flight.remove(&it.key);
+            }
+            why
+        };
+        if dev.is_degraded() {
+            return Err(abort(format!("{} is out of service", dev.path)));
+        }
+        let Some(res) = dev.reserve(len, ahead) else {
+            return Err(abort(format!("batch of {len} bytes does not fit {}", dev.path)));
+        };
+        self.forget_evicted(dev_idx, &res.evicted);
+        if trim_ahead && ahead > 0 {
+            let _ = dev.trim(res.offset + len, ahead);
+        }
+        self.stats.l2_writes_sent.fetch_add(1, Relaxed);
+        if let Err(e) = dev.write(res.offset, &buf) {
+            self.stats.l2_writes_error.fetch_add(1, Relaxed);
+            if dev.note_error() {
+                warn!("L2 device {} taken out of service after repeated errors (last: {e})", dev.path);
+                self.retire(dev_idx);
+            }
+            return Err(abort(format!("writing {}: {e}", dev.path)));
+        }
+        dev.note_success();
+        self.stats.l2_writes_done.fetch_add(1, Relaxed);
+        self.stats.l2_write_bytes.fetch_add(len, Relaxed);
+        let mut keys = Vec::with_capacity(placed.len());
+        {
+            let mut m = self.meta.lock();
+            for (key, rel, blob_len, cksum, flags) in placed {
+                let dirty = m.in_flight.remove(&key).unwrap_or(true);
+                if dirty {
+                    continue;
+                }
+                let ptr = L2Ptr::new(dev_idx, res.offset + rel, blob_len, flags, cksum);
+                if let Some(old) = m.index.insert(key, ptr) {
+                    m.size -= old.lsize();
+                    m.asize -= old.blob_len();
+                }
+                m.size += ptr.lsize();
+                m.asize += ptr.blob_len();
+                keys.push(key);
+            }
+        }
+        dev.commit(res.offset, len, keys);
+        Ok(len)
+    }
+
+    fn forget_evicted(&self, dev_idx: usize, evicted: &[(u64, device::Batch)]) {
+        let mut m = self.meta.lock();
+        let mut n = 0;
+        for (start, b) in evicted {
+            for &k in b.keys.iter() {
+                let here =
+                    m.index.get(k).filter(|p| p.dev() == dev_idx && p.daddr() >= *start && p.daddr() < b.end);
+                if let Some(p) = here {
+                    m.index.remove(k);
+                    m.size -= p.lsize();
+                    m.asize -= p.blob_len();
+                    n += 1;
+                }
+            }
+        }
+        self.stats.l2_evict_hand.fetch_add(n, Relaxed);
+        self.devices[dev_idx].stats.evicted.fetch_add(n, Relaxed);
+    }
+
+    /// (records, logical bytes, allocated bytes) on L2.
+    pub fn sizes(&self) -> (u64, u64, u64) {
+        let m = self.meta.lock();
+        (m.index.len() as u64, m.size, m.asize)
+    }
+
+    /// RAM spent to remember what is on L2: the index and the batch key lists.
+    pub fn hdr_size(&self) -> u64 {
+        let ix = self.meta.lock().index.allocated_bytes();
+        ix + self.devices.iter().map(|d| d.batch_key_bytes()).sum::<u64>()
+    }
+}

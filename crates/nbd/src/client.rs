@@ -54,13 +54,7 @@ impl Client {
     fn greeted(target: &Target) -> ClientResult<Client> {
         let wr = Conn::connect(target)?;
         let rd = BufReader::new(wr.try_clone()?);
-        let mut c = Client {
-            rd,
-            wr,
-            size: 0,
-            flags: 0,
-            next_handle: 1,
-        };
+        let mut c = Client { rd, wr, size: 0, flags: 0, next_handle: 1 };
         c.greet()?;
         Ok(c)
     }
@@ -76,9 +70,7 @@ impl Client {
                 REP_ACK => break,
                 REP_SERVER if data.len() >= 4 => {
                     let n = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                    let name = data
-                        .get(4..4 + n)
-                        .ok_or_else(|| handshake_err("short LIST reply"))?;
+                    let name = data.get(4..4 + n).ok_or_else(|| handshake_err("short LIST reply"))?;
                     names.push(String::from_utf8_lossy(name).into_owned());
                 }
                 other => return Err(handshake_err(format!("LIST answered {other:#x}"))),
@@ -139,9 +131,7 @@ impl Client {
         }
         let got_opt = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
         if got_opt != opt {
-            return Err(handshake_err(format!(
-                "reply for option {got_opt}, asked {opt}"
-            )));
+            return Err(handshake_err(format!("reply for option {got_opt}, asked {opt}")));
         }
         let kind = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
         let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
@@ -166,11 +156,8 @@ impl Client {
                 REP_ACK if got_export => return Ok(()),
                 REP_ACK => return Err(handshake_err("GO acknowledged without export info")),
                 REP_INFO if data.len() >= 12 && data[0..2] == INFO_EXPORT.to_be_bytes() => {
-                    self.size = u64::from_be_bytes(
-                        data[2..10]
-                            .try_into()
-                            .map_err(|_| handshake_err("short info"))?,
-                    );
+                    self.size =
+                        u64::from_be_bytes(data[2..10].try_into().map_err(|_| handshake_err("short info"))?);
                     self.flags = u16::from_be_bytes([data[10], data[11]]);
                     got_export = true;
                 }
@@ -196,13 +183,7 @@ impl Client {
     ) -> ClientResult<u64> {
         let handle = self.next_handle;
         self.next_handle += 1;
-        let req = Request {
-            flags,
-            kind,
-            handle,
-            offset,
-            length,
-        };
+        let req = Request { flags, kind, handle, offset, length };
         write_all_vectored(&mut self.wr, &[&req.encode(), payload])?;
         Ok(handle)
     }
@@ -211,16 +192,9 @@ impl Client {
         let mut h = [0u8; 16];
         self.rd.read_exact(&mut h)?;
         if h[0..4] != SIMPLE_REPLY_MAGIC.to_be_bytes() {
-            return Err(ClientError::Io(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "bad reply magic",
-            )));
+            return Err(ClientError::Io(io::Error::new(io::ErrorKind::InvalidData, "bad reply magic")));
         }
-        let got = u64::from_be_bytes(
-            h[8..16]
-                .try_into()
-                .map_err(|_| handshake_err("short reply"))?,
-        );
+        let got = u64::from_be_bytes(h[8..16].try_into().map_err(|_| handshake_err("short reply"))?);
         if got != handle {
             return Err(ClientError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -48,10 +48,7 @@ impl Conn {
     pub fn peer(&self) -> String {
         match self {
             Conn::Unix(_) => "unix".to_string(),
-            Conn::Tcp(s) => s
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "tcp".into()),
+            Conn::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp".into()),
         }
     }
 

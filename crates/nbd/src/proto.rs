@@ -136,13 +136,7 @@ mod tests {
 
     #[test]
     fn request_roundtrip_and_bad_magic() {
-        let r = Request {
-            flags: CMD_FLAG_FUA,
-            kind: CMD_WRITE,
-            handle: 7,
-            offset: 1 << 40,
-            length: 4096,
-        };
+        let r = Request { flags: CMD_FLAG_FUA, kind: CMD_WRITE, handle: 7, offset: 1 << 40, length: 4096 };
         assert_eq!(Request::decode(&r.encode()), Some(r));
         let mut bad = r.encode();
         bad[0] ^= 1;

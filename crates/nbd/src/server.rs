@@ -113,10 +113,7 @@ pub struct Server {
 
 /// Why a handshake ended without entering transmission.
 enum Negotiated {
-    Transmit {
-        export: Arc<dyn Export>,
-        structured: bool,
-    },
+    Transmit { export: Arc<dyn Export>, structured: bool },
     Done,
 }
 
@@ -151,9 +148,7 @@ impl Server {
 
     /// Accepts connections on a unix socket in a background thread.
     pub fn listen_unix(self: &Arc<Self>, listener: UnixListener) {
-        self.accept_loop(std::iter::from_fn(move || {
-            Some(listener.accept().map(|(s, _)| Conn::Unix(s)))
-        }));
+        self.accept_loop(std::iter::from_fn(move || Some(listener.accept().map(|(s, _)| Conn::Unix(s)))));
     }
 
     /// Accepts connections on a TCP socket in a background thread.
@@ -166,10 +161,7 @@ impl Server {
         }));
     }
 
-    fn accept_loop(
-        self: &Arc<Self>,
-        incoming: impl Iterator<Item = io::Result<Conn>> + Send + 'static,
-    ) {
+    fn accept_loop(self: &Arc<Self>, incoming: impl Iterator<Item = io::Result<Conn>> + Send + 'static) {
         let server = Arc::clone(self);
         std::thread::spawn(move || {
             for conn in incoming {
@@ -186,9 +178,7 @@ impl Server {
 
     fn spawn_connection(self: &Arc<Self>, conn: Conn) {
         let server = Arc::clone(self);
-        let spawned = std::thread::Builder::new()
-            .name("nbd-conn".into())
-            .spawn(move || server.handle(conn));
+        let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || server.handle(conn));
         if let Err(e) = spawned {
             warn!("cannot start a connection thread: {e}");
         }
@@ -232,11 +222,7 @@ impl Server {
         }
         let deadline = std::time::Instant::now() + timeout;
         while !live.is_empty() {
-            if self
-                .live_changed
-                .wait_until(&mut live, deadline)
-                .timed_out()
-            {
+            if self.live_changed.wait_until(&mut live, deadline).timed_out() {
                 return live.is_empty();
             }
         }
@@ -264,9 +250,7 @@ impl Server {
         w.write_all(&hello)?;
         let client_flags = read_u32(rd)?;
         if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-            return Err(protocol_error(format!(
-                "unknown client flags {client_flags:#x}"
-            )));
+            return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
         }
         let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
         let mut structured = false;
@@ -279,9 +263,7 @@ impl Server {
             let len = read_u32(rd)?;
             // Options carry names and a few integers; anything huge is garbage.
             if len > 64 << 10 {
-                return Err(protocol_error(format!(
-                    "option {opt} with {len} bytes of data"
-                )));
+                return Err(protocol_error(format!("option {opt} with {len} bytes of data")));
             }
             let mut data = vec![0u8; len as usize];
             rd.read_exact(&mut data)?;
@@ -333,12 +315,7 @@ impl Server {
                         // No metadata contexts are offered; an empty answer says so.
                         option_reply(w, opt, REP_ACK, &[])?;
                     } else {
-                        option_error(
-                            w,
-                            opt,
-                            REP_ERR_INVALID,
-                            "negotiate structured replies first",
-                        )?;
+                        option_error(w, opt, REP_ERR_INVALID, "negotiate structured replies first")?;
                     }
                 }
                 OPT_INFO | OPT_GO => {
@@ -346,35 +323,20 @@ impl Server {
                         return Ok(Negotiated::Transmit { export, structured });
                     }
                 }
-                OPT_STARTTLS => option_error(
-                    w,
-                    opt,
-                    REP_ERR_POLICY,
-                    "TLS is not configured on this server",
-                )?,
+                OPT_STARTTLS => option_error(w, opt, REP_ERR_POLICY, "TLS is not configured on this server")?,
                 _ => option_error(w, opt, REP_ERR_UNSUP, "option not supported")?,
             }
         }
     }
 
     /// Answers INFO or GO; returns the export when GO succeeded.
-    fn info_or_go(
-        &self,
-        w: &mut Conn,
-        opt: u32,
-        data: &[u8],
-    ) -> io::Result<Option<Arc<dyn Export>>> {
+    fn info_or_go(&self, w: &mut Conn, opt: u32, data: &[u8]) -> io::Result<Option<Arc<dyn Export>>> {
         let Some((name, requests)) = parse_info_request(data) else {
             option_error(w, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
             return Ok(None);
         };
         let Some(export) = self.exports.open(&name) else {
-            option_error(
-                w,
-                opt,
-                REP_ERR_UNKNOWN,
-                &format!("no export named {name:?}"),
-            )?;
+            option_error(w, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}"))?;
             return Ok(None);
         };
         let info = export.info();
@@ -687,18 +649,13 @@ fn structured_header(handle: u64, kind: u16, len: u32) -> [u8; 20] {
 pub fn parse_info_request(data: &[u8]) -> Option<(String, Vec<u16>)> {
     let name_len = u32::from_be_bytes(data.get(0..4)?.try_into().ok()?) as usize;
     let name_end = 4usize.checked_add(name_len)?;
-    let name = std::str::from_utf8(data.get(4..name_end)?)
-        .ok()?
-        .to_string();
+    let name = std::str::from_utf8(data.get(4..name_end)?).ok()?.to_string();
     let n = u16::from_be_bytes(data.get(name_end..name_end + 2)?.try_into().ok()?) as usize;
     let rest = data.get(name_end + 2..)?;
     if rest.len() != n * 2 {
         return None;
     }
-    let requests = rest
-        .chunks_exact(2)
-        .map(|c| u16::from_be_bytes([c[0], c[1]]))
-        .collect();
+    let requests = rest.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
     Some((name, requests))
 }
 
@@ -748,10 +705,7 @@ mod tests {
         d.extend_from_slice(b"abc");
         d.extend_from_slice(&1u16.to_be_bytes());
         d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        assert_eq!(
-            parse_info_request(&d),
-            Some(("abc".to_string(), vec![INFO_BLOCK_SIZE]))
-        );
+        assert_eq!(parse_info_request(&d), Some(("abc".to_string(), vec![INFO_BLOCK_SIZE])));
         assert_eq!(parse_info_request(&d[..d.len() - 1]), None);
         let mut huge = d.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_be_bytes());

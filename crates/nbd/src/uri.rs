@@ -49,10 +49,7 @@ impl NbdUri {
     }
 
     pub fn parse(uri: &str) -> Result<NbdUri, UriError> {
-        let err = |why| UriError {
-            uri: uri.to_string(),
-            why,
-        };
+        let err = |why| UriError { uri: uri.to_string(), why };
         let (scheme, rest) = uri.split_once("://").ok_or(err("missing scheme"))?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
@@ -92,9 +89,7 @@ impl NbdUri {
                     .flat_map(|q| q.split('&'))
                     .find_map(|kv| kv.strip_prefix("socket="))
                     .ok_or(err("nbd+unix needs ?socket=PATH"))?;
-                Target::Unix(PathBuf::from(
-                    unescape(socket).ok_or(err("bad escape in socket"))?,
-                ))
+                Target::Unix(PathBuf::from(unescape(socket).ok_or(err("bad escape in socket"))?))
             }
             "nbds" | "nbds+unix" => return Err(err("TLS URIs are not supported yet")),
             _ => return Err(err("unknown scheme")),
@@ -122,31 +117,13 @@ mod tests {
     #[test]
     fn parses_the_forms_we_document() {
         let u = NbdUri::parse("nbd://nas.local/vol1").unwrap();
-        assert_eq!(
-            u.target,
-            Target::Tcp {
-                host: "nas.local".into(),
-                port: 10809
-            }
-        );
+        assert_eq!(u.target, Target::Tcp { host: "nas.local".into(), port: 10809 });
         assert_eq!(u.export, "vol1");
         let u = NbdUri::parse("nbd://127.0.0.1:1234").unwrap();
-        assert_eq!(
-            u.target,
-            Target::Tcp {
-                host: "127.0.0.1".into(),
-                port: 1234
-            }
-        );
+        assert_eq!(u.target, Target::Tcp { host: "127.0.0.1".into(), port: 1234 });
         assert_eq!(u.export, "");
         let u = NbdUri::parse("nbd://[::1]:99/x%20y").unwrap();
-        assert_eq!(
-            u.target,
-            Target::Tcp {
-                host: "::1".into(),
-                port: 99
-            }
-        );
+        assert_eq!(u.target, Target::Tcp { host: "::1".into(), port: 99 });
         assert_eq!(u.export, "x y");
         let u = NbdUri::parse("nbd+unix:///disk?socket=/run/a.sock").unwrap();
         assert_eq!(u.target, Target::Unix("/run/a.sock".into()));

@@ -81,27 +81,13 @@ fn start() -> (tempfile::TempDir, Target) {
     let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
     m.insert(
         "".into(),
-        Arc::new(MemExport {
-            data: Mutex::new(vec![0; 1 << 20]),
-            read_only: false,
-            slow_from: 1 << 19,
-        }),
+        Arc::new(MemExport { data: Mutex::new(vec![0; 1 << 20]), read_only: false, slow_from: 1 << 19 }),
     );
     m.insert(
         "ro".into(),
-        Arc::new(MemExport {
-            data: Mutex::new(vec![7; 1 << 16]),
-            read_only: true,
-            slow_from: u64::MAX,
-        }),
+        Arc::new(MemExport { data: Mutex::new(vec![7; 1 << 16]), read_only: true, slow_from: u64::MAX }),
     );
-    let server = Server::new(
-        Arc::new(Set(m)),
-        ServerConfig {
-            max_request: 1 << 20,
-            ..Default::default()
-        },
-    );
+    let server = Server::new(Arc::new(Set(m)), ServerConfig { max_request: 1 << 20, ..Default::default() });
     server.listen_unix(UnixListener::bind(&sock).unwrap());
     (dir, Target::Unix(sock))
 }
@@ -121,10 +107,7 @@ fn write_read_list_and_errors() {
     let mut ro = Client::connect(&t, "ro").unwrap();
     assert!(ro.read_only());
     assert_eq!(ro.write(0, b"x", false).unwrap_err().errno(), libc::EPERM);
-    assert_eq!(
-        Client::list(&t).unwrap(),
-        vec!["".to_string(), "ro".to_string()]
-    );
+    assert_eq!(Client::list(&t).unwrap(), vec!["".to_string(), "ro".to_string()]);
     assert!(Client::connect(&t, "nope").is_err());
     // The connection still works after all those errors.
     c.read(4096, &mut b).unwrap();
@@ -140,8 +123,7 @@ fn fast_reply_overtakes_slow_one() {
     let mut s = UnixStream::connect(p).unwrap();
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).unwrap();
-    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
     // EXPORT_NAME "" (old style select).
     let mut o = Vec::new();
     o.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -150,30 +132,14 @@ fn fast_reply_overtakes_slow_one() {
     s.write_all(&o).unwrap();
     let mut info = [0u8; 10];
     s.read_exact(&mut info).unwrap();
-    let slow = Request {
-        flags: 0,
-        kind: CMD_READ,
-        handle: 1,
-        offset: 1 << 19,
-        length: 512,
-    };
-    let fast = Request {
-        flags: 0,
-        kind: CMD_READ,
-        handle: 2,
-        offset: 0,
-        length: 512,
-    };
+    let slow = Request { flags: 0, kind: CMD_READ, handle: 1, offset: 1 << 19, length: 512 };
+    let fast = Request { flags: 0, kind: CMD_READ, handle: 2, offset: 0, length: 512 };
     let t0 = Instant::now();
     s.write_all(&slow.encode()).unwrap();
     s.write_all(&fast.encode()).unwrap();
     let mut h = [0u8; 16];
     s.read_exact(&mut h).unwrap();
-    assert_eq!(
-        u64::from_be_bytes(h[8..16].try_into().unwrap()),
-        2,
-        "fast reply first"
-    );
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 2, "fast reply first");
     assert!(t0.elapsed() < Duration::from_millis(250));
     let mut data = [0u8; 512];
     s.read_exact(&mut data).unwrap();
@@ -191,10 +157,7 @@ fn garbage_handshake_closes_only_that_connection() {
     s.write_all(&[0xde; 64]).unwrap();
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
-    assert!(
-        rest.is_empty(),
-        "server hangs up on garbage without replying"
-    );
+    assert!(rest.is_empty(), "server hangs up on garbage without replying");
     let mut c = Client::connect(&t, "").unwrap();
     c.flush().unwrap();
 }

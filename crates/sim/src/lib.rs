@@ -26,10 +26,7 @@ pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> V
         let first = r.offset / block_size;
         let last = (r.offset + r.len - 1) / block_size;
         for b in first..=last {
-            out.push(BlockAccess {
-                key: (r.dev << 40) | b,
-                now_ns: r.ts_us.saturating_mul(1000),
-            });
+            out.push(BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) });
         }
     }
     out
@@ -63,10 +60,6 @@ pub fn replay(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[BlockAcces
         cache_blocks,
         requests,
         hits,
-        hit_ratio: if requests == 0 {
-            0.0
-        } else {
-            hits as f64 / requests as f64
-        },
+        hit_ratio: if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
     }
 }

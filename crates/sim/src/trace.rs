@@ -19,25 +19,15 @@ pub struct TraceRequest {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error("cannot read trace {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("{path}:{line}: {msg}")]
-    Parse {
-        path: String,
-        line: usize,
-        msg: String,
-    },
+    Parse { path: String, line: usize, msg: String },
 }
 
 /// Reads a whole trace; `.gz` files are decompressed on the fly.
 pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, TraceError> {
     let shown = path.display().to_string();
-    let io_err = |source| TraceError::Io {
-        path: shown.clone(),
-        source,
-    };
+    let io_err = |source| TraceError::Io { path: shown.clone(), source };
     let file = File::open(path).map_err(io_err)?;
     let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
         Box::new(MultiGzDecoder::new(file))
@@ -51,10 +41,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, TraceError> {
 pub fn parse_csv(reader: impl BufRead, name: &str) -> Result<Vec<TraceRequest>, TraceError> {
     let mut out = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|source| TraceError::Io {
-            path: name.to_string(),
-            source,
-        })?;
+        let line = line.map_err(|source| TraceError::Io { path: name.to_string(), source })?;
         let line = line.trim();
         if line.is_empty() || (i == 0 && !line.starts_with(|c: char| c.is_ascii_digit())) {
             continue;
@@ -69,15 +56,12 @@ pub fn parse_csv(reader: impl BufRead, name: &str) -> Result<Vec<TraceRequest>, 
 }
 
 fn field<'a>(f: &mut impl Iterator<Item = &'a str>, what: &str) -> Result<&'a str, String> {
-    f.next()
-        .map(str::trim)
-        .ok_or_else(|| format!("missing {what}"))
+    f.next().map(str::trim).ok_or_else(|| format!("missing {what}"))
 }
 
 fn number<'a>(f: &mut impl Iterator<Item = &'a str>, what: &str) -> Result<u64, String> {
     let s = field(f, what)?;
-    s.parse::<u64>()
-        .map_err(|e| format!("bad {what} {s:?}: {e}"))
+    s.parse::<u64>().map_err(|e| format!("bad {what} {s:?}: {e}"))
 }
 
 fn parse_line(line: &str) -> Result<TraceRequest, String> {
@@ -92,21 +76,11 @@ fn parse_line(line: &str) -> Result<TraceRequest, String> {
     let len = number(&mut f, "length")?;
     // The volume column is optional; when present it must be a number.
     let mut rest = f.peekable();
-    let dev = if rest.peek().is_some() {
-        number(&mut rest, "dev")?
-    } else {
-        0
-    };
+    let dev = if rest.peek().is_some() { number(&mut rest, "dev")? } else { 0 };
     if offset.checked_add(len).is_none() {
         return Err("offset + length overflows".into());
     }
-    Ok(TraceRequest {
-        ts_us,
-        write,
-        offset,
-        len,
-        dev,
-    })
+    Ok(TraceRequest { ts_us, write, offset, len, dev })
 }
 
 #[cfg(test)]
@@ -118,32 +92,17 @@ mod tests {
         let text = "timestamp_us,op,offset_bytes,length_bytes,dev\n5,W,8192,4096,3\n6,R,0,512,1\n";
         let r = parse_csv(text.as_bytes(), "t").unwrap();
         assert_eq!(r.len(), 2);
-        assert_eq!(
-            r[0],
-            TraceRequest {
-                ts_us: 5,
-                write: true,
-                offset: 8192,
-                len: 4096,
-                dev: 3
-            }
-        );
+        assert_eq!(r[0], TraceRequest { ts_us: 5, write: true, offset: 8192, len: 4096, dev: 3 });
         assert!(!r[1].write);
     }
 
     #[test]
     fn rejects_garbage_with_line_number() {
-        let err = parse_csv("1,X,0,1\n".as_bytes(), "t")
-            .unwrap_err()
-            .to_string();
+        let err = parse_csv("1,X,0,1\n".as_bytes(), "t").unwrap_err().to_string();
         assert!(err.contains("t:1") && err.contains("bad op"), "{err}");
-        let err = parse_csv("1,R,zz,1\n".as_bytes(), "t")
-            .unwrap_err()
-            .to_string();
+        let err = parse_csv("1,R,zz,1\n".as_bytes(), "t").unwrap_err().to_string();
         assert!(err.contains("bad offset"), "{err}");
-        let err = parse_csv("1,R,0,1,vol\n".as_bytes(), "t")
-            .unwrap_err()
-            .to_string();
+        let err = parse_csv("1,R,0,1,vol\n".as_bytes(), "t").unwrap_err().to_string();
         assert!(err.contains("bad dev"), "{err}");
     }
 }

@@ -12,21 +12,16 @@ fn traces_dir() -> PathBuf {
 
 fn check(trace: &str, mode: &str, policies: &[(&str, &str)]) {
     let dir = traces_dir();
-    let refs: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("reference_hit_ratios.json")).unwrap(),
-    )
-    .unwrap();
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference_hit_ratios.json")).unwrap())
+            .unwrap();
     let t = &refs["traces"][trace];
     let csv = dir.join(t["csv"].as_str().unwrap());
     let m = &t["modes"][mode];
     let bs = m["block_bytes"].as_u64().unwrap();
     let reads_only = mode.ends_with("-r");
     let accesses = expand(&read_trace(&csv).unwrap(), bs, reads_only);
-    assert_eq!(
-        accesses.len() as u64,
-        m["requests"].as_u64().unwrap(),
-        "request count"
-    );
+    assert_eq!(accesses.len() as u64, m["requests"].as_u64().unwrap(), "request count");
     let mut checked = 0;
     for (size, hits) in m["hits"].as_object().unwrap() {
         let size: u64 = size.parse().unwrap();
@@ -34,10 +29,7 @@ fn check(trace: &str, mode: &str, policies: &[(&str, &str)]) {
             let want = hits[*theirs].as_u64().unwrap();
             let mut p = by_name(ours, size).unwrap();
             let got = replay(p.as_mut(), size, &accesses);
-            assert_eq!(
-                got.hits, want,
-                "{trace} {mode} c={size} {ours} vs libCacheSim {theirs}"
-            );
+            assert_eq!(got.hits, want, "{trace} {mode} c={size} {ours} vs libCacheSim {theirs}");
             p.validate().unwrap();
             checked += 1;
         }
@@ -52,16 +44,8 @@ fn oltp_matches_libcachesim_exactly() {
 
 #[test]
 fn cloudphysics_matches_libcachesim_exactly() {
-    check(
-        "cloudphysics_io",
-        "4k",
-        &[("arc-paper", "ARC"), ("lru", "LRU")],
-    );
-    check(
-        "cloudphysics_io",
-        "4k-r",
-        &[("arc-paper", "ARC"), ("lru", "LRU")],
-    );
+    check("cloudphysics_io", "4k", &[("arc-paper", "ARC"), ("lru", "LRU")]);
+    check("cloudphysics_io", "4k-r", &[("arc-paper", "ARC"), ("lru", "LRU")]);
 }
 
 #[test]
@@ -81,10 +65,9 @@ fn small_fixtures_match_libcachesim_exactly() {
 #[test]
 fn zfs_arc_is_within_the_sane_band() {
     let dir = traces_dir();
-    let refs: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("reference_hit_ratios.json")).unwrap(),
-    )
-    .unwrap();
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference_hit_ratios.json")).unwrap())
+            .unwrap();
     let m = &refs["traces"]["OLTP"]["modes"]["4k"];
     let csv = dir.join(refs["traces"]["OLTP"]["csv"].as_str().unwrap());
     let accesses = expand(&read_trace(&csv).unwrap(), 4096, false);
@@ -94,9 +77,6 @@ fn zfs_arc_is_within_the_sane_band() {
         let got = replay(p.as_mut(), size, &accesses).hits as f64;
         let lru = hits["LRU"].as_u64().unwrap() as f64;
         let opt = hits["Belady"].as_u64().unwrap() as f64;
-        assert!(
-            got >= lru * 0.97 && got <= opt,
-            "OLTP c={size}: arc {got} lru {lru} opt {opt}"
-        );
+        assert!(got >= lru * 0.97 && got <= opt, "OLTP c={size}: arc {got} lru {lru} opt {opt}");
     }
 }

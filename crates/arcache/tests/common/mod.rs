@@ -32,12 +32,7 @@ impl Serve {
             .stderr(Stdio::piped())
             .env("RUST_LOG", "warn");
         let child = cmd.spawn().expect("spawn arcache serve");
-        let mut s = Serve {
-            child: Some(child),
-            dir,
-            sock,
-            control,
-        };
+        let mut s = Serve { child: Some(child), dir, sock, control };
         s.wait_ready();
         s
     }
@@ -50,11 +45,7 @@ impl Serve {
             {
                 return;
             }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 let out = self.child.take().map(|c| c.wait_with_output());
                 panic!("arcache serve exited early ({status}): {out:?}");
             }
@@ -73,21 +64,12 @@ impl Serve {
 
     /// Runs an `arcache` client subcommand against this server.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .args(args)
-            .arg("--control")
-            .arg(&self.control)
-            .output()
-            .expect("run arcache")
+        Command::new(BIN).args(args).arg("--control").arg(&self.control).output().expect("run arcache")
     }
 
     pub fn stat(&self) -> serde_json::Value {
         let out = self.ctl(&["stat", "--json"]);
-        assert!(
-            out.status.success(),
-            "stat failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "stat failed: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).expect("stat --json prints JSON")
     }
 
@@ -97,10 +79,7 @@ impl Serve {
         // SAFETY: sending a signal to our own child process.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let out = wait_timeout(child, Duration::from_secs(40));
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 
@@ -135,7 +114,9 @@ pub fn need(tool: &str) -> PathBuf {
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join(tool))
         .find(|p| p.is_file());
-    found.unwrap_or_else(|| panic!("{tool} is not installed; run .ci/run (or apt-get install fio nbdkit libnbd-bin qemu-utils)"))
+    found.unwrap_or_else(|| {
+        panic!("{tool} is not installed; run .ci/run (or apt-get install fio nbdkit libnbd-bin qemu-utils)")
+    })
 }
 
 /// A file of `size` pseudo-random bytes.
@@ -149,9 +130,7 @@ pub fn random_file(path: &Path, size: usize, seed: u64) -> Vec<u8> {
 }
 
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\n{}",

@@ -1,0 +1,254 @@
+//! One L2 device as a rotary log: batches are written one after another at
+//! the write hand; when the hand reaches the end it wraps to the start, and
+//! whatever a new batch would overwrite is evicted first.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use blockdev::{BlockDev, DevResult};
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// The first MiB of every device is kept for its header (persistent L2ARC).
+pub const HEADER_RESERVED: u64 = 1 << 20;
+/// Batches start and end on this boundary, so O_DIRECT can write them.
+pub const ALIGN: u64 = 4096;
+/// A device smaller than this is refused: too small to be worth a log.
+pub const MIN_DEVICE: u64 = HEADER_RESERVED + (16 << 20);
+
+/// Keys written by one batch, to find their index entries when the hand
+/// comes round again.
+#[derive(Debug)]
+pub struct Batch {
+    pub end: u64,
+    pub keys: Box<[u64]>,
+}
+
+#[derive(Debug)]
+struct Ring {
+    hand: u64,
+    wrapped: bool,
+    batches: BTreeMap<u64, Batch>,
+    batch_key_bytes: u64,
+}
+
+/// Per-device counters, reported by `arcache stat`.
+#[derive(Debug, Default, Serialize)]
+pub struct DeviceStats {
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub io_errors: AtomicU64,
+    pub cksum_bad: AtomicU64,
+    pub evicted: AtomicU64,
+}
+
+pub struct L2Device {
+    pub path: String,
+    dev: Arc<dyn BlockDev>,
+    start: u64,
+    end: u64,
+    ring: Mutex<Ring>,
+    pub stats: DeviceStats,
+    degraded: AtomicBool,
+    consecutive_errors: AtomicU32,
+}
+
+/// A region taken from the ring, and what had to be evicted for it.
+pub struct Reservation {
+    pub offset: u64,
+    pub evicted: Vec<(u64, Batch)>,
+}
+
+impl L2Device {
+    pub fn new(path: String, dev: Arc<dyn BlockDev>) -> Result<L2Device, String> {
+        let size = dev.size();
+        if size < MIN_DEVICE {
+            return Err(format!(
+                "{path}: {size} bytes is too small for an L2 device (at least {MIN_DEVICE})"
+            ));
+        }
+        let end = size / ALIGN * ALIGN;
+        Ok(L2Device {
+            path,
+            dev,
+            start: HEADER_RESERVED,
+            end,
+            ring: Mutex::new(Ring {
+                hand: HEADER_RESERVED,
+                wrapped: false,
+                batches: BTreeMap::new(),
+                batch_key_bytes: 0,
+            }),
+            stats: DeviceStats::default(),
+            degraded: AtomicBool::new(false),
+            consecutive_errors: AtomicU32::new(0),
+        })
+    }
+
+    /// Bytes available for cached data.
+    pub fn capacity(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn hand(&self) -> u64 {
+        self.ring.lock().hand
+    }
+
+    pub fn wrapped(&self) -> bool {
+        self.ring.lock().wrapped
+    }
+
+    /// RAM held by the batch key lists.
+    pub fn batch_key_bytes(&self) -> u64 {
+        self.ring.lock().batch_key_bytes
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Relaxed)
+    }
+
+    /// Takes `len` bytes at the hand (wrapping if they do not fit before the
+    /// end) plus `ahead` more to keep clear, evicting every batch that
+    /// overlaps. `len` must be a multiple of [`ALIGN`].
+    pub fn reserve(&self, len: u64, ahead: u64) -> Option<Reservation> {
+        assert_eq!(len % ALIGN, 0);
+        if len == 0 || len > self.capacity() {
+            return None;
+        }
+        let mut r = self.ring.lock();
+        if r.hand + len > self.end {
+            r.hand = self.start;
+            r.wrapped = true;
+        }
+        let offset = r.hand;
+        let clear_end = (offset + len + ahead).min(self.end);
+        // Batches never overlap each other, so one starting before `offset`
+        // can reach into the region only if it is the last such batch.
+        let mut doomed: Vec<u64> = r.batches.range(offset..clear_end).map(|(s, _)| *s).collect();
+        if let Some((s, b)) = r.batches.range(..offset).next_back() {
+            if b.end > offset {
+                doomed.push(*s);
+            }
+        }
+        let mut evicted = Vec::with_capacity(doomed.len());
+        for s in doomed {
+            if let Some(b) = r.batches.remove(&s) {
+                r.batch_key_bytes -= (b.keys.len() * 8) as u64;
+                evicted.push((s, b));
+            }
+        }
+        r.hand = offset + len;
+        Some(Reservation { offset, evicted })
+    }
+
+    /// Records that a batch with `keys` now lives at `offset..offset+len`.
+    pub fn commit(&self, offset: u64, len: u64, keys: Vec<u64>) {
+        let keys = keys.into_boxed_slice();
+        let mut r = self.ring.lock();
+        r.batch_key_bytes += (keys.len() * 8) as u64;
+        r.batches.insert(offset, Batch { end: offset + len, keys });
+    }
+
+    /// Forgets every batch (the device is taken out of service or emptied);
+    /// returns them so their index entries can be dropped.
+    pub fn clear(&self) -> Vec<(u64, Batch)> {
+        let mut r = self.ring.lock();
+        r.batch_key_bytes = 0;
+        r.hand = self.start;
+        std::mem::take(&mut r.batches).into_iter().collect()
+    }
+
+    pub fn write(&self, offset: u64, buf: &[u8]) -> DevResult<()> {
+        self.stats.writes.fetch_add(1, Relaxed);
+        self.stats.write_bytes.fetch_add(buf.len() as u64, Relaxed);
+        self.dev.write_at(buf, offset)
+    }
+
+    /// Reads `len` bytes at `daddr` through an aligned superset, so an
+    /// O_DIRECT device serves it without a bounce through the page cache.
+    pub fn read(&self, daddr: u64, len: u64) -> DevResult<Vec<u8>> {
+        let lo = daddr / ALIGN * ALIGN;
+        let hi = (daddr + len).div_ceil(ALIGN) * ALIGN;
+        let hi = hi.min(self.end);
+        let mut buf = vec![0u8; (hi - lo) as usize];
+        self.stats.reads.fetch_add(1, Relaxed);
+        self.stats.read_bytes.fetch_add(len, Relaxed);
+        self.dev.read_at(&mut buf, lo)?;
+        let from = (daddr - lo) as usize;
+        buf.drain(..from);
+        buf.truncate(len as usize);
+        Ok(buf)
+    }
+
+    /// Punches out a region ahead of the hand (`l2arc_trim_ahead`).
+    pub fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.dev.trim(offset, len.min(self.end.saturating_sub(offset)))
+    }
+
+    /// Notes an IO error; returns true when this one takes the device out
+    /// of service (several in a row).
+    pub fn note_error(&self) -> bool {
+        self.stats.io_errors.fetch_add(1, Relaxed);
+        let n = self.consecutive_errors.fetch_add(1, Relaxed) + 1;
+        n >= 4 && !self.degraded.swap(true, Relaxed)
+    }
+
+    pub fn note_success(&self) {
+        self.consecutive_errors.store(0, Relaxed);
+    }
+
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdev::MemDev;
+
+    fn device(mib: u64) -> L2Device {
+        L2Device::new("t".into(), Arc::new(MemDev::new(HEADER_RESERVED + (mib << 20)))).unwrap()
+    }
+
+    #[test]
+    fn wraps_and_evicts_by_overlap_not_by_age() {
+        let d = device(16);
+        let cap = d.capacity();
+        let a = 6 << 20;
+        let r1 = d.reserve(a, 0).unwrap();
+        d.commit(r1.offset, a, vec![1]);
+        let r2 = d.reserve(a, 0).unwrap();
+        d.commit(r2.offset, a, vec![2]);
+        // 12 of 16 MiB used; 6 more do not fit: wrap, evict batch 1 only.
+        let r3 = d.reserve(a, 0).unwrap();
+        assert_eq!(r3.offset, HEADER_RESERVED);
+        assert_eq!(r3.evicted.iter().flat_map(|(_, b)| b.keys.iter().copied()).collect::<Vec<_>>(), vec![1]);
+        d.commit(r3.offset, a, vec![3]);
+        // Next: 6 MiB at 6 MiB overlaps batch 2.
+        let r4 = d.reserve(a, 0).unwrap();
+        assert_eq!(r4.evicted.iter().flat_map(|(_, b)| b.keys.iter().copied()).collect::<Vec<_>>(), vec![2]);
+        d.commit(r4.offset, a, vec![4]);
+        // Wrap again: batch 3 at the start must go even though an older
+        // batch (none here) or a newer one sits elsewhere.
+        let r5 = d.reserve(a, 0).unwrap();
+        assert_eq!(r5.offset, HEADER_RESERVED);
+        assert_eq!(r5.evicted.iter().flat_map(|(_, b)| b.keys.iter().copied()).collect::<Vec<_>>(), vec![3]);
+        assert!(d.reserve(cap + ALIGN, 0).is_none());
+    }
+
+    #[test]
+    fn evict_ahead_clears_more_than_the_batch() {
+        let d = device(16);
+        for k in 0..4 {
+            let r = d.reserve(4 << 20, 0).unwrap();
+            d.commit(r.offset, 4 << 20, vec![k]);
+        }
+        let r = d.reserve(1 << 20, 4 << 20).unwrap();
+        let keys: Vec<u64> = r.evicted.iter().flat_map(|(_, b)| b.keys.iter().copied()).collect();
+        assert_eq!(keys, vec![0, 1], "the batch under the hand and the next one");
+    }
+}
