@@ -51,7 +51,7 @@ pub struct BlobFlags {
 impl L2Ptr {
     /// `daddr` and `blob_len` must be multiples of [`SECTOR`].
     pub fn new(dev: usize, daddr: u64, blob_len: u64, flags: BlobFlags, cksum: u64) -> L2Ptr {
-        assert!(dev < MAX_DEVICES && daddr % SECTOR == 0 && blob_len % SECTOR == 0);
+        assert!(dev < MAX_DEVICES && daddr.is_multiple_of(SECTOR) && blob_len.is_multiple_of(SECTOR));
         assert!(blob_len > 0 && blob_len <= MAX_BLOB && daddr / SECTOR < 1 << DADDR_BITS);
         let mut bits = (daddr / SECTOR) | ((blob_len / SECTOR) << PSIZE_SHIFT) | ((dev as u64) << DEV_SHIFT);
         if flags.compressed {
@@ -201,7 +201,7 @@ impl L2Index {
     }
 
     fn resize(&mut self, capacity: usize) {
-        let old = std::mem::replace(&mut self.slots, Vec::new());
+        let old = std::mem::take(&mut self.slots);
         let mut slots = Vec::with_capacity(capacity);
         slots.resize(capacity, EMPTY_SLOT);
         self.slots = slots;
