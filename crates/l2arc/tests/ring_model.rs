@@ -49,7 +49,7 @@ proptest! {
                     if let Some(p) = l2.lookup(key) {
                         let got = l2.read(key, p).unwrap();
                         let v = version.get(&key).copied().unwrap_or(0);
-                        prop_assert!(got.len() % 1024 == 0);
+                        prop_assert!(got.len().is_multiple_of(1024));
                         prop_assert_eq!(&got[..], &data_for(key, v, got.len())[..], "key {}", key);
                     }
                 }
