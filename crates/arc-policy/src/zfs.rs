@@ -124,6 +124,26 @@ impl ZfsArc {
         self.cfg.min_prefetch_ns = ns;
     }
 
+    /// Walks a resident list from its eviction end, at most `max_bytes` deep,
+    /// calling `f(key, size, prefetch)` until it returns false. The L2 feed
+    /// uses it to find what will be evicted next.
+    pub fn scan_tail(&self, list: ListKind, max_bytes: u64, mut f: impl FnMut(Key, u64, bool) -> bool) {
+        let state = match list {
+            ListKind::Mru => State::Mru,
+            ListKind::Mfu => State::Mfu,
+        };
+        let mut seen = 0;
+        let mut cur = self.lists[state as usize].tail();
+        while let Some(idx) = cur {
+            let e = self.slab.get(idx);
+            if seen >= max_bytes || !f(e.key, e.size, e.prefetch) {
+                return;
+            }
+            seen += e.size;
+            cur = self.slab.prev_of(idx);
+        }
+    }
+
     fn resident(&self) -> u64 {
         self.sizes[State::Mru as usize] + self.sizes[State::Mfu as usize]
     }
@@ -537,6 +557,21 @@ mod tests {
         assert!(a.stats().evict_skip > 0);
         assert_eq!(a.stats().size, 2, "RAM stays bounded even when all are young");
         a.validate().unwrap();
+    }
+
+    #[test]
+    fn scan_tail_walks_from_the_eviction_end() {
+        let mut a = arc(10);
+        let mut ev = Vec::new();
+        for k in 0..5 {
+            a.insert(k, 1, Access::demand(k), &mut ev);
+        }
+        let mut seen = Vec::new();
+        a.scan_tail(ListKind::Mru, 3, |k, _, _| {
+            seen.push(k);
+            true
+        });
+        assert_eq!(seen, vec![0, 1, 2]);
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub struct ExportFile {
     pub recordsize: Option<SizeValue>,
     pub read_only: Option<bool>,
     pub direct: Option<bool>,
+    pub secondarycache: Option<String>,
 }
 
 /// The config file as written.
@@ -50,6 +51,10 @@ pub struct ConfigFile {
     pub listen: Vec<String>,
     pub control: Option<PathBuf>,
     pub workers: Option<usize>,
+    /// L2 devices, `PATH[:SIZE]` as with `--l2`.
+    #[serde(default)]
+    pub l2: Vec<String>,
+    pub secondarycache: Option<String>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
     pub set: BTreeMap<String, toml::Value>,
@@ -73,6 +78,15 @@ pub struct ExportSpec {
     pub recordsize: u64,
     pub read_only: bool,
     pub direct: bool,
+    /// `secondarycache=all` (true) or `none`.
+    pub secondarycache: bool,
+}
+
+/// An L2 device to open (and create with `size` if it is missing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct L2Spec {
+    pub path: PathBuf,
+    pub size: Option<u64>,
 }
 
 /// Where a server listens.
@@ -134,6 +148,7 @@ pub struct ServeSettings {
     pub control: PathBuf,
     pub tunables: Tunables,
     pub workers: usize,
+    pub l2: Vec<L2Spec>,
 }
 
 /// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not

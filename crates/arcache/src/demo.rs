@@ -229,8 +229,9 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     let slow: Arc<dyn BlockDev> = Arc::new(SlowDev::new(file, plan.slow));
     let sock = dir.path().join("nbd.sock");
     let mut tunables = Tunables::defaults();
-    tunables.zfs_arc_max = plan.disk * 2;
-    tunables.zfs_arc_min = plan.disk;
+    tunables.set("zfs_arc_max", plan.disk * 2)?;
+    tunables.set("zfs_arc_min", plan.disk)?;
+    let arc_max = tunables.value("zfs_arc_max");
     let settings = ServeSettings {
         exports: vec![ExportSpec {
             name: String::new(),
@@ -238,19 +239,17 @@ pub fn run(a: &DemoArgs) -> Result<()> {
             recordsize: RECORDSIZE_DEFAULT,
             read_only: true,
             direct: false,
+            secondarycache: true,
         }],
         listen: vec![Listen::Unix(sock.clone())],
         control: dir.path().join("control.sock"),
         tunables,
         workers: 32,
+        l2: Vec::new(),
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {
-        println!(
-            "serving it at {} through a RAM ARC of up to {}\n",
-            running.uris[0],
-            human(tunables.zfs_arc_max)
-        );
+        println!("serving it at {} through a RAM ARC of up to {}\n", running.uris[0], human(arc_max));
     }
     let target = Target::Unix(sock);
     let seq_label = format!("sequential {} file", human(plan.file));

@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use arcache_engine::{Cache, CacheConfig, Volume, VolumeConfig};
+use arcache_engine::{Cache, CacheConfig, Feed, FeedStats, FeedTunables, Volume, VolumeConfig, MAX_EXPORTS};
+use arcache_l2::{L2Arc, L2Device};
 use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
 use clap::Args;
 use nbd::{NbdUri, Server, ServerConfig};
@@ -18,7 +19,7 @@ use tracing::{info, warn};
 
 use crate::config::{
     apply_sets, check_recordsize, default_control_path, runtime_dir, split_export, toml_value_text,
-    ConfigFile, ExportSpec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
+    ConfigFile, ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
 };
 use crate::control::{self, Request};
 use crate::exports::{ExportTable, NbdExport};
@@ -63,6 +64,32 @@ pub struct ServeArgs {
     /// Worker threads for requests that must wait for the backing store.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// An L2ARC cache device: a file (created with SIZE if missing) or a
+    /// block device, opened with O_DIRECT. Repeatable.
+    #[arg(long = "l2", value_name = "PATH[:SIZE]")]
+    pub l2: Vec<String>,
+    /// Whether records of every export may go to L2: all or none (default all).
+    #[arg(long, value_name = "all|none")]
+    pub secondarycache: Option<String>,
+}
+
+/// `PATH[:SIZE]` of an L2 device.
+pub fn parse_l2(s: &str) -> Result<L2Spec> {
+    if let Some((p, size)) = s.rsplit_once(':') {
+        if let Ok(bytes) = parse_size(size) {
+            return Ok(L2Spec { path: PathBuf::from(p), size: Some(bytes) });
+        }
+    }
+    Ok(L2Spec { path: PathBuf::from(s), size: None })
+}
+
+fn parse_secondarycache(s: &str) -> Result<bool> {
+    match s {
+        "all" => Ok(true),
+        "none" => Ok(false),
+        "metadata" => bail!("secondarycache=metadata: block exports have no metadata; use all or none"),
+        other => bail!("bad secondarycache {other:?}: use all or none"),
+    }
 }
 
 fn split_set(s: &str) -> Result<(String, String)> {
@@ -104,8 +131,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
     }
     apply_sets(&mut t, &sets)?;
     // A lower arc_max pulls the default arc_min down; one the user chose is kept or refused.
-    if let Some(min) = given_min.filter(|&m| m != t.zfs_arc_min) {
-        bail!("zfs_arc_min ({min}) exceeds zfs_arc_max ({})", t.zfs_arc_max);
+    if let Some(min) = given_min.filter(|&m| m != t.value("zfs_arc_min")) {
+        bail!("zfs_arc_min ({min}) exceeds zfs_arc_max ({})", t.value("zfs_arc_max"));
     }
 
     let default_rs = match (&args.recordsize, &file.recordsize) {
@@ -115,6 +142,10 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
     };
     check_recordsize(default_rs)?;
     let all_ro = args.read_only || file.read_only.unwrap_or(false);
+    let all_secondary = match (&args.secondarycache, &file.secondarycache) {
+        (Some(v), _) | (None, Some(v)) => parse_secondarycache(v)?,
+        (None, None) => true,
+    };
     let direct = args.direct || file.direct.unwrap_or(false);
     let mut exports: BTreeMap<String, ExportSpec> = BTreeMap::new();
     for e in &file.export {
@@ -128,6 +159,10 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
             recordsize: rs,
             read_only: all_ro || e.read_only.unwrap_or(false),
             direct: e.direct.unwrap_or(direct),
+            secondarycache: match &e.secondarycache {
+                Some(v) => parse_secondarycache(v)?,
+                None => all_secondary,
+            },
         };
         if exports.insert(e.name.clone(), spec).is_some() {
             bail!("export {:?} is defined twice in the config file", e.name);
@@ -139,8 +174,14 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         if backing.is_empty() {
             bail!("--export {s:?} has no backing store");
         }
-        let spec =
-            ExportSpec { name: name.clone(), backing, recordsize: default_rs, read_only: all_ro, direct };
+        let spec = ExportSpec {
+            name: name.clone(),
+            backing,
+            recordsize: default_rs,
+            read_only: all_ro,
+            direct,
+            secondarycache: all_secondary,
+        };
         if from_flags.insert(name.clone(), spec).is_some() {
             bail!("export {name:?} is given twice");
         }
@@ -162,6 +203,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         control: args.control.clone().or(file.control).unwrap_or_else(default_control_path),
         tunables: t,
         workers: args.workers.or(file.workers).unwrap_or(32),
+        l2: args.l2.iter().chain(file.l2.iter()).map(|s| parse_l2(s)).collect::<Result<Vec<_>>>()?,
     })
 }
 
@@ -192,13 +234,19 @@ pub struct Running {
     pub uris: Vec<String>,
     pub control: Option<PathBuf>,
     sockets: Vec<PathBuf>,
+    feed: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl Running {
-    /// Stops taking requests, answers those in flight, syncs the backings.
-    pub fn stop(self) -> Result<()> {
+    /// Stops taking requests, answers those in flight, stops the feed,
+    /// syncs the backing stores.
+    pub fn stop(mut self) -> Result<()> {
         if !self.server.shutdown(Duration::from_secs(30)) {
             warn!("some clients were still connected after 30 s");
+        }
+        if let Some((stop, handle)) = self.feed.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = handle.join();
         }
         let mut result = Ok(());
         for v in &self.volumes {
@@ -223,6 +271,47 @@ pub fn start(settings: &ServeSettings, nbd_cfg: ServerConfig, with_control: bool
     start_on(settings, devices, nbd_cfg, with_control)
 }
 
+/// Opens (creating if asked) the L2 devices.
+fn open_l2(specs: &[L2Spec]) -> Result<Option<Arc<L2Arc>>> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    let mut devices = Vec::new();
+    for spec in specs {
+        let p = &spec.path;
+        if !p.exists() && spec.size.is_none() {
+            bail!(
+                "L2 device {} does not exist; give its size to create it: --l2 {}:SIZE",
+                p.display(),
+                p.display()
+            );
+        }
+        let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size };
+        let dev = FileDev::open(p, opts).with_context(|| format!("opening L2 device {}", p.display()))?;
+        if !dev.is_direct() {
+            warn!("L2 device {}: the filesystem refuses O_DIRECT; using buffered IO", p.display());
+        }
+        let shown = p.display().to_string();
+        info!("L2 device {shown}: {} bytes", dev.size());
+        devices.push(L2Device::new(shown, Arc::new(dev)).map_err(anyhow::Error::msg)?);
+    }
+    Ok(Some(Arc::new(L2Arc::new(devices).map_err(anyhow::Error::msg)?)))
+}
+
+fn feed_tunables(t: &Tunables, f: &FeedTunables) {
+    f.write_max.store(t.value("l2arc_write_max"), Ordering::Relaxed);
+    f.write_boost.store(t.value("l2arc_write_boost"), Ordering::Relaxed);
+    f.headroom.store(t.value("l2arc_headroom"), Ordering::Relaxed);
+    f.feed_secs.store(t.value("l2arc_feed_secs"), Ordering::Relaxed);
+    f.feed_min_ms.store(t.value("l2arc_feed_min_ms"), Ordering::Relaxed);
+    f.feed_again.store(t.value("l2arc_feed_again") != 0, Ordering::Relaxed);
+    f.noprefetch.store(t.value("l2arc_noprefetch") as u8, Ordering::Relaxed);
+    f.mfuonly.store(t.value("l2arc_mfuonly") != 0, Ordering::Relaxed);
+    f.trim_ahead.store(t.value("l2arc_trim_ahead"), Ordering::Relaxed);
+    f.dwpd_limit.store(t.value("l2arc_dwpd_limit"), Ordering::Relaxed);
+    f.meta_percent.store(t.value("l2arc_meta_percent"), Ordering::Relaxed);
+}
+
 /// Starts serving `devices`, one per export of `settings`, in order.
 pub fn start_on(
     settings: &ServeSettings,
@@ -230,16 +319,25 @@ pub fn start_on(
     nbd_cfg: ServerConfig,
     with_control: bool,
 ) -> Result<Running> {
-    let t = settings.tunables;
-    let cache = Cache::new(CacheConfig {
-        arc_min: t.zfs_arc_min,
-        arc_max: t.zfs_arc_max,
-        min_prefetch_ms: t.zfs_arc_min_prefetch_ms,
-    });
+    let t = settings.tunables.clone();
+    let l2 = open_l2(&settings.l2)?;
+    let cache = Cache::with_l2(
+        CacheConfig {
+            arc_min: t.value("zfs_arc_min"),
+            arc_max: t.value("zfs_arc_max"),
+            min_prefetch_ms: t.value("zfs_arc_min_prefetch_ms"),
+            compress: t.value("zfs_compressed_arc_enabled") != 0,
+        },
+        l2,
+    );
+    if settings.exports.len() > MAX_EXPORTS {
+        bail!("at most {MAX_EXPORTS} exports");
+    }
     let mut volumes = Vec::new();
     let mut table = ExportTable::default();
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
+        cache.set_secondarycache(id, spec.secondarycache);
         let vol = Arc::new(Volume::new(
             id,
             VolumeConfig { name: spec.name.clone(), recordsize: spec.recordsize, read_only: spec.read_only },
@@ -257,6 +355,18 @@ pub fn start_on(
         table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone()));
         volumes.push(vol);
     }
+    let feed_tun = Arc::new(FeedTunables::default());
+    feed_tunables(&t, &feed_tun);
+    let arc_max = Arc::new(AtomicU64::new(t.value("zfs_arc_max")));
+    let (feed, feed_stats) = match Feed::new(Arc::clone(&cache), Arc::clone(&feed_tun), Arc::clone(&arc_max))
+    {
+        Some(f) => {
+            let stats = Arc::clone(&f.stats);
+            let stop = Arc::new(AtomicBool::new(false));
+            (Some((Arc::clone(&stop), f.spawn(stop))), Some(stats))
+        }
+        None => (None, None),
+    };
     let server = Server::new(Arc::new(table), ServerConfig { workers: settings.workers, ..nbd_cfg });
     let mut uris = Vec::new();
     let mut sockets = Vec::new();
@@ -293,12 +403,15 @@ pub fn start_on(
             tunables: Mutex::new(t),
             server: Arc::clone(&server),
             volumes: volumes.clone(),
+            feed: feed_tun,
+            feed_stats: feed_stats.clone(),
+            arc_max,
         });
         Some(control::serve(&settings.control, handler)?)
     } else {
         None
     };
-    Ok(Running { server, cache, volumes, uris, control, sockets })
+    Ok(Running { server, cache, volumes, uris, control, sockets, feed })
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -329,26 +442,45 @@ struct ControlState {
     tunables: Mutex<Tunables>,
     server: Arc<Server>,
     volumes: Vec<Arc<Volume>>,
+    feed: Arc<FeedTunables>,
+    feed_stats: Option<Arc<FeedStats>>,
+    arc_max: Arc<AtomicU64>,
 }
 
 impl ControlState {
     fn stat(&self) -> Result<Value> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut v = serde_json::to_value(self.cache.stats())?;
         let s = self.server.stats();
         let obj = v.as_object_mut().context("stats are an object")?;
-        use std::sync::atomic::Ordering::Relaxed;
         obj.insert("nbd_connections".into(), json!(s.connections.load(Relaxed)));
         obj.insert("nbd_active_connections".into(), json!(s.active_connections.load(Relaxed)));
         obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));
         obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
         obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
+        obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));
+        if let Some(f) = &self.feed_stats {
+            obj.insert("l2_feed_cycles".into(), json!(f.cycles.load(Relaxed)));
+            obj.insert("l2_feed_budget".into(), json!(f.last_budget.load(Relaxed)));
+            obj.insert("l2_feed_bytes".into(), json!(f.fed_bytes.load(Relaxed)));
+            obj.insert("l2_device_write_bw".into(), json!(f.device_write_bw.load(Relaxed)));
+            obj.insert("l2_feed_prefetch".into(), json!(u64::from(f.feeds_prefetch.load(Relaxed))));
+        }
+        let records = obj.get("l2_records").and_then(Value::as_u64).unwrap_or(0);
+        let hdr = obj.get("l2_hdr_size").and_then(Value::as_u64).unwrap_or(0);
+        if records > 0 {
+            obj.insert("l2_hdr_bytes_per_record".into(), json!(hdr as f64 / records as f64));
+        }
         Ok(v)
     }
 
     fn apply(&self, t: &Tunables) {
-        self.cache.set_limits(t.zfs_arc_min, t.zfs_arc_max);
-        self.cache.set_min_prefetch_ms(t.zfs_arc_min_prefetch_ms);
+        self.cache.set_limits(t.value("zfs_arc_min"), t.value("zfs_arc_max"));
+        self.cache.set_min_prefetch_ms(t.value("zfs_arc_min_prefetch_ms"));
+        self.cache.set_compress(t.value("zfs_compressed_arc_enabled") != 0);
+        self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
+        feed_tunables(t, &self.feed);
     }
 }
 
@@ -358,7 +490,7 @@ impl control::Handler for ControlState {
             Request::Stat => self.stat(),
             Request::Get { name } => {
                 let v = self.tunables.lock().get(&name)?;
-                Ok(json!({ "name": name, "value": v }))
+                Ok(json!({ "name": name, "value": v, "text": tunables::format_value(&name, v) }))
             }
             Request::GetAll => {
                 let t = self.tunables.lock();
@@ -368,8 +500,9 @@ impl control::Handler for ControlState {
                     .map(|s| {
                         json!({
                             "name": s.name,
-                            "value": t.get(s.name).unwrap_or(0),
-                            "default": d.get(s.name).unwrap_or(0),
+                            "value": t.value(s.name),
+                            "text": tunables::format_value(s.name, t.value(s.name)),
+                            "default": d.value(s.name),
                             "unit": s.unit,
                             "description": s.description,
                         })
@@ -382,8 +515,8 @@ impl control::Handler for ControlState {
                 let mut t = self.tunables.lock();
                 t.set(&name, v)?;
                 self.apply(&t);
-                info!("tunable {name} set to {v}");
-                Ok(json!({ "name": name, "value": v }))
+                info!("tunable {name} set to {}", tunables::format_value(&name, v));
+                Ok(json!({ "name": name, "value": v, "text": tunables::format_value(&name, v) }))
             }
         }
     }

@@ -79,7 +79,7 @@ pub fn get(a: &GetArgs) -> Result<()> {
             println!(
                 "{:<28} {:>14} {:>14} {:<12} {}",
                 r["name"].as_str().unwrap_or(""),
-                r["value"],
+                r["text"].as_str().unwrap_or(""),
                 r["default"],
                 r["unit"].as_str().unwrap_or(""),
                 r["description"].as_str().unwrap_or("")
@@ -89,7 +89,7 @@ pub fn get(a: &GetArgs) -> Result<()> {
     }
     let Some(name) = &a.name else { bail!("give a tunable name or --all") };
     let v = call(&path, &Request::Get { name: name.clone() })?;
-    println!("{}", v["value"]);
+    println!("{}", v["text"].as_str().unwrap_or(""));
     Ok(())
 }
 
@@ -98,6 +98,6 @@ pub fn set(a: &SetArgs) -> Result<()> {
         bail!("expected NAME=VALUE, got {:?}", a.assignment);
     };
     let v = call(&a.control.path(), &Request::Set { name: name.trim().into(), value: value.trim().into() })?;
-    println!("{} = {}", v["name"].as_str().unwrap_or(name), v["value"]);
+    println!("{} = {}", v["name"].as_str().unwrap_or(name), v["text"].as_str().unwrap_or(""));
     Ok(())
 }

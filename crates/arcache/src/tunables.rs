@@ -1,6 +1,9 @@
 //! Runtime tunables, named like OpenZFS's module parameters where one
 //! exists. The same names work in the config file, with `--set` at start
-//! and with `arcache set` at run time.
+//! and with `arcache set` at run time. Every value is a u64; booleans are
+//! 0/1 and `l2arc_noprefetch` also takes `auto` (stored as 2).
+
+use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -12,6 +15,12 @@ use crate::size::parse_size;
 pub enum Unit {
     Bytes,
     Milliseconds,
+    Seconds,
+    Count,
+    Bool,
+    Percent,
+    /// 0, 1 or auto.
+    Auto,
 }
 
 /// Description of one tunable.
@@ -23,31 +32,43 @@ pub struct Spec {
     pub description: &'static str,
 }
 
+const fn spec(name: &'static str, unit: Unit, min: u64, max: u64, description: &'static str) -> Spec {
+    Spec { name, unit, min, max, description }
+}
+
+pub const AUTO: u64 = 2;
+
 pub const SPECS: &[Spec] = &[
-    Spec {
-        name: "zfs_arc_max",
-        unit: Unit::Bytes,
-        min: 1 << 20,
-        max: u64::MAX,
-        description: "Largest size of the ARC in RAM (data plus record headers)",
-    },
-    Spec {
-        name: "zfs_arc_min",
-        unit: Unit::Bytes,
-        min: 0,
-        max: u64::MAX,
-        description: "The ARC target never shrinks below this",
-    },
-    Spec {
-        name: "zfs_arc_min_prefetch_ms",
-        unit: Unit::Milliseconds,
-        min: 0,
-        max: 3_600_000,
-        description: "Prefetched (NBD CACHE) records are not evicted younger than this",
-    },
+    spec("zfs_arc_max", Unit::Bytes, 1 << 20, u64::MAX, "Largest size of the ARC in RAM (data plus record headers)"),
+    spec("zfs_arc_min", Unit::Bytes, 0, u64::MAX, "The ARC target never shrinks below this"),
+    spec(
+        "zfs_arc_min_prefetch_ms",
+        Unit::Milliseconds,
+        0,
+        3_600_000,
+        "Prefetched records are not evicted younger than this",
+    ),
+    spec("zfs_compressed_arc_enabled", Unit::Bool, 0, 1, "Keep records LZ4-compressed in RAM and on L2 when it saves space"),
+    spec(
+        "l2arc_write_max",
+        Unit::Bytes,
+        0,
+        64 << 30,
+        "Most bytes per second the feed writes to one L2 device (0: no fixed rate, as fast as the device absorbs)",
+    ),
+    spec("l2arc_write_boost", Unit::Bytes, 0, 64 << 30, "Extra bytes per second until a device has been filled once"),
+    spec("l2arc_headroom", Unit::Count, 0, 1024, "Scan depth from the ARC tails, in multiples of the write budget (0: unlimited)"),
+    spec("l2arc_feed_secs", Unit::Seconds, 1, 3600, "Pause between feed cycles"),
+    spec("l2arc_feed_min_ms", Unit::Milliseconds, 10, 60_000, "Shorter pause when the last cycle used most of its budget"),
+    spec("l2arc_feed_again", Unit::Bool, 0, 1, "Allow the shorter pause"),
+    spec("l2arc_noprefetch", Unit::Auto, 0, 2, "Keep prefetched records off L2: 1 yes, 0 no, auto: only when L2 is slower than the backing store"),
+    spec("l2arc_mfuonly", Unit::Bool, 0, 1, "Feed only records on the MFU list"),
+    spec("l2arc_trim_ahead", Unit::Percent, 0, 100, "Trim this share of the device ahead of the write hand (0: off)"),
+    spec("l2arc_dwpd_limit", Unit::Count, 0, 10_000, "Wear bound in 1/100 drive writes per day once a device has wrapped (0: off)"),
+    spec("l2arc_meta_percent", Unit::Percent, 1, 100, "Most RAM for L2 headers, as a share of the ARC target"),
 ];
 
-pub fn spec(name: &str) -> Result<&'static Spec> {
+pub fn spec_of(name: &str) -> Result<&'static Spec> {
     match SPECS.iter().find(|s| s.name == name) {
         Some(s) => Ok(s),
         None => {
@@ -59,12 +80,20 @@ pub fn spec(name: &str) -> Result<&'static Spec> {
 
 /// Parses and range-checks a value for `name`.
 pub fn parse_value(name: &str, value: &str) -> Result<u64> {
-    let s = spec(name)?;
+    let s = spec_of(name)?;
+    let text = value.trim();
     let v = match s.unit {
-        Unit::Bytes => parse_size(value)?,
-        Unit::Milliseconds => {
-            value.trim().parse::<u64>().map_err(|e| anyhow::anyhow!("bad value {value:?} for {name}: {e}"))?
-        }
+        Unit::Bytes => parse_size(text)?,
+        Unit::Auto if text.eq_ignore_ascii_case("auto") => AUTO,
+        Unit::Bool | Unit::Auto => match text.to_ascii_lowercase().as_str() {
+            "0" | "off" | "false" | "no" => 0,
+            "1" | "on" | "true" | "yes" => 1,
+            _ => bail!(
+                "bad value {value:?} for {name}: use 0 or 1{}",
+                if s.unit == Unit::Auto { " or auto" } else { "" }
+            ),
+        },
+        _ => text.parse::<u64>().map_err(|e| anyhow::anyhow!("bad value {value:?} for {name}: {e}"))?,
     };
     if v < s.min || v > s.max {
         bail!("{name} = {v} is out of range [{}, {}]", s.min, s.max);
@@ -72,12 +101,18 @@ pub fn parse_value(name: &str, value: &str) -> Result<u64> {
     Ok(v)
 }
 
+/// A value as users write it.
+pub fn format_value(name: &str, v: u64) -> String {
+    match spec_of(name).map(|s| s.unit) {
+        Ok(Unit::Auto) if v == AUTO => "auto".into(),
+        _ => v.to_string(),
+    }
+}
+
 /// The values in force.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tunables {
-    pub zfs_arc_max: u64,
-    pub zfs_arc_min: u64,
-    pub zfs_arc_min_prefetch_ms: u64,
+    values: BTreeMap<&'static str, u64>,
 }
 
 impl Tunables {
@@ -87,20 +122,38 @@ impl Tunables {
     pub fn defaults() -> Tunables {
         let ram = physical_ram();
         let max = (ram / 4).max(64 << 20);
-        Tunables {
-            zfs_arc_max: max,
-            zfs_arc_min: (ram / 32).max(32 << 20).min(max / 2),
-            zfs_arc_min_prefetch_ms: 1000,
-        }
+        let values = SPECS
+            .iter()
+            .map(|s| {
+                let v = match s.name {
+                    "zfs_arc_max" => max,
+                    "zfs_arc_min" => (ram / 32).max(32 << 20).min(max / 2),
+                    "zfs_arc_min_prefetch_ms" => 1000,
+                    "zfs_compressed_arc_enabled" => 1,
+                    "l2arc_write_max" | "l2arc_write_boost" => 0,
+                    "l2arc_headroom" => 8,
+                    "l2arc_feed_secs" => 1,
+                    "l2arc_feed_min_ms" => 200,
+                    "l2arc_feed_again" => 1,
+                    "l2arc_noprefetch" => AUTO,
+                    "l2arc_mfuonly" | "l2arc_trim_ahead" => 0,
+                    "l2arc_dwpd_limit" => 100,
+                    "l2arc_meta_percent" => 33,
+                    other => unreachable!("no default for {other}"),
+                };
+                (s.name, v)
+            })
+            .collect();
+        Tunables { values }
     }
 
     pub fn get(&self, name: &str) -> Result<u64> {
-        Ok(match spec(name)?.name {
-            "zfs_arc_max" => self.zfs_arc_max,
-            "zfs_arc_min" => self.zfs_arc_min,
-            "zfs_arc_min_prefetch_ms" => self.zfs_arc_min_prefetch_ms,
-            other => bail!("tunable {other} has no storage"),
-        })
+        Ok(self.values[spec_of(name)?.name])
+    }
+
+    /// The value of a tunable known to exist.
+    pub fn value(&self, name: &'static str) -> u64 {
+        self.values.get(name).copied().unwrap_or_else(|| panic!("tunable {name} is in SPECS"))
     }
 
     /// Sets a value, checking it against the others. Lowering `zfs_arc_max`
@@ -108,20 +161,18 @@ impl Tunables {
     /// since the minimum is usually a machine-derived default; raising the
     /// minimum above the maximum is an error.
     pub fn set(&mut self, name: &str, value: u64) -> Result<()> {
-        let mut next = *self;
-        match spec(name)?.name {
-            "zfs_arc_max" => {
-                next.zfs_arc_max = value;
-                if next.zfs_arc_min > value {
-                    next.zfs_arc_min = value / 2;
-                }
-            }
-            "zfs_arc_min" => next.zfs_arc_min = value,
-            "zfs_arc_min_prefetch_ms" => next.zfs_arc_min_prefetch_ms = value,
-            other => bail!("tunable {other} has no storage"),
+        let key = spec_of(name)?.name;
+        let mut next = self.clone();
+        next.values.insert(key, value);
+        if key == "zfs_arc_max" && next.value("zfs_arc_min") > value {
+            next.values.insert("zfs_arc_min", value / 2);
         }
-        if next.zfs_arc_min > next.zfs_arc_max {
-            bail!("zfs_arc_min ({}) would exceed zfs_arc_max ({})", next.zfs_arc_min, next.zfs_arc_max);
+        if next.value("zfs_arc_min") > next.value("zfs_arc_max") {
+            bail!(
+                "zfs_arc_min ({}) would exceed zfs_arc_max ({})",
+                next.value("zfs_arc_min"),
+                next.value("zfs_arc_max")
+            );
         }
         *self = next;
         Ok(())
@@ -147,10 +198,23 @@ mod tests {
         assert_eq!(parse_value("zfs_arc_max", "2G").unwrap(), 2 << 30);
         assert!(parse_value("zfs_arc_max", "1K").unwrap_err().to_string().contains("out of range"));
         assert!(parse_value("l2arc_nope", "1").unwrap_err().to_string().contains("unknown tunable"));
+        assert_eq!(parse_value("l2arc_noprefetch", "auto").unwrap(), AUTO);
+        assert_eq!(parse_value("l2arc_mfuonly", "on").unwrap(), 1);
+        assert!(parse_value("l2arc_mfuonly", "auto").is_err());
+        assert_eq!(format_value("l2arc_noprefetch", AUTO), "auto");
         let mut t = Tunables::defaults();
         t.set("zfs_arc_max", 64 << 20).unwrap();
-        assert!(t.zfs_arc_min <= 32 << 20, "the minimum follows a lower maximum");
+        assert!(t.value("zfs_arc_min") <= 32 << 20, "the minimum follows a lower maximum");
         assert!(t.set("zfs_arc_min", 128 << 20).is_err());
         assert_eq!(t.get("zfs_arc_max").unwrap(), 64 << 20);
+    }
+
+    #[test]
+    fn every_spec_has_a_default_within_its_range() {
+        let d = Tunables::defaults();
+        for s in SPECS {
+            let v = d.value(s.name);
+            assert!(v >= s.min && v <= s.max, "{} default {v}", s.name);
+        }
     }
 }

@@ -1,48 +1,49 @@
-//! The shared ARC: one policy and one map of record data for every export,
-//! behind one lock. The lock is held only for lookups and bookkeeping, never
-//! across device IO.
+//! The shared ARC: one policy and one map of records for every export,
+//! behind one lock, plus the optional L2 behind it. The lock is held only
+//! for lookups and bookkeeping, never across device IO.
+//!
+//! Lock order: the ARC lock, then the L2 index lock. Record locks (in
+//! `Volume`) come before both.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arc_policy::{Access, Key, Lookup, Policy, ZfsArc, ZfsArcConfig};
-use parking_lot::Mutex;
+use arc_policy::{Access, Key, ListKind, Lookup, Policy, ZfsArc, ZfsArcConfig};
+use arcache_l2::{BlobFlags, FeedItem, L2Arc};
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
+use crate::record::Record;
 use crate::stats::ArcStats;
 
 /// RAM charged per record on top of its data: the policy's slab entry, the
-/// map slot and the shared buffer's header. Counted in `size` like OpenZFS
-/// counts `hdr_size`, so `arc_max` bounds what the process really holds.
+/// map slot and the record's headers. Counted in `size` like OpenZFS counts
+/// `hdr_size`, so `arc_max` bounds what the process really holds.
 pub const RECORD_OVERHEAD: u64 = 112;
 
-/// Bytes of one cached record, shared with readers that copy out of it
-/// after the lock is gone.
-pub type RecordData = Arc<[u8]>;
+/// A cached record, shared with readers that copy out of it after the lock
+/// is gone.
+pub type RecordData = Arc<Record>;
+
+/// How many exports one cache serves at most (keys carry a 16-bit id, and
+/// the top value is reserved by the L2 index).
+pub const MAX_EXPORTS: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
 pub struct CacheConfig {
     pub arc_min: u64,
     pub arc_max: u64,
     pub min_prefetch_ms: u64,
+    pub compress: bool,
 }
 
 struct State {
     policy: ZfsArc,
     data: FxHashMap<Key, RecordData>,
-    data_bytes: u64,
+    psize: u64,
+    lsize: u64,
     evicted: Vec<Key>,
-}
-
-impl State {
-    fn drop_evicted(&mut self) {
-        for key in self.evicted.drain(..) {
-            if let Some(d) = self.data.remove(&key) {
-                self.data_bytes -= d.len() as u64;
-            }
-        }
-    }
 }
 
 #[derive(Default)]
@@ -56,9 +57,16 @@ pub(crate) struct Counters {
     pub invalidated: AtomicU64,
     pub backing_reads: AtomicU64,
     pub backing_read_bytes: AtomicU64,
+    pub backing_read_ns: AtomicU64,
     pub backing_writes: AtomicU64,
     pub backing_write_bytes: AtomicU64,
     pub backing_errors: AtomicU64,
+    pub l2_hits: AtomicU64,
+    pub l2_misses: AtomicU64,
+    pub evict_l2_cached: AtomicU64,
+    pub evict_l2_eligible: AtomicU64,
+    pub evict_l2_ineligible: AtomicU64,
+    pub l2_abort_lowmem: AtomicU64,
 }
 
 /// How a record was found, for the demand/prefetch hit counters.
@@ -70,26 +78,73 @@ pub(crate) enum Found {
     Miss,
 }
 
+/// What the feed may take from the ARC this cycle.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedRules {
+    /// How deep to look from each list's eviction end, in bytes.
+    pub scan_bytes: u64,
+    /// Stop after this many stored bytes.
+    pub budget: u64,
+    pub mfu_only: bool,
+    pub include_prefetch: bool,
+}
+
 pub struct Cache {
     state: Mutex<State>,
     epoch: Instant,
+    l2: Option<Arc<L2Arc>>,
+    /// Per export: may its records go to L2 (`secondarycache=all`)?
+    secondary: RwLock<Vec<bool>>,
+    compress: AtomicBool,
     pub(crate) counters: Counters,
 }
 
 impl Cache {
     pub fn new(cfg: CacheConfig) -> Arc<Cache> {
+        Self::with_l2(cfg, None)
+    }
+
+    pub fn with_l2(cfg: CacheConfig, l2: Option<Arc<L2Arc>>) -> Arc<Cache> {
         let mut zc = ZfsArcConfig::growing(cfg.arc_min, cfg.arc_max);
         zc.min_prefetch_ns = cfg.min_prefetch_ms * 1_000_000;
         Arc::new(Cache {
             state: Mutex::new(State {
                 policy: ZfsArc::new(zc),
                 data: FxHashMap::default(),
-                data_bytes: 0,
+                psize: 0,
+                lsize: 0,
                 evicted: Vec::new(),
             }),
             epoch: Instant::now(),
+            l2,
+            secondary: RwLock::new(vec![true; MAX_EXPORTS]),
+            compress: AtomicBool::new(cfg.compress),
             counters: Counters::default(),
         })
+    }
+
+    pub fn l2(&self) -> Option<&Arc<L2Arc>> {
+        self.l2.as_ref()
+    }
+
+    pub fn compress_enabled(&self) -> bool {
+        self.compress.load(Relaxed)
+    }
+
+    /// `zfs_compressed_arc_enabled`: applies to records cached from now on.
+    pub fn set_compress(&self, on: bool) {
+        self.compress.store(on, Relaxed);
+    }
+
+    /// `secondarycache=all|none` for one export.
+    pub fn set_secondarycache(&self, export_id: u16, all: bool) {
+        if let Some(s) = self.secondary.write().get_mut(export_id as usize) {
+            *s = all;
+        }
+    }
+
+    fn l2_allowed(&self, key: Key) -> bool {
+        self.secondary.read().get((key >> 48) as usize).copied().unwrap_or(false)
     }
 
     fn access(&self, prefetch: bool) -> Access {
@@ -127,33 +182,106 @@ impl Cache {
         self.state.lock().data.get(&key).cloned()
     }
 
-    /// Makes `data` the cached contents of `key`.
-    pub(crate) fn insert(&self, key: Key, data: RecordData, prefetch: bool) {
-        let a = self.access(prefetch);
+    /// Caches a record read from a device (the backing store or L2).
+    pub(crate) fn insert_read(&self, key: Key, rec: RecordData, prefetch: bool) {
         let mut s = self.state.lock();
-        let len = data.len() as u64;
-        if let Some(old) = s.data.insert(key, data) {
-            s.data_bytes -= old.len() as u64;
-        }
-        s.data_bytes += len;
-        let mut evicted = std::mem::take(&mut s.evicted);
-        s.policy.insert(key, len + RECORD_OVERHEAD, a, &mut evicted);
-        s.evicted = evicted;
-        s.drop_evicted();
+        self.insert_locked(&mut s, key, rec, prefetch);
     }
 
-    /// Forgets `key`; returns true if it was cached.
+    /// Caches the new contents of a record a client just wrote, and kills any
+    /// L2 copy of the old contents, in one step under the ARC lock so the
+    /// feed cannot capture the old bytes in between.
+    pub(crate) fn insert_written(&self, key: Key, rec: RecordData) {
+        let mut s = self.state.lock();
+        self.insert_locked(&mut s, key, rec, false);
+        if let Some(l2) = &self.l2 {
+            l2.invalidate(key);
+        }
+    }
+
+    fn insert_locked(&self, s: &mut State, key: Key, rec: RecordData, prefetch: bool) {
+        let a = self.access(prefetch);
+        let charge = rec.psize() + RECORD_OVERHEAD;
+        s.psize += rec.psize();
+        s.lsize += rec.lsize();
+        if let Some(old) = s.data.insert(key, rec) {
+            s.psize -= old.psize();
+            s.lsize -= old.lsize();
+        }
+        let mut evicted = std::mem::take(&mut s.evicted);
+        s.policy.insert(key, charge, a, &mut evicted);
+        s.evicted = evicted;
+        self.drop_evicted(s);
+    }
+
+    fn drop_evicted(&self, s: &mut State) {
+        let c = &self.counters;
+        for key in std::mem::take(&mut s.evicted) {
+            let Some(d) = s.data.remove(&key) else { continue };
+            s.psize -= d.psize();
+            s.lsize -= d.lsize();
+            let bytes = d.psize();
+            match &self.l2 {
+                Some(l2) if l2.contains(key) => c.evict_l2_cached.fetch_add(bytes, Relaxed),
+                Some(_) if self.l2_allowed(key) => c.evict_l2_eligible.fetch_add(bytes, Relaxed),
+                _ => c.evict_l2_ineligible.fetch_add(bytes, Relaxed),
+            };
+        }
+    }
+
+    /// Forgets `key` in RAM and on L2; returns true if it was in RAM.
     pub(crate) fn invalidate(&self, key: Key) -> bool {
         let mut s = self.state.lock();
         s.policy.remove(key);
+        if let Some(l2) = &self.l2 {
+            l2.invalidate(key);
+        }
         match s.data.remove(&key) {
             Some(d) => {
-                s.data_bytes -= d.len() as u64;
+                s.psize -= d.psize();
+                s.lsize -= d.lsize();
                 self.counters.invalidated.fetch_add(1, Relaxed);
                 true
             }
             None => false,
         }
+    }
+
+    /// Picks records near the eviction ends (MFU first, then MRU) that are
+    /// not on L2 yet, marks them in flight and returns their stored bytes.
+    pub fn feed_candidates(&self, rules: FeedRules) -> Vec<FeedItem> {
+        let Some(l2) = &self.l2 else { return Vec::new() };
+        let s = self.state.lock();
+        let secondary = self.secondary.read();
+        let mut out = Vec::new();
+        let mut taken = 0u64;
+        let lists: &[ListKind] =
+            if rules.mfu_only { &[ListKind::Mfu] } else { &[ListKind::Mfu, ListKind::Mru] };
+        for &list in lists {
+            s.policy.scan_tail(list, rules.scan_bytes, |key, _, prefetch| {
+                if taken >= rules.budget {
+                    return false;
+                }
+                let allowed = secondary.get((key >> 48) as usize).copied().unwrap_or(false);
+                if !allowed || (prefetch && !rules.include_prefetch) {
+                    return true;
+                }
+                let Some(rec) = s.data.get(&key) else { return true };
+                if l2.begin_feed(key) {
+                    taken += rec.psize();
+                    let lshift = (rec.lsize().max(4096).next_power_of_two().trailing_zeros() - 12) as u8;
+                    let flags = BlobFlags {
+                        compressed: rec.is_compressed(),
+                        prefetch,
+                        mfu: list == ListKind::Mfu,
+                        lshift,
+                    };
+                    out.push(FeedItem { key, data: Arc::clone(rec.stored()), flags });
+                }
+                true
+            });
+        }
+        out
     }
 
     pub(crate) fn count(&self, found: Found, prefetch: bool, n: u64) {
@@ -175,19 +303,49 @@ impl Cache {
         let mut evicted = std::mem::take(&mut s.evicted);
         s.policy.set_limits(arc_min, arc_max, &mut evicted);
         s.evicted = evicted;
-        s.drop_evicted();
+        self.drop_evicted(&mut s);
     }
 
     pub fn set_min_prefetch_ms(&self, ms: u64) {
         self.state.lock().policy.set_min_prefetch_ns(ms * 1_000_000);
     }
 
+    /// The ARC's current target size, for the feed's header budget.
+    pub fn target(&self) -> u64 {
+        self.state.lock().policy.stats().c
+    }
+
+    /// Bytes evicted from RAM that could have gone to L2 and had not.
+    pub fn evicted_l2_eligible(&self) -> u64 {
+        self.counters.evict_l2_eligible.load(Relaxed)
+    }
+
+    /// Bytes per second one backing read achieves, over all reads so far.
+    pub fn backing_read_bandwidth(&self) -> u64 {
+        let c = &self.counters;
+        let ns = c.backing_read_ns.load(Relaxed);
+        if ns == 0 {
+            return 0;
+        }
+        (c.backing_read_bytes.load(Relaxed) as u128 * 1_000_000_000 / ns as u128) as u64
+    }
+
+    pub(crate) fn note_l2_abort_lowmem(&self) {
+        self.counters.l2_abort_lowmem.fetch_add(1, Relaxed);
+    }
+
     pub fn stats(&self) -> ArcStats {
-        let (p, data_bytes, entries) = {
+        let (p, psize, lsize, entries) = {
             let s = self.state.lock();
-            (s.policy.stats(), s.data_bytes, s.data.len() as u64)
+            (s.policy.stats(), s.psize, s.lsize, s.data.len() as u64)
         };
-        ArcStats::collect(&p, &self.counters, data_bytes, entries)
+        let mut st = ArcStats::collect(&p, &self.counters, psize, entries);
+        st.compressed_size = psize;
+        st.uncompressed_size = lsize;
+        if let Some(l2) = &self.l2 {
+            st.add_l2(l2);
+        }
+        st
     }
 
     /// Checks that the policy and the data map agree; for tests.
@@ -198,8 +356,8 @@ impl Cache {
         if p.entries != s.data.len() as u64 {
             return Err(format!("policy has {} entries, map {}", p.entries, s.data.len()));
         }
-        if p.size != s.data_bytes + RECORD_OVERHEAD * p.entries {
-            return Err(format!("policy size {} but data {} + headers", p.size, s.data_bytes));
+        if p.size != s.psize + RECORD_OVERHEAD * p.entries {
+            return Err(format!("policy size {} but data {} + headers", p.size, s.psize));
         }
         Ok(())
     }

@@ -3,9 +3,13 @@
 //! and the protocol in `nbd`.
 
 mod cache;
+mod feed;
+mod record;
 mod stats;
 mod volume;
 
-pub use cache::{Cache, CacheConfig, RECORD_OVERHEAD};
-pub use stats::ArcStats;
+pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
+pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
+pub use record::Record;
+pub use stats::{ArcStats, L2DeviceStats};
 pub use volume::{Volume, VolumeConfig};

@@ -7,6 +7,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use arc_policy::PolicyStats;
 use serde::Serialize;
 
+use arcache_l2::L2Arc;
+
 use crate::cache::{Counters, RECORD_OVERHEAD};
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -55,6 +57,50 @@ pub struct ArcStats {
     pub backing_writes: u64,
     pub backing_write_bytes: u64,
     pub backing_errors: u64,
+    pub compressed_size: u64,
+    pub uncompressed_size: u64,
+    pub evict_l2_cached: u64,
+    pub evict_l2_eligible: u64,
+    pub evict_l2_ineligible: u64,
+    pub l2_ndev: u64,
+    pub l2_ndev_healthy: u64,
+    pub l2_hits: u64,
+    pub l2_misses: u64,
+    pub l2_size: u64,
+    pub l2_asize: u64,
+    /// Records on L2 (arcache's own).
+    pub l2_records: u64,
+    pub l2_hdr_size: u64,
+    pub l2_read_bytes: u64,
+    pub l2_write_bytes: u64,
+    pub l2_writes_sent: u64,
+    pub l2_writes_done: u64,
+    pub l2_writes_error: u64,
+    pub l2_cksum_bad: u64,
+    pub l2_io_error: u64,
+    pub l2_evict_reading: u64,
+    pub l2_evict_hand: u64,
+    pub l2_invalidated: u64,
+    pub l2_feeds: u64,
+    pub l2_abort_lowmem: u64,
+    pub l2_devices: Vec<L2DeviceStats>,
+}
+
+/// One L2 device's figures.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct L2DeviceStats {
+    pub path: String,
+    pub state: &'static str,
+    pub capacity: u64,
+    pub hand: u64,
+    pub wrapped: bool,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub io_errors: u64,
+    pub cksum_bad: u64,
+    pub evicted: u64,
 }
 
 impl ArcStats {
@@ -100,7 +146,56 @@ impl ArcStats {
             backing_writes: c.backing_writes.load(Relaxed),
             backing_write_bytes: c.backing_write_bytes.load(Relaxed),
             backing_errors: c.backing_errors.load(Relaxed),
+            evict_l2_cached: c.evict_l2_cached.load(Relaxed),
+            evict_l2_eligible: c.evict_l2_eligible.load(Relaxed),
+            evict_l2_ineligible: c.evict_l2_ineligible.load(Relaxed),
+            l2_hits: c.l2_hits.load(Relaxed),
+            l2_misses: c.l2_misses.load(Relaxed),
+            l2_abort_lowmem: c.l2_abort_lowmem.load(Relaxed),
             ..Default::default()
         }
+    }
+
+    pub(crate) fn add_l2(&mut self, l2: &L2Arc) {
+        let s = &l2.stats;
+        let (records, size, asize) = l2.sizes();
+        self.l2_ndev = l2.devices().len() as u64;
+        self.l2_ndev_healthy = l2.healthy_devices() as u64;
+        self.l2_records = records;
+        self.l2_size = size;
+        self.l2_asize = asize;
+        self.l2_hdr_size = l2.hdr_size();
+        self.l2_read_bytes = s.l2_read_bytes.load(Relaxed);
+        self.l2_write_bytes = s.l2_write_bytes.load(Relaxed);
+        self.l2_writes_sent = s.l2_writes_sent.load(Relaxed);
+        self.l2_writes_done = s.l2_writes_done.load(Relaxed);
+        self.l2_writes_error = s.l2_writes_error.load(Relaxed);
+        self.l2_cksum_bad = s.l2_cksum_bad.load(Relaxed);
+        self.l2_io_error = s.l2_io_error.load(Relaxed);
+        self.l2_evict_reading = s.l2_evict_reading.load(Relaxed);
+        self.l2_evict_hand = s.l2_evict_hand.load(Relaxed);
+        self.l2_invalidated = s.l2_invalidated.load(Relaxed);
+        self.l2_feeds = s.l2_feeds.load(Relaxed);
+        self.l2_devices = l2
+            .devices()
+            .iter()
+            .map(|d| {
+                let ds = &d.stats;
+                L2DeviceStats {
+                    path: d.path.clone(),
+                    state: if d.is_degraded() { "DEGRADED" } else { "ONLINE" },
+                    capacity: d.capacity(),
+                    hand: d.hand(),
+                    wrapped: d.wrapped(),
+                    reads: ds.reads.load(Relaxed),
+                    read_bytes: ds.read_bytes.load(Relaxed),
+                    writes: ds.writes.load(Relaxed),
+                    write_bytes: ds.write_bytes.load(Relaxed),
+                    io_errors: ds.io_errors.load(Relaxed),
+                    cksum_bad: ds.cksum_bad.load(Relaxed),
+                    evicted: ds.evicted.load(Relaxed),
+                }
+            })
+            .collect();
     }
 }

@@ -15,6 +15,7 @@ use blockdev::{BlockDev, DevError, DevResult};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::cache::{Cache, Found, RecordData};
+use crate::record::Record;
 
 const STRIPES: usize = 1024;
 
@@ -109,12 +110,12 @@ impl Volume {
     }
 
     /// Copies the part of `record` that overlaps `[offset, offset+buf.len())`.
-    fn copy_out(&self, record: u64, data: &[u8], offset: u64, buf: &mut [u8]) {
+    fn copy_out(&self, record: u64, data: &Record, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         let r = self.record_range(record);
         let from = offset.max(r.start);
         let to = (offset + buf.len() as u64).min(r.end);
-        buf[(from - offset) as usize..(to - offset) as usize]
-            .copy_from_slice(&data[(from - r.start) as usize..(to - r.start) as usize]);
+        data.copy_to((from - r.start) as usize, &mut buf[(from - offset) as usize..(to - offset) as usize])
+            .map_err(|e| DevError::Unsupported(format!("cached record of {} is corrupt: {e}", self.name)))
     }
 
     /// Serves a read from RAM if every record is cached; false otherwise,
@@ -128,7 +129,9 @@ impl Volume {
             return false;
         };
         for (i, data) in records.iter().enumerate() {
-            self.copy_out(s.first + i as u64, data, offset, buf);
+            if self.copy_out(s.first + i as u64, data, offset, buf).is_err() {
+                return false;
+            }
         }
         self.cache.count(Found::Hit, false, records.len() as u64);
         true
@@ -155,7 +158,7 @@ impl Volume {
                 Some(data) => {
                     self.cache.count(Found::Hit, prefetch, 1);
                     if let Some(buf) = out.as_deref_mut() {
-                        self.copy_out(r, &data, offset, buf);
+                        self.copy_out(r, &data, offset, buf)?;
                     }
                 }
                 None => missing.push(r),
@@ -172,42 +175,93 @@ impl Volume {
         Ok(())
     }
 
-    /// Reads records `rs` from the device into the cache, under their locks.
-    /// Records another request filled meanwhile are taken from the cache.
+    /// Brings records `rs` into the cache under their locks: records another
+    /// request filled meanwhile come from RAM, records on L2 from L2 (checked
+    /// by checksum), the rest from the backing device in contiguous reads.
     fn fill(&self, rs: Range<u64>, prefetch: bool, offset: u64, mut out: Option<&mut [u8]>) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
-        let mut need = rs.clone();
-        // Trim records that appeared while this request waited for the locks.
-        while need.start < need.end {
-            let Some(data) = self.cache.peek(self.key(need.start)) else {
-                break;
-            };
-            self.cache.count(Found::IoHit, prefetch, 1);
-            if let Some(buf) = out.as_deref_mut() {
-                self.copy_out(need.start, &data, offset, buf);
+        let mut from_backing: Vec<u64> = Vec::new();
+        for r in rs {
+            let key = self.key(r);
+            if let Some(data) = self.cache.peek(key) {
+                self.cache.count(Found::IoHit, prefetch, 1);
+                if let Some(buf) = out.as_deref_mut() {
+                    self.copy_out(r, &data, offset, buf)?;
+                }
+                continue;
             }
-            need.start += 1;
+            if let Some(rec) = self.read_l2(r) {
+                self.cache.count(Found::Miss, prefetch, 1);
+                if let Some(buf) = out.as_deref_mut() {
+                    self.copy_out(r, &rec, offset, buf)?;
+                }
+                self.cache.insert_read(key, rec, prefetch);
+                continue;
+            }
+            from_backing.push(r);
         }
-        if need.is_empty() {
-            return Ok(());
+        for run in runs(&from_backing) {
+            self.fill_from_backing(run, prefetch, offset, out.as_deref_mut())?;
         }
+        Ok(())
+    }
+
+    /// The record from L2, if it is there and reads back intact.
+    fn read_l2(&self, r: u64) -> Option<RecordData> {
+        let l2 = self.cache.l2()?;
+        let c = &self.cache.counters;
+        let key = self.key(r);
+        let Some(ptr) = l2.lookup(key) else {
+            c.l2_misses.fetch_add(1, Relaxed);
+            return None;
+        };
+        let lsize = self.record_range(r).end - self.record_range(r).start;
+        let rec = l2
+            .read(key, ptr)
+            .ok()
+            .and_then(|b| Record::from_stored(b, lsize as u32, ptr.flags().compressed).ok());
+        match rec {
+            Some(rec) => {
+                c.l2_hits.fetch_add(1, Relaxed);
+                Some(Arc::new(rec))
+            }
+            None => {
+                l2.invalidate(key);
+                c.l2_misses.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    }
+
+    fn fill_from_backing(
+        &self,
+        need: Range<u64>,
+        prefetch: bool,
+        offset: u64,
+        mut out: Option<&mut [u8]>,
+    ) -> DevResult<()> {
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
         let mut block = vec![0u8; (bytes.end - bytes.start) as usize];
         let c = &self.cache.counters;
         c.backing_reads.fetch_add(1, Relaxed);
         c.backing_read_bytes.fetch_add(block.len() as u64, Relaxed);
+        let started = std::time::Instant::now();
         if let Err(e) = self.dev.read_at(&mut block, bytes.start) {
             c.backing_errors.fetch_add(1, Relaxed);
             return Err(e);
         }
+        c.backing_read_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        let compress = self.cache.compress_enabled();
         for r in need.clone() {
             let rr = self.record_range(r);
             let slice = &block[(rr.start - bytes.start) as usize..(rr.end - bytes.start) as usize];
-            let data: RecordData = Arc::from(slice);
             if let Some(buf) = out.as_deref_mut() {
-                self.copy_out(r, &data, offset, buf);
+                let from = offset.max(rr.start);
+                let to = (offset + buf.len() as u64).min(rr.end);
+                buf[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&slice[(from - rr.start) as usize..(to - rr.start) as usize]);
             }
-            self.cache.insert(self.key(r), data, prefetch);
+            self.cache.insert_read(self.key(r), Arc::new(Record::new(slice, compress)), prefetch);
         }
         self.cache.count(Found::Miss, prefetch, need.end - need.start);
         Ok(())
@@ -251,19 +305,28 @@ impl Volume {
             return Err(e);
         }
         let end = offset + data.len() as u64;
+        let compress = self.cache.compress_enabled();
         for r in rs {
             let rr = self.record_range(r);
             let key = self.key(r);
             if offset <= rr.start && end >= rr.end {
                 let new = &data[(rr.start - offset) as usize..(rr.end - offset) as usize];
-                self.cache.insert(key, Arc::from(new), false);
-            } else if let Some(old) = self.cache.peek(key) {
-                let mut patched = old.to_vec();
+                self.cache.insert_written(key, Arc::new(Record::new(new, compress)));
+                continue;
+            }
+            let patched = self.cache.peek(key).and_then(|old| old.to_vec().ok()).map(|mut v| {
                 let from = offset.max(rr.start);
                 let to = end.min(rr.end);
-                patched[(from - rr.start) as usize..(to - rr.start) as usize]
+                v[(from - rr.start) as usize..(to - rr.start) as usize]
                     .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-                self.cache.insert(key, Arc::from(patched), false);
+                v
+            });
+            match patched {
+                Some(v) => self.cache.insert_written(key, Arc::new(Record::new(&v, compress))),
+                // Not in RAM: nothing to patch, but an L2 copy is now stale.
+                None => {
+                    self.cache.invalidate(key);
+                }
             }
         }
         Ok(())

@@ -32,7 +32,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn volume(dev: Arc<dyn BlockDev>, recordsize: u64, arc_max: u64) -> (Arc<Cache>, Volume) {
-    let cache = Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 1000 });
+    let cache =
+        Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 1000, compress: true });
     let v = Volume::new(
         0,
         VolumeConfig { name: "t".into(), recordsize, read_only: false },

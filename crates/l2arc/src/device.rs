@@ -15,7 +15,7 @@ pub const HEADER_RESERVED: u64 = 1 << 20;
 /// Batches start and end on this boundary, so O_DIRECT can write them.
 pub const ALIGN: u64 = 4096;
 /// A device smaller than this is refused: too small to be worth a log.
-pub const MIN_DEVICE: u64 = HEADER_RESERVED + (16 << 20);
+pub const MIN_DEVICE: u64 = HEADER_RESERVED + (4 << 20);
 
 /// Keys written by one batch, to find their index entries when the hand
 /// comes round again.

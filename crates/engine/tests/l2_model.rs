@@ -1,0 +1,172 @@
+//! The engine with an L2 device, against a byte-array model: the ARC is tiny
+//! so almost every re-read comes from L2 or the backing store, the L2 is
+//! small so its hand wraps over and over, and faults are injected into it.
+//! Every read must equal the model.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use arcache_engine::{Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
+use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
+use blockdev::{BlockDev, FaultPlan, FaultyDev, MemDev};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+
+const DEV: u64 = 2 << 20;
+
+struct Rig {
+    cache: Arc<Cache>,
+    vol: Arc<Volume>,
+    feed: Feed,
+    l2dev: Arc<FaultyDev<MemDev>>,
+    backing: Arc<MemDev>,
+}
+
+fn rig(recordsize: u64, arc_max: u64, l2_mib: u64, compress: bool) -> Rig {
+    let backing = Arc::new(MemDev::new(DEV));
+    let l2dev = Arc::new(FaultyDev::new(MemDev::new(HEADER_RESERVED + (l2_mib << 20)), 9));
+    let l2 =
+        L2Arc::new(vec![L2Device::new("l2".into(), l2dev.clone() as Arc<dyn BlockDev>).unwrap()]).unwrap();
+    let cache = Cache::with_l2(
+        CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 1000, compress },
+        Some(Arc::new(l2)),
+    );
+    let tun = Arc::new(FeedTunables::default());
+    tun.dwpd_limit.store(0, Relaxed);
+    let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(arc_max))).unwrap();
+    let vol = Arc::new(Volume::new(
+        0,
+        VolumeConfig { name: "t".into(), recordsize, read_only: false },
+        backing.clone(),
+        Arc::clone(&cache),
+    ));
+    Rig { cache, vol, feed, l2dev, backing }
+}
+
+/// Noise with runs of zeroes, so some records compress and some do not.
+fn payload(seed: u8, len: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(seed);
+    (0..len)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if (i / 2000) % 4 == 0 {
+                0
+            } else {
+                x as u8
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Read(u64, u64),
+    Write(u64, u64, u8),
+    Zero(u64, u64),
+    Feed,
+    Faults(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..DEV, 1u64..70_000).prop_map(|(o, l)| (o, l.min(DEV - o)));
+    prop_oneof![
+        6 => range.clone().prop_map(|(o, l)| Op::Read(o, l)),
+        3 => (range.clone(), any::<u8>()).prop_map(|((o, l), b)| Op::Write(o, l, b)),
+        1 => range.prop_map(|(o, l)| Op::Zero(o, l)),
+        4 => Just(Op::Feed),
+        1 => (0u8..4).prop_map(Op::Faults),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn reads_match_the_model_with_l2_and_faults(ops in prop::collection::vec(op(), 1..250), rs in 12u32..15) {
+        let r = rig(1 << rs, 96 << 10, 4, true);
+        let mut model = vec![0u8; DEV as usize];
+        for op in ops {
+            match op {
+                Op::Read(o, l) => {
+                    let mut b = vec![0u8; l as usize];
+                    r.vol.read(o, &mut b).unwrap();
+                    prop_assert!(b == model[o as usize..(o + l) as usize], "read {}+{}", o, l);
+                }
+                Op::Write(o, l, s) => {
+                    let d = payload(s, l as usize);
+                    r.vol.write(o, &d, false).unwrap();
+                    model[o as usize..(o + l) as usize].copy_from_slice(&d);
+                }
+                Op::Zero(o, l) => {
+                    r.vol.write_zeroes(o, l, false).unwrap();
+                    model[o as usize..(o + l) as usize].fill(0);
+                }
+                Op::Feed => {
+                    r.feed.cycle_once();
+                }
+                Op::Faults(k) => r.l2dev.set_plan(match k {
+                    0 => FaultPlan::default(),
+                    1 => FaultPlan { flip_bit_probability: 0.3, ..Default::default() },
+                    2 => FaultPlan { fail_reads: std::iter::once(HEADER_RESERVED..HEADER_RESERVED + (1 << 20)).collect(), ..Default::default() },
+                    _ => FaultPlan { fail_writes: std::iter::once(0..u64::MAX).collect(), ..Default::default() },
+                }),
+            }
+            if let Err(e) = r.cache.validate() {
+                return Err(TestCaseError::fail(e));
+            }
+        }
+        prop_assert!(r.backing.snapshot() == model);
+    }
+}
+
+/// The real feed thread, three clients on disjoint regions (each checks its
+/// own model), a 4 MiB L2 that wraps many times, and bit flips on L2.
+#[test]
+fn concurrent_clients_while_the_feed_wraps_the_device() {
+    let r = rig(4096, 256 << 10, 4, true);
+    let stats = r.feed.stats.clone();
+    r.feed.tunables.feed_min_ms.store(10, Relaxed);
+    r.feed.tunables.write_boost.store(0, Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let cache = Arc::clone(&r.cache);
+    let feeder = r.feed.spawn(Arc::clone(&stop));
+    r.l2dev.set_plan(FaultPlan { flip_bit_probability: 0.02, ..Default::default() });
+    let region = DEV / 3 / 4096 * 4096;
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let vol = Arc::clone(&r.vol);
+            s.spawn(move || {
+                let base = t * region;
+                let mut model = vec![0u8; region as usize];
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+                for i in 0.. {
+                    if std::time::Instant::now() > until {
+                        break;
+                    }
+                    let o = rng.gen_range(0..region - 9000);
+                    let l = rng.gen_range(1..9000);
+                    if i % 4 == 0 {
+                        let d = payload((i as u8).wrapping_add(t as u8), l as usize);
+                        vol.write(base + o, &d, false).unwrap();
+                        model[o as usize..(o + l) as usize].copy_from_slice(&d);
+                    } else {
+                        let mut b = vec![0u8; l as usize];
+                        vol.read(base + o, &mut b).unwrap();
+                        assert!(b == model[o as usize..(o + l) as usize], "thread {t} op {i}: read {o}+{l}");
+                    }
+                }
+            });
+        }
+    });
+    stop.store(true, Relaxed);
+    feeder.join().unwrap();
+    let st = cache.stats();
+    assert!(st.l2_hits > 1000, "L2 served reads: {st:?}");
+    assert!(st.l2_write_bytes > 16 << 20, "the 4 MiB device wrapped several times: {}", st.l2_write_bytes);
+    assert!(st.l2_cksum_bad > 0, "flipped bits were caught");
+    assert!(stats.cycles.load(Relaxed) > 10);
+    cache.validate().unwrap();
+}
