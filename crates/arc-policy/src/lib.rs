@@ -73,6 +73,8 @@ pub struct PolicyStats {
     pub mru_ghost_hits: u64,
     pub mfu_ghost_hits: u64,
     pub evict_skip: u64,
+    /// Demand hits on records that were brought in by a prefetch.
+    pub demand_hit_prefetch: u64,
     /// Ghost entries dropped from the directory.
     pub deleted: u64,
     /// Resident entries evicted (to a ghost list or dropped).

@@ -327,6 +327,7 @@ impl Policy for ZfsArc {
                 self.stats.mru_hits += 1;
                 if was_prefetch && !access.prefetch {
                     // The demand a prefetch was made for: not yet a re-use.
+                    self.stats.demand_hit_prefetch += 1;
                     self.slab.get_mut(idx).prefetch = false;
                     self.touch(idx);
                     self.relink(idx, State::Mru);

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use arcache_engine::{Cache, CacheConfig, Feed, FeedStats, FeedTunables, Volume, VolumeConfig, MAX_EXPORTS};
+use arcache_engine::{
+    Cache, CacheConfig, Feed, FeedStats, FeedTunables, Volume, VolumeConfig, ZfetchTunables, MAX_EXPORTS,
+};
 use arcache_l2::{L2Arc, L2Device};
 use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
 use clap::Args;
@@ -298,6 +300,13 @@ fn open_l2(specs: &[L2Spec]) -> Result<Option<Arc<L2Arc>>> {
     Ok(Some(Arc::new(L2Arc::new(devices).map_err(anyhow::Error::msg)?)))
 }
 
+fn zfetch_tunables(t: &Tunables, z: &ZfetchTunables) {
+    z.disable.store(t.value("zfs_prefetch_disable") != 0, Ordering::Relaxed);
+    z.max_distance.store(t.value("zfetch_max_distance"), Ordering::Relaxed);
+    z.min_distance.store(t.value("zfetch_min_distance"), Ordering::Relaxed);
+    z.max_streams.store(t.value("zfetch_max_streams"), Ordering::Relaxed);
+}
+
 fn feed_tunables(t: &Tunables, f: &FeedTunables) {
     f.write_max.store(t.value("l2arc_write_max"), Ordering::Relaxed);
     f.write_boost.store(t.value("l2arc_write_boost"), Ordering::Relaxed);
@@ -330,6 +339,7 @@ pub fn start_on(
         },
         l2,
     );
+    zfetch_tunables(&t, &cache.zfetch);
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
     }
@@ -338,12 +348,12 @@ pub fn start_on(
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
         cache.set_secondarycache(id, spec.secondarycache);
-        let vol = Arc::new(Volume::new(
+        let vol = Volume::new(
             id,
             VolumeConfig { name: spec.name.clone(), recordsize: spec.recordsize, read_only: spec.read_only },
             dev,
             Arc::clone(&cache),
-        ));
+        );
         info!(
             "export {:?}: {} ({} bytes, recordsize {}{})",
             spec.name,
@@ -481,6 +491,7 @@ impl ControlState {
         self.cache.set_compress(t.value("zfs_compressed_arc_enabled") != 0);
         self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
         feed_tunables(t, &self.feed);
+        zfetch_tunables(t, &self.cache.zfetch);
     }
 }
 

@@ -66,6 +66,10 @@ pub const SPECS: &[Spec] = &[
     spec("l2arc_trim_ahead", Unit::Percent, 0, 100, "Trim this share of the device ahead of the write hand (0: off)"),
     spec("l2arc_dwpd_limit", Unit::Count, 0, 10_000, "Wear bound in 1/100 drive writes per day once a device has wrapped (0: off)"),
     spec("l2arc_meta_percent", Unit::Percent, 1, 100, "Most RAM for L2 headers, as a share of the ARC target"),
+    spec("zfs_prefetch_disable", Unit::Bool, 0, 1, "Turn off zfetch, the sequential-stream prefetcher"),
+    spec("zfetch_max_distance", Unit::Bytes, 0, 1 << 30, "Farthest a stream prefetches ahead of its reader"),
+    spec("zfetch_min_distance", Unit::Bytes, 0, 1 << 30, "A stream's window doubles per hit up to this, then grows only when late"),
+    spec("zfetch_max_streams", Unit::Count, 1, 256, "Streams tracked per export"),
 ];
 
 pub fn spec_of(name: &str) -> Result<&'static Spec> {
@@ -139,6 +143,10 @@ impl Tunables {
                     "l2arc_mfuonly" | "l2arc_trim_ahead" => 0,
                     "l2arc_dwpd_limit" => 100,
                     "l2arc_meta_percent" => 33,
+                    "zfs_prefetch_disable" => 0,
+                    "zfetch_max_distance" => 64 << 20,
+                    "zfetch_min_distance" => 4 << 20,
+                    "zfetch_max_streams" => 8,
                     other => unreachable!("no default for {other}"),
                 };
                 (s.name, v)

@@ -79,9 +79,15 @@ fn l2_serves_rereads_and_survives_corruption_and_loss() {
     assert!(stat_u64(&s, "l2_cksum_bad") > 0, "corruption was detected: {}", s.stat());
 
     // The device vanishes: every read of it fails from now on.
+    assert!(stat_u64(&s, "l2_records") > 100, "copies left on L2 to lose: {}", s.stat());
     f.set_len(0).unwrap();
     drop(f);
-    read_all(&s, &data, Duration::ZERO);
+    for _ in 0..3 {
+        read_all(&s, &data, Duration::ZERO);
+        if stat_u64(&s, "l2_ndev_healthy") == 0 {
+            break;
+        }
+    }
     let st = s.stat();
     assert!(st["l2_io_error"].as_u64().unwrap() > 0, "{st}");
     assert_eq!(st["l2_devices"][0]["state"], "DEGRADED", "{st}");

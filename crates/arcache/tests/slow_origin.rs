@@ -138,3 +138,34 @@ fn direct_io_backing_passes_fio_verification() {
         .args(["--iodepth=8", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"])
         .arg(format!("--uri={}", s.uri(""))));
 }
+
+#[test]
+fn zfetch_prefetches_ahead_of_a_sequential_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    let data = random_file(&img, 16 << 20, 15);
+    let (_kit, origin) = slow_origin(dir.path(), &img, "20ms");
+    let s = Serve::start(tempfile::tempdir().unwrap(), &["--export", &origin, "--arc-max", "64M"]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 128 << 10];
+    for off in (0..16 << 20).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data[off..off + buf.len()]);
+    }
+    let st = s.stat();
+    assert!(st["zfetch_hits"].as_u64().unwrap() > 50, "{st}");
+    assert!(st["zfetch_io_issued"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["prefetch_data_misses"].as_u64().unwrap() > 0, "prefetch reads went to the origin: {st}");
+    assert!(
+        st["demand_hit_predictive_prefetch"].as_u64().unwrap() > 0,
+        "the reader found prefetched records: {st}"
+    );
+    // Turned off at run time: no more prefetch IO.
+    let o = s.ctl(&["set", "zfs_prefetch_disable=1"]);
+    assert!(o.status.success());
+    let issued = s.stat()["zfetch_io_issued"].as_u64().unwrap();
+    for off in (0..16 << 20).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+    }
+    assert_eq!(s.stat()["zfetch_io_issued"].as_u64().unwrap(), issued, "disabled means no prefetch");
+}

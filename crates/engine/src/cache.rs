@@ -14,8 +14,10 @@ use arcache_l2::{BlobFlags, FeedItem, L2Arc};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
+use crate::prefetch::Prefetcher;
 use crate::record::Record;
 use crate::stats::ArcStats;
+use crate::zfetch::{ZfetchStats, ZfetchTunables};
 
 /// RAM charged per record on top of its data: the policy's slab entry, the
 /// map slot and the record's headers. Counted in `size` like OpenZFS counts
@@ -97,6 +99,10 @@ pub struct Cache {
     secondary: RwLock<Vec<bool>>,
     compress: AtomicBool,
     pub(crate) counters: Counters,
+    pub zfetch: Arc<ZfetchTunables>,
+    pub zfetch_stats: Arc<ZfetchStats>,
+    prefetcher: std::sync::OnceLock<Prefetcher>,
+    zfetch_active: Arc<AtomicU64>,
 }
 
 impl Cache {
@@ -120,7 +126,20 @@ impl Cache {
             secondary: RwLock::new(vec![true; MAX_EXPORTS]),
             compress: AtomicBool::new(cfg.compress),
             counters: Counters::default(),
+            zfetch: Arc::new(ZfetchTunables::default()),
+            zfetch_stats: Arc::new(ZfetchStats::default()),
+            prefetcher: std::sync::OnceLock::new(),
+            zfetch_active: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    pub(crate) fn zfetch_stats_active(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.zfetch_active)
+    }
+
+    /// The shared prefetch pool, started on first use.
+    pub(crate) fn prefetcher(&self) -> &Prefetcher {
+        self.prefetcher.get_or_init(|| Prefetcher::new(8, 256))
     }
 
     pub fn l2(&self) -> Option<&Arc<L2Arc>> {
@@ -340,6 +359,8 @@ impl Cache {
             (s.policy.stats(), s.psize, s.lsize, s.data.len() as u64)
         };
         let mut st = ArcStats::collect(&p, &self.counters, psize, entries);
+        st.add_zfetch(&self.zfetch_stats);
+        st.zfetch_io_active = self.zfetch_active.load(Relaxed);
         st.compressed_size = psize;
         st.uncompressed_size = lsize;
         if let Some(l2) = &self.l2 {

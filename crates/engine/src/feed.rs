@@ -241,7 +241,9 @@ impl Feed {
             }
             let started = Instant::now();
             let trim = t.trim_ahead.load(Relaxed);
-            let ahead = if trim > 0 { (dev.capacity() * trim / 100).max(budget) } else { budget };
+            // Only a trim distance is cleared beyond the batch: evicting more
+            // would throw good copies away for nothing.
+            let ahead = if trim > 0 { dev.capacity() * trim / 100 } else { 0 };
             match self.l2.write_batch(i, items, ahead, trim > 0) {
                 Ok(n) => {
                     let secs = started.elapsed().as_secs_f64().max(1e-6);

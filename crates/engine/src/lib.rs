@@ -4,12 +4,15 @@
 
 mod cache;
 mod feed;
+mod prefetch;
 mod record;
 mod stats;
 mod volume;
+mod zfetch;
 
 pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use stats::{ArcStats, L2DeviceStats};
 pub use volume::{Volume, VolumeConfig};
+pub use zfetch::{Zfetch, ZfetchStats, ZfetchTunables};

@@ -10,6 +10,7 @@ use serde::Serialize;
 use arcache_l2::L2Arc;
 
 use crate::cache::{Counters, RECORD_OVERHEAD};
+use crate::zfetch::ZfetchStats;
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ArcStats {
@@ -84,6 +85,15 @@ pub struct ArcStats {
     pub l2_feeds: u64,
     pub l2_abort_lowmem: u64,
     pub l2_devices: Vec<L2DeviceStats>,
+    pub demand_hit_predictive_prefetch: u64,
+    pub zfetch_hits: u64,
+    pub zfetch_future: u64,
+    pub zfetch_stride: u64,
+    pub zfetch_past: u64,
+    pub zfetch_misses: u64,
+    pub zfetch_max_streams: u64,
+    pub zfetch_io_issued: u64,
+    pub zfetch_io_active: u64,
 }
 
 /// One L2 device's figures.
@@ -152,8 +162,20 @@ impl ArcStats {
             l2_hits: c.l2_hits.load(Relaxed),
             l2_misses: c.l2_misses.load(Relaxed),
             l2_abort_lowmem: c.l2_abort_lowmem.load(Relaxed),
+            demand_hit_predictive_prefetch: p.demand_hit_prefetch,
             ..Default::default()
         }
+    }
+
+    pub(crate) fn add_zfetch(&mut self, z: &ZfetchStats) {
+        self.zfetch_hits = z.hits.load(Relaxed);
+        self.zfetch_future = z.future.load(Relaxed);
+        self.zfetch_stride = z.stride.load(Relaxed);
+        self.zfetch_past = z.past.load(Relaxed);
+        self.zfetch_misses = z.misses.load(Relaxed);
+        self.zfetch_max_streams = z.max_streams.load(Relaxed);
+        self.zfetch_io_issued = z.io_issued.load(Relaxed);
+        self.zfetch_io_active = z.io_active.load(Relaxed);
     }
 
     pub(crate) fn add_l2(&mut self, l2: &L2Arc) {

@@ -8,7 +8,8 @@
 
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use arc_policy::Key;
 use blockdev::{BlockDev, DevError, DevResult};
@@ -16,6 +17,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::cache::{Cache, Found, RecordData};
 use crate::record::Record;
+use crate::zfetch::Zfetch;
 
 const STRIPES: usize = 1024;
 
@@ -38,6 +40,9 @@ pub struct Volume {
     read_only: bool,
     cache: Arc<Cache>,
     stripes: Vec<Mutex<()>>,
+    zfetch: Zfetch,
+    /// For prefetch jobs, which outlive the request that started them.
+    this: Weak<Volume>,
 }
 
 /// Records `first..last+1` and the byte range of the request within them.
@@ -49,18 +54,21 @@ struct Span {
 
 impl Volume {
     /// `id` must be unique among the volumes sharing `cache`.
-    pub fn new(id: u16, cfg: VolumeConfig, dev: Arc<dyn BlockDev>, cache: Arc<Cache>) -> Volume {
+    pub fn new(id: u16, cfg: VolumeConfig, dev: Arc<dyn BlockDev>, cache: Arc<Cache>) -> Arc<Volume> {
         assert!(cfg.recordsize.is_power_of_two(), "recordsize is validated by the caller");
-        Volume {
+        let size = dev.size();
+        Arc::new_cyclic(|this| Volume {
             id,
             name: cfg.name,
-            size: dev.size(),
+            size,
             read_only: cfg.read_only || dev.is_read_only(),
             recordsize: cfg.recordsize,
             dev,
             cache,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-        }
+            zfetch: Zfetch::new(cfg.recordsize, size),
+            this: this.clone(),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -134,23 +142,59 @@ impl Volume {
             }
         }
         self.cache.count(Found::Hit, false, records.len() as u64);
+        self.predict(s, false);
         true
+    }
+
+    /// Tells zfetch about a demand read and starts whatever it asks for.
+    fn predict(&self, s: Span, missed: bool) {
+        let c = &self.cache;
+        let Some(range) =
+            self.zfetch.observe(s.first, s.end - s.first, missed, Instant::now(), &c.zfetch, &c.zfetch_stats)
+        else {
+            return;
+        };
+        let mut start = range.start;
+        while start < range.end {
+            let end = (start + MAX_RECORDS_PER_IO).min(range.end);
+            let Some(vol) = self.this.upgrade() else { return };
+            let job = move || {
+                let _ = vol.prefetch_records(start..end);
+            };
+            if c.prefetcher().submit(job, &c.zfetch_stats_active()) {
+                c.zfetch_stats.io_issued.fetch_add(1, Relaxed);
+            }
+            start = end;
+        }
+    }
+
+    /// Reads records into the ARC as prefetches, skipping cached ones
+    /// without touching their place in the lists.
+    fn prefetch_records(&self, rs: Range<u64>) -> DevResult<()> {
+        let missing: Vec<u64> = rs.filter(|&r| self.cache.peek(self.key(r)).is_none()).collect();
+        for run in runs(&missing) {
+            self.fill(run, true, 0, None)?;
+        }
+        Ok(())
     }
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
-        self.load(offset, buf.len() as u64, false, Some(buf))
+        let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
+        self.predict(self.span(offset, buf.len() as u64), missed);
+        Ok(())
     }
 
     /// Brings a range into the ARC as a prefetch (NBD_CMD_CACHE).
     pub fn prefetch(&self, offset: u64, len: u64) -> DevResult<()> {
         self.check(offset, len)?;
-        self.load(offset, len, true, None)
+        self.load(offset, len, true, None).map(|_| ())
     }
 
     /// Finds every record of the range, filling missing runs from the
-    /// device, and copies into `out` when given.
-    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<()> {
+    /// device, and copies into `out` when given. Returns true if any record
+    /// was not in RAM.
+    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<bool> {
         let s = self.span(offset, len);
         let mut missing: Vec<u64> = Vec::new();
         for r in s.first..s.end {
@@ -172,7 +216,7 @@ impl Volume {
                 start = end;
             }
         }
-        Ok(())
+        Ok(!missing.is_empty())
     }
 
     /// Brings records `rs` into the cache under their locks: records another

@@ -34,12 +34,12 @@ fn rig(recordsize: u64, arc_max: u64, l2_mib: u64, compress: bool) -> Rig {
     let tun = Arc::new(FeedTunables::default());
     tun.dwpd_limit.store(0, Relaxed);
     let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(arc_max))).unwrap();
-    let vol = Arc::new(Volume::new(
+    let vol = Volume::new(
         0,
         VolumeConfig { name: "t".into(), recordsize, read_only: false },
         backing.clone(),
         Arc::clone(&cache),
-    ));
+    );
     Rig { cache, vol, feed, l2dev, backing }
 }
 

@@ -31,7 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn volume(dev: Arc<dyn BlockDev>, recordsize: u64, arc_max: u64) -> (Arc<Cache>, Volume) {
+fn volume(dev: Arc<dyn BlockDev>, recordsize: u64, arc_max: u64) -> (Arc<Cache>, Arc<Volume>) {
     let cache =
         Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 1000, compress: true });
     let v = Volume::new(
@@ -121,7 +121,7 @@ fn libc_eio() -> i32 {
 fn concurrent_fills_and_writes_never_leave_stale_records() {
     let dev = Arc::new(MemDev::new(DEV));
     let (cache, v) = volume(dev.clone(), 4096, 8 << 20);
-    let v = Arc::new(v);
+
     std::thread::scope(|s| {
         for t in 0..4u8 {
             let v = Arc::clone(&v);
