@@ -102,3 +102,53 @@ fn flipped_bits_and_io_errors_are_caught_and_a_failing_device_is_retired() {
     assert_eq!(l2.sizes().0, 0, "and forget everything on it");
     assert!(l2.stats.l2_io_error.load(std::sync::atomic::Ordering::Relaxed) >= 4);
 }
+
+/// A device that keeps nothing: lets the index be measured at millions of
+/// records without writing gigabytes.
+struct NullDev(u64);
+
+impl blockdev::BlockDev for NullDev {
+    fn size(&self) -> u64 {
+        self.0
+    }
+    fn read_at(&self, buf: &mut [u8], _offset: u64) -> blockdev::DevResult<()> {
+        buf.fill(0);
+        Ok(())
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> blockdev::DevResult<()> {
+        Ok(())
+    }
+    fn flush(&self) -> blockdev::DevResult<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "null".into()
+    }
+}
+
+/// The RAM cost of an L2-only record (index slot plus its key in the batch
+/// list) stays within 48 bytes at five million records; OpenZFS spends 96.
+#[test]
+fn hdr_bytes_per_record_at_five_million_records() {
+    const N: u64 = 5_000_000;
+    let dev = L2Device::new("null".into(), Arc::new(NullDev(HEADER_RESERVED + N * 512 + (64 << 20)))).unwrap();
+    let l2 = L2Arc::new(vec![dev]).unwrap();
+    let tiny: Arc<[u8]> = Arc::from(&[7u8; 16][..]);
+    let mut key = 0;
+    while key < N {
+        let items: Vec<FeedItem> = (key..(key + 20_000).min(N))
+            .map(|k| {
+                assert!(l2.begin_feed(k));
+                FeedItem { key: k, data: Arc::clone(&tiny), flags: BlobFlags { lshift: 2, ..Default::default() } }
+            })
+            .collect();
+        key += items.len() as u64;
+        l2.write_batch(0, items, 0, false).unwrap();
+    }
+    let (records, size, _) = l2.sizes();
+    assert_eq!(records, N);
+    assert_eq!(size, N * 16384);
+    let per = l2.hdr_size() as f64 / records as f64;
+    println!("l2_hdr_size / records at {records} records: {per:.1} bytes");
+    assert!(per <= 48.0, "{per} bytes per L2 record");
+}
