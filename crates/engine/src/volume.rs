@@ -224,25 +224,30 @@ impl Volume {
     /// by checksum), the rest from the backing device in contiguous reads.
     fn fill(&self, rs: Range<u64>, prefetch: bool, offset: u64, mut out: Option<&mut [u8]>) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
-        let mut from_backing: Vec<u64> = Vec::new();
+        let mut absent: Vec<u64> = Vec::new();
         for r in rs {
-            let key = self.key(r);
-            if let Some(data) = self.cache.peek(key) {
-                self.cache.count(Found::IoHit, prefetch, 1);
-                if let Some(buf) = out.as_deref_mut() {
-                    self.copy_out(r, &data, offset, buf)?;
+            match self.cache.peek(self.key(r)) {
+                Some(data) => {
+                    self.cache.count(Found::IoHit, prefetch, 1);
+                    if let Some(buf) = out.as_deref_mut() {
+                        self.copy_out(r, &data, offset, buf)?;
+                    }
                 }
-                continue;
+                None => absent.push(r),
             }
-            if let Some(rec) = self.read_l2(r) {
-                self.cache.count(Found::Miss, prefetch, 1);
-                if let Some(buf) = out.as_deref_mut() {
-                    self.copy_out(r, &rec, offset, buf)?;
+        }
+        let mut from_backing: Vec<u64> = Vec::new();
+        for (r, rec) in self.read_l2(&absent) {
+            match rec {
+                Some(rec) => {
+                    self.cache.count(Found::Miss, prefetch, 1);
+                    if let Some(buf) = out.as_deref_mut() {
+                        self.copy_out(r, &rec, offset, buf)?;
+                    }
+                    self.cache.insert_read(self.key(r), rec, prefetch);
                 }
-                self.cache.insert_read(key, rec, prefetch);
-                continue;
+                None => from_backing.push(r),
             }
-            from_backing.push(r);
         }
         for run in runs(&from_backing) {
             self.fill_from_backing(run, prefetch, offset, out.as_deref_mut())?;
@@ -250,31 +255,38 @@ impl Volume {
         Ok(())
     }
 
-    /// The record from L2, if it is there and reads back intact.
-    fn read_l2(&self, r: u64) -> Option<RecordData> {
-        let l2 = self.cache.l2()?;
-        let c = &self.cache.counters;
-        let key = self.key(r);
-        let Some(ptr) = l2.lookup(key) else {
-            c.l2_misses.fetch_add(1, Relaxed);
-            return None;
+    /// The records of `rs` that are on L2 and read back intact; the others
+    /// come back as `None`, to be read from the backing store.
+    fn read_l2(&self, rs: &[u64]) -> Vec<(u64, Option<RecordData>)> {
+        let Some(l2) = self.cache.l2() else {
+            return rs.iter().map(|&r| (r, None)).collect();
         };
-        let lsize = self.record_range(r).end - self.record_range(r).start;
-        let rec = l2
-            .read(key, ptr)
-            .ok()
-            .and_then(|b| Record::from_stored(b, lsize as u32, ptr.flags().compressed).ok());
-        match rec {
-            Some(rec) => {
-                c.l2_hits.fetch_add(1, Relaxed);
-                Some(Arc::new(rec))
-            }
-            None => {
-                l2.invalidate(key);
-                c.l2_misses.fetch_add(1, Relaxed);
-                None
+        let c = &self.cache.counters;
+        let mut found = Vec::new();
+        let mut result: Vec<(u64, Option<RecordData>)> = Vec::with_capacity(rs.len());
+        for &r in rs {
+            match l2.lookup(self.key(r)) {
+                Some(ptr) => found.push((r, ptr)),
+                None => {
+                    c.l2_misses.fetch_add(1, Relaxed);
+                    result.push((r, None));
+                }
             }
         }
+        let wanted: Vec<(u64, arcache_l2::L2Ptr)> = found.iter().map(|&(r, p)| (self.key(r), p)).collect();
+        for ((r, ptr), bytes) in found.into_iter().zip(l2.read_many(&wanted)) {
+            let lsize = (self.record_range(r).end - self.record_range(r).start) as u32;
+            let rec = bytes.ok().and_then(|b| Record::from_stored(b, lsize, ptr.flags().compressed).ok());
+            if rec.is_some() {
+                c.l2_hits.fetch_add(1, Relaxed);
+            } else {
+                l2.invalidate(self.key(r));
+                c.l2_misses.fetch_add(1, Relaxed);
+            }
+            result.push((r, rec.map(Arc::new)));
+        }
+        result.sort_by_key(|(r, _)| *r);
+        result
     }
 
     fn fill_from_backing(

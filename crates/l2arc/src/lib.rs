@@ -20,6 +20,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub use device::{L2Device, ALIGN, HEADER_RESERVED};
 pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
 
+/// Longest single device read when copies lie back to back.
+const MAX_COALESCED_READ: u64 = 1 << 20;
+
 /// One record handed to the feed: its key, stored bytes and flags.
 pub struct FeedItem {
     pub key: u64,
@@ -173,40 +176,76 @@ impl L2Arc {
     /// Reads and verifies the L2 copy `ptr` of `key`; returns the record's
     /// stored bytes. A failure drops the entry and is counted.
     pub fn read(&self, key: u64, ptr: L2Ptr) -> Result<Vec<u8>, L2Miss> {
-        let Some(dev) = self.devices.get(ptr.dev()) else {
-            self.drop_if_same(key, ptr);
-            return Err(L2Miss::Unavailable);
-        };
-        if dev.is_degraded() {
-            self.drop_if_same(key, ptr);
-            return Err(L2Miss::Unavailable);
+        self.read_many(&[(key, ptr)]).pop().unwrap_or(Err(L2Miss::Unavailable))
+    }
+
+    /// Reads several copies, with one device read for each run of copies
+    /// that lie back to back on the same device (records fed together), and
+    /// verifies each copy on its own. Results are in the order given.
+    pub fn read_many(&self, wanted: &[(u64, L2Ptr)]) -> Vec<Result<Vec<u8>, L2Miss>> {
+        let mut out = Vec::with_capacity(wanted.len());
+        let mut i = 0;
+        while i < wanted.len() {
+            let mut j = i + 1;
+            let mut end = wanted[i].1.daddr() + wanted[i].1.blob_len();
+            while j < wanted.len()
+                && wanted[j].1.dev() == wanted[i].1.dev()
+                && wanted[j].1.daddr() == end
+                && end - wanted[i].1.daddr() < MAX_COALESCED_READ
+            {
+                end += wanted[j].1.blob_len();
+                j += 1;
+            }
+            self.read_run(&wanted[i..j], &mut out);
+            i = j;
         }
-        let blob = match dev.read(ptr.daddr(), ptr.blob_len()) {
+        out
+    }
+
+    fn read_run(&self, run: &[(u64, L2Ptr)], out: &mut Vec<Result<Vec<u8>, L2Miss>>) {
+        let first = run[0].1;
+        let Some(dev) = self.devices.get(first.dev()).filter(|d| !d.is_degraded()) else {
+            for &(key, ptr) in run {
+                self.drop_if_same(key, ptr);
+                out.push(Err(L2Miss::Unavailable));
+            }
+            return;
+        };
+        let last = run[run.len() - 1].1;
+        let len = last.daddr() + last.blob_len() - first.daddr();
+        let bytes = match dev.read(first.daddr(), len) {
             Ok(b) => b,
             Err(e) => {
                 self.stats.l2_io_error.fetch_add(1, Relaxed);
-                self.drop_if_same(key, ptr);
+                for &(key, ptr) in run {
+                    self.drop_if_same(key, ptr);
+                    out.push(Err(L2Miss::IoError));
+                }
                 if dev.note_error() {
                     warn!("L2 device {} taken out of service after repeated errors (last: {e})", dev.path);
-                    self.retire(ptr.dev());
+                    self.retire(first.dev());
                 }
-                return Err(L2Miss::IoError);
+                return;
             }
         };
         dev.note_success();
-        self.stats.l2_read_bytes.fetch_add(blob.len() as u64, Relaxed);
-        let data = (checksum(key, &blob) == ptr.cksum).then(|| unframe(&blob)).flatten();
-        match data {
-            Some(d) => Ok(d.to_vec()),
-            None if self.drop_if_same(key, ptr) => {
-                self.stats.l2_cksum_bad.fetch_add(1, Relaxed);
-                dev.stats.cksum_bad.fetch_add(1, Relaxed);
-                Err(L2Miss::ChecksumBad)
-            }
-            None => {
-                self.stats.l2_evict_reading.fetch_add(1, Relaxed);
-                Err(L2Miss::EvictedWhileReading)
-            }
+        self.stats.l2_read_bytes.fetch_add(len, Relaxed);
+        for &(key, ptr) in run {
+            let at = (ptr.daddr() - first.daddr()) as usize;
+            let blob = &bytes[at..at + ptr.blob_len() as usize];
+            let data = (checksum(key, blob) == ptr.cksum).then(|| unframe(blob)).flatten();
+            out.push(match data {
+                Some(d) => Ok(d.to_vec()),
+                None if self.drop_if_same(key, ptr) => {
+                    self.stats.l2_cksum_bad.fetch_add(1, Relaxed);
+                    dev.stats.cksum_bad.fetch_add(1, Relaxed);
+                    Err(L2Miss::ChecksumBad)
+                }
+                None => {
+                    self.stats.l2_evict_reading.fetch_add(1, Relaxed);
+                    Err(L2Miss::EvictedWhileReading)
+                }
+            });
         }
     }
 

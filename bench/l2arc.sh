@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The L2ARC figures, in one run (issue 3):
+#   origin  = nbdkit file ORIGIN with the rate (300 MB/s) and delay (4 ms) filters,
+#             like the raidz of seed 000;
+#   arcache = arcache serve --arc-max 256M --l2 L2FILE:4G in front of the origin,
+#             default tunables;
+#   nbdkit-cache = nbdkit's cache filter in front of the same origin, its cache
+#             file on the same disk;
+#   raw L2  = fio with O_DIRECT on a file on the same disk as the L2 file.
+# Both servers run in their own 512 MiB memory cgroup (v1), when one can be
+# made, so the host page cache is no hidden third tier.
+#
+# Seed 000: a 2 GiB region read sequentially twice with 1 MiB requests.
+# Seed 003: 4K random reads at queue depth 16 over a 1 GiB region, warm;
+#           and a thread-scaling sweep (queue depth 1..64) written as a PNG.
+#
+# Usage: bench/l2arc.sh [SECONDS_PER_RANDOM_JOB]   (default 20)
+# Needs fio, nbdkit, libnbd-bin, python3; writes bench/out/l2arc-*.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+secs=${1:-20}
+for t in fio nbdkit nbdcopy python3; do
+  command -v "$t" >/dev/null || { echo "bench: $t is missing (apt-get install fio nbdkit libnbd-bin)" >&2; exit 2; }
+done
+python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib >/dev/null
+cargo build --release --quiet --manifest-path "$here/Cargo.toml"
+bin="$here/target/release/arcache"
+out="$here/bench/out"; mkdir -p "$out"
+work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/arcache-l2bench.XXXXXX")
+pids=(); cgroups=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for c in "${cgroups[@]}"; do rmdir "$c" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cgroot=/sys/fs/cgroup/memory
+make_cgroup() { # name -> path or empty
+  local cg="$cgroot/arcache-bench-$1-$$"
+  if [ -w "$cgroot" ] && mkdir "$cg" 2>/dev/null && echo 512M > "$cg/memory.limit_in_bytes"; then
+    cgroups+=("$cg"); echo "$cg"
+  fi
+}
+in_cgroup() { # cgroup-path command...  (runs in the background, pid appended)
+  local cg=$1; shift
+  if [ -n "$cg" ]; then
+    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@" & pids+=($!)
+  else
+    "$@" & pids+=($!)
+  fi
+}
+wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
+
+echo "== preparing a 2 GiB origin image and the raw-disk reference"
+head -c 2G /dev/urandom > "$work/origin.img"
+fio --name=prep --filename="$work/raw.img" --rw=write --bs=1M --size=2G --direct=1 \
+    --output-format=json --output="$out/l2arc-raw-prep.json" >/dev/null
+fio --name=rawseq --filename="$work/raw.img" --rw=read --bs=1M --size=2G --direct=1 \
+    --output-format=json --output="$out/l2arc-raw-seq.json" >/dev/null
+fio --name=rawrand --filename="$work/raw.img" --rw=randread --bs=16k --size=1G --direct=1 --iodepth=16 \
+    --ioengine=libaio --time_based --runtime=10 --output-format=json --output="$out/l2arc-raw-rand.json" >/dev/null
+
+nbdkit --foreground -U "$work/origin.sock" --filter=rate --filter=delay file "$work/origin.img" \
+  rdelay=4ms rate=2400M & pids+=($!)
+wait_sock "$work/origin.sock"
+origin="nbd+unix:///?socket=$work/origin.sock"
+
+cg_arc=$(make_cgroup arcache || true)
+in_cgroup "$cg_arc" "$bin" serve --export "$origin" --listen "unix:$work/arc.sock" \
+  --control "$work/arc.ctl" --arc-max 256M --l2 "$work/l2.img:4G" >"$out/l2arc-arcache.log" 2>&1
+wait_sock "$work/arc.sock"
+arc="nbd+unix:///?socket=$work/arc.sock"
+
+cg_kit=$(make_cgroup nbdkit || true)
+mkdir -p "$work/kitcache"
+in_cgroup "$cg_kit" env TMPDIR="$work/kitcache" nbdkit --foreground -U "$work/kit.sock" --filter=cache \
+  nbd socket="$work/origin.sock" cache-on-read=true cache-max-size=4G
+wait_sock "$work/kit.sock"
+kit="nbd+unix:///?socket=$work/kit.sock"
+echo "cgroups: arcache=${cg_arc:-none} nbdkit-cache=${cg_kit:-none}"
+
+seq_pass() { # name uri
+  fio --name="$1" --ioengine=nbd --uri="$2" --rw=read --bs=1M --size=2G --iodepth=1 \
+      --output-format=json --output="$out/l2arc-$1.json" >/dev/null
+}
+rand_job() { # name uri qd seconds
+  fio --name="$1" --ioengine=nbd --uri="$2" --rw=randread --bs=4k --size=1G --iodepth="$3" \
+      --time_based --runtime="$4" --randseed=7 --output-format=json --output="$out/l2arc-$1.json" >/dev/null
+}
+feed_settled() { # waits until the feed has stopped writing (at most 60 s)
+  local last=-1 now
+  for _ in $(seq 60); do
+    now=$("$bin" stat --json --control "$work/arc.ctl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["l2_write_bytes"])')
+    [ "$now" = "$last" ] && return 0
+    last=$now; sleep 1
+  done
+}
+
+echo "== seed 000: 2 GiB sequential, twice"
+seq_pass origin-seq-1 "$origin"
+seq_pass arcache-seq-1 "$arc"
+feed_settled
+seq_pass arcache-seq-2 "$arc"
+seq_pass kit-seq-1 "$kit"
+seq_pass kit-seq-2 "$kit"
+
+echo "== seed 003: 4K random reads over 1 GiB, queue depth 16"
+rand_job origin-rand "$origin" 16 10
+seq_pass arcache-warm "$arc"   # the region is already on L2; this only re-touches it
+rand_job arcache-rand "$arc" 16 "$secs"
+rand_job kit-rand-warmup "$kit" 16 "$secs"
+rand_job kit-rand "$kit" 16 "$secs"
+"$bin" stat --json --control "$work/arc.ctl" > "$out/l2arc-arcache-stat.json"
+
+echo "== thread scaling"
+for qd in 1 2 4 8 16 32 64; do
+  rand_job "scale-arcache-qd$qd" "$arc" "$qd" 5
+  rand_job "scale-origin-qd$qd" "$origin" "$qd" 5
+done
+for cg in "$cg_arc" "$cg_kit"; do
+  [ -n "$cg" ] && echo "$cg peak memory: $(cat "$cg/memory.max_usage_in_bytes")" || true
+done > "$out/l2arc-memory.txt"
+
+echo "== header RAM per L2 record at 5 million records"
+(cd "$here" && cargo test --release --quiet -p arcache-l2 --test ring_model hdr_bytes -- --nocapture 2>/dev/null \
+  | grep "bytes" > "$out/l2arc-hdr.txt") || true
+
+python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def job(name):
+    with open(os.path.join(out, f"l2arc-{name}.json")) as f:
+        return json.load(f)["jobs"][0]["read"]
+def mbs(name): return job(name)["bw_bytes"] / 1e6
+def iops(name): return job(name)["iops"]
+def lat_ms(name): return job(name)["clat_ns"]["mean"] / 1e6
+raw_seq, raw_rand = mbs("raw-seq"), iops("raw-rand")
+o1, a1, a2, k1, k2 = (mbs(n) for n in ["origin-seq-1", "arcache-seq-1", "arcache-seq-2", "kit-seq-1", "kit-seq-2"])
+oi, ai, ki = iops("origin-rand"), iops("arcache-rand"), iops("kit-rand")
+st = json.load(open(os.path.join(out, "l2arc-arcache-stat.json")))
+hdr = open(os.path.join(out, "l2arc-hdr.txt")).read().strip() if os.path.exists(os.path.join(out, "l2arc-hdr.txt")) else "n/a"
+mem = open(os.path.join(out, "l2arc-memory.txt")).read().strip()
+lines = [
+    "## Seed 000: 2 GiB sequential read, 1 MiB requests, QD1",
+    "| server | pass 1 MB/s | pass 2 MB/s | pass 2 / pass 1 |", "|---|---|---|---|",
+    f"| origin alone | {o1:,.0f} | | |",
+    f"| arcache (ARC 256M + L2 4G) | {a1:,.0f} | {a2:,.0f} | {a2/a1:.2f}x |",
+    f"| nbdkit cache filter | {k1:,.0f} | {k2:,.0f} | {k2/k1:.2f}x |",
+    f"| raw L2 disk, O_DIRECT 1M | {raw_seq:,.0f} | | |",
+    f"arcache pass 2 / raw L2 sequential = {a2/raw_seq:.2f}x (target >= 0.7); pass 2 / pass 1 = {a2/a1:.2f}x (target >= 3)",
+    "",
+    "## Seed 003: 4K random read over 1 GiB, QD16, warm",
+    "| server | IOPS | mean latency ms | vs origin |", "|---|---|---|---|",
+    f"| origin alone | {oi:,.0f} | {lat_ms('origin-rand'):.2f} | 1.00x |",
+    f"| arcache | {ai:,.0f} | {lat_ms('arcache-rand'):.3f} | {ai/oi:.1f}x |",
+    f"| nbdkit cache filter | {ki:,.0f} | {lat_ms('kit-rand'):.3f} | {ki/oi:.1f}x |",
+    f"| raw L2 disk, 16K O_DIRECT QD16 | {raw_rand:,.0f} | | |",
+    f"arcache / origin = {ai/oi:.1f}x (target >= 6.7); arcache / nbdkit cache = {ai/ki:.1f}x (target >= 5)",
+    "",
+    f"L2: l2_hits={st['l2_hits']} l2_misses={st['l2_misses']} l2_size={st['l2_size']} l2_asize={st['l2_asize']} "
+    f"l2_hdr_size={st['l2_hdr_size']} l2_records={st['l2_records']} hdr bytes/record={st.get('l2_hdr_bytes_per_record', 0):.1f}",
+    f"5M-record header measurement: {hdr}",
+    f"memory: {mem}",
+]
+text = "\n".join(lines)
+print(text)
+open(os.path.join(out, "l2arc-summary.md"), "w").write(text + "\n")
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+qds = [1, 2, 4, 8, 16, 32, 64]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+for who, label in [("arcache", "arcache (ARC 256M + L2 4G)"), ("origin", "origin alone (4 ms, 300 MB/s)")]:
+    ax1.plot(qds, [iops(f"scale-{who}-qd{q}") for q in qds], marker="o", label=label)
+    ax2.plot(qds, [lat_ms(f"scale-{who}-qd{q}") for q in qds], marker="o", label=label)
+for ax, t, y in [(ax1, "4K random read, 1 GiB region: IOPS", "IOPS"), (ax2, "Average latency", "ms")]:
+    ax.set_xscale("log", base=2); ax.set_xticks(qds); ax.set_xticklabels(qds)
+    ax.set_xlabel("queue depth (outstanding requests)"); ax.set_ylabel(y); ax.set_title(t); ax.grid(alpha=.3)
+ax2.set_yscale("log"); ax1.legend()
+fig.tight_layout()
+fig.savefig(os.path.join(out, "l2arc-thread-scaling.png"), dpi=110)
+print("plot:", os.path.join(out, "l2arc-thread-scaling.png"))
+PY
