@@ -15,6 +15,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Records of 4K..1M are allocated and freed by dozens of threads; glibc's
+/// per-thread arenas then keep freed memory and the process grows well past
+/// `arc_max`. mimalloc returns it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "arcache",

@@ -128,3 +128,87 @@ fn lowering_l2arc_write_max_at_run_time_slows_the_feed() {
     let o = s.ctl(&["get", "l2arc_write_max"]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "65536");
 }
+
+#[test]
+fn two_devices_share_the_feed_and_secondarycache_none_keeps_an_export_off_l2() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.img");
+    let b = dir.path().join("b.img");
+    let data_a = random_file(&a, SIZE, 31);
+    let data_b = random_file(&b, 8 << 20, 32);
+    let cfg = dir.path().join("arcache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[export]]\nname = \"cached\"\nbacking = \"{}\"\n[[export]]\nname = \"private\"\nbacking = \"{}\"\nsecondarycache = \"none\"\n",
+            a.display(),
+            b.display()
+        ),
+    )
+    .unwrap();
+    let l2a = format!("{}:16M", dir.path().join("l2a.img").display());
+    let l2b = format!("{}:16M", dir.path().join("l2b.img").display());
+    let s = Serve::start(
+        dir,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--l2",
+            &l2a,
+            "--l2",
+            &l2b,
+            "--arc-max",
+            "4M",
+            "--set",
+            "l2arc_feed_min_ms=10",
+        ],
+    );
+    let mut ca = nbd::Client::connect(&s.target(), "cached").unwrap();
+    let mut cb = nbd::Client::connect(&s.target(), "private").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    for off in (0..8 << 20).step_by(buf.len()) {
+        cb.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data_b[off..off + buf.len()]);
+    }
+    let ineligible = stat_u64(&s, "evict_l2_ineligible");
+    assert!(ineligible > 0, "evicted records of the private export were not eligible");
+    for off in (0..SIZE).step_by(buf.len()) {
+        ca.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data_a[off..off + buf.len()]);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_fed(&s, 8 << 20);
+    let st = s.stat();
+    let devs = st["l2_devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2);
+    for d in devs {
+        assert!(d["write_bytes"].as_u64().unwrap() > 0, "both devices are fed: {st}");
+    }
+    // Re-reading the private export never touches L2.
+    let l2_hits = stat_u64(&s, "l2_hits");
+    for off in (0..8 << 20).step_by(buf.len()) {
+        cb.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data_b[off..off + buf.len()]);
+    }
+    assert_eq!(stat_u64(&s, "l2_hits"), l2_hits, "secondarycache=none: nothing of it on L2");
+}
+
+#[test]
+fn compressible_records_are_held_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("zeros.img");
+    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let s = Serve::start(dir, &["--export", img.to_str().unwrap(), "--arc-max", "64M"]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![1u8; 1 << 20];
+    for off in (0..8 << 20).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+    }
+    let st = s.stat();
+    let (cs, us) = (st["compressed_size"].as_u64().unwrap(), st["uncompressed_size"].as_u64().unwrap());
+    assert_eq!(us, 8 << 20);
+    assert!(cs * 20 < us, "zeroes compress: {cs} of {us}");
+    let o = s.ctl(&["set", "zfs_compressed_arc_enabled=0"]);
+    assert!(o.status.success());
+}

@@ -73,22 +73,30 @@ fn aligned(offset: u64, len: usize) -> bool {
     offset.is_multiple_of(DIRECT_ALIGN as u64) && len.is_multiple_of(DIRECT_ALIGN) && len > 0
 }
 
-/// A zeroed buffer of `len` bytes whose start is aligned for O_DIRECT.
-struct Bounce {
+/// A zeroed buffer of `len` bytes whose start is aligned for O_DIRECT, so
+/// a device can write it without another copy.
+pub struct AlignedBuf {
     raw: Vec<u8>,
     start: usize,
     len: usize,
 }
 
-impl Bounce {
-    fn new(len: usize) -> Self {
+impl AlignedBuf {
+    pub fn new(len: usize) -> Self {
         let raw = vec![0u8; len + DIRECT_ALIGN];
         let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
-        Bounce { raw, start, len }
+        AlignedBuf { raw, start, len }
     }
-    fn get(&mut self) -> &mut [u8] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.len]
     }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+fn is_aligned_ptr(p: *const u8) -> bool {
+    (p as usize).is_multiple_of(DIRECT_ALIGN)
 }
 
 impl FileDev {
@@ -147,10 +155,11 @@ impl BlockDev for FileDev {
         let len = buf.len() as u64;
         let err = |e| io_err("read", &self.path, offset, len, e);
         match self.direct_for(offset, buf.len()) {
+            Some(f) if is_aligned_ptr(buf.as_ptr()) => f.read_exact_at(buf, offset).map_err(err),
             Some(f) => {
-                let mut bounce = Bounce::new(buf.len());
-                f.read_exact_at(bounce.get(), offset).map_err(err)?;
-                buf.copy_from_slice(bounce.get());
+                let mut bounce = AlignedBuf::new(buf.len());
+                f.read_exact_at(bounce.as_mut_slice(), offset).map_err(err)?;
+                buf.copy_from_slice(bounce.as_slice());
                 Ok(())
             }
             None => self.buffered.read_exact_at(buf, offset).map_err(err),
@@ -164,10 +173,11 @@ impl BlockDev for FileDev {
         check_range(self.size, offset, buf.len() as u64)?;
         let err = |e| io_err("write", &self.path, offset, buf.len() as u64, e);
         match self.direct_for(offset, buf.len()) {
+            Some(f) if is_aligned_ptr(buf.as_ptr()) => f.write_all_at(buf, offset).map_err(err),
             Some(f) => {
-                let mut bounce = Bounce::new(buf.len());
-                bounce.get().copy_from_slice(buf);
-                f.write_all_at(bounce.get(), offset).map_err(err)
+                let mut bounce = AlignedBuf::new(buf.len());
+                bounce.as_mut_slice().copy_from_slice(buf);
+                f.write_all_at(bounce.as_slice(), offset).map_err(err)
             }
             None => self.buffered.write_all_at(buf, offset).map_err(err),
         }

@@ -13,7 +13,7 @@ mod slow;
 pub use counting::{CountingDev, IoCounts};
 pub use error::{DevError, DevResult};
 pub use faulty::{FaultPlan, FaultyDev};
-pub use file::{FileDev, FileDevOptions};
+pub use file::{AlignedBuf, FileDev, FileDevOptions};
 pub use mem::MemDev;
 pub use remote::NbdDev;
 pub use slow::{SlowDev, SlowDevConfig};

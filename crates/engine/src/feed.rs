@@ -29,6 +29,9 @@ use tracing::debug;
 
 use crate::cache::{Cache, FeedRules};
 
+/// The largest batch written at once.
+pub const MAX_BATCH: u64 = 8 << 20;
+
 /// `l2arc_noprefetch=auto`.
 pub const NOPREFETCH_AUTO: u8 = 2;
 
@@ -139,6 +142,12 @@ impl Feed {
             let (wrote, budget) = self.cycle(&mut devs, busy);
             let t = &self.tunables;
             let min_pause = Duration::from_millis(t.feed_min_ms.load(Relaxed).max(10));
+            // A cycle that used its whole budget stopped with more to feed:
+            // the next one starts at once, its budget earned by the time
+            // this one took.
+            if budget > 0 && wrote + MAX_BATCH >= budget {
+                continue;
+            }
             let pause = if t.feed_again.load(Relaxed) && budget > 0 && wrote * 2 > budget {
                 min_pause
             } else {
@@ -205,9 +214,11 @@ impl Feed {
                 d.rate_tokens = (d.rate_tokens.min(rate as f64) + rate as f64 * dt).min(rate as f64);
                 budget = d.rate_tokens as u64;
             }
-            d.last_cycle = now;
             let bw = self.stats.device_write_bw.load(Relaxed);
-            let secs = t.feed_min_ms.load(Relaxed).max(10) as f64 / 1000.0;
+            // The device time this cycle may use: what passed since the last
+            // cycle, at least one short pause, at most a second.
+            let min_secs = t.feed_min_ms.load(Relaxed).max(10) as f64 / 1000.0;
+            let secs = now.duration_since(d.last_cycle).as_secs_f64().clamp(min_secs, 1.0);
             if bw > 0 {
                 let share = if clients_reading_l2 { 0.5 } else { 0.9 };
                 budget = budget.min(((bw as f64 * secs * share) as u64).max(1 << 20));
@@ -215,6 +226,7 @@ impl Feed {
                 // Nothing measured yet: a first batch small enough to time.
                 budget = budget.min(16 << 20);
             }
+            d.last_cycle = now;
             let dwpd = t.dwpd_limit.load(Relaxed);
             if dev.wrapped() && wear_applies && dwpd > 0 {
                 let per_sec = dev.capacity() as f64 * dwpd as f64 / 100.0 / 86_400.0;
@@ -229,35 +241,44 @@ impl Feed {
             }
             budgeted += budget;
             let headroom = t.headroom.load(Relaxed);
-            let rules = FeedRules {
-                scan_bytes: if headroom == 0 { u64::MAX } else { budget.saturating_mul(headroom) },
-                budget,
-                mfu_only: t.mfuonly.load(Relaxed),
-                include_prefetch,
-            };
-            let items = self.cache.feed_candidates(rules);
-            if items.is_empty() {
-                continue;
-            }
-            let started = Instant::now();
             let trim = t.trim_ahead.load(Relaxed);
-            // Only a trim distance is cleared beyond the batch: evicting more
+            // Only a trim distance is cleared beyond a batch: evicting more
             // would throw good copies away for nothing.
             let ahead = if trim > 0 { dev.capacity() * trim / 100 } else { 0 };
-            match self.l2.write_batch(i, items, ahead, trim > 0) {
-                Ok(n) => {
-                    let secs = started.elapsed().as_secs_f64().max(1e-6);
-                    let prev = self.stats.device_write_bw.load(Relaxed);
-                    self.stats.device_write_bw.store(ewma(prev, (n as f64 / secs) as u64), Relaxed);
-                    if d.tokens != f64::MAX {
-                        d.tokens = (d.tokens - n as f64).max(0.0);
-                    }
-                    if d.rate_tokens != f64::MAX {
-                        d.rate_tokens = (d.rate_tokens - n as f64).max(0.0);
-                    }
-                    wrote += n;
+            let mut left = budget;
+            // Batches are bounded: a batch holds its write buffer and the
+            // records it captured, which may already be evicted from RAM.
+            while left >= 64 << 10 {
+                let rules = FeedRules {
+                    scan_bytes: if headroom == 0 { u64::MAX } else { budget.saturating_mul(headroom) },
+                    budget: left.min(MAX_BATCH),
+                    mfu_only: t.mfuonly.load(Relaxed),
+                    include_prefetch,
+                };
+                let items = self.cache.feed_candidates(rules);
+                if items.is_empty() {
+                    break;
                 }
-                Err(e) => debug!("L2 feed: {e}"),
+                let started = Instant::now();
+                match self.l2.write_batch(i, items, ahead, trim > 0) {
+                    Ok(n) => {
+                        let secs = started.elapsed().as_secs_f64().max(1e-6);
+                        let prev = self.stats.device_write_bw.load(Relaxed);
+                        self.stats.device_write_bw.store(ewma(prev, (n as f64 / secs) as u64), Relaxed);
+                        if d.tokens != f64::MAX {
+                            d.tokens = (d.tokens - n as f64).max(0.0);
+                        }
+                        if d.rate_tokens != f64::MAX {
+                            d.rate_tokens = (d.rate_tokens - n as f64).max(0.0);
+                        }
+                        wrote += n;
+                        left = left.saturating_sub(n);
+                    }
+                    Err(e) => {
+                        debug!("L2 feed: {e}");
+                        break;
+                    }
+                }
             }
         }
         self.stats.last_budget.store(budgeted, Relaxed);

@@ -161,26 +161,38 @@ impl L2Device {
         std::mem::take(&mut r.batches).into_iter().collect()
     }
 
+    /// Writes a batch; a large one as several parallel writes, since SSDs
+    /// (and virtual disks) reach their speed only with requests in flight.
     pub fn write(&self, offset: u64, buf: &[u8]) -> DevResult<()> {
         self.stats.writes.fetch_add(1, Relaxed);
         self.stats.write_bytes.fetch_add(buf.len() as u64, Relaxed);
-        self.dev.write_at(buf, offset)
+        const PART: usize = 2 << 20;
+        if buf.len() <= PART {
+            return self.dev.write_at(buf, offset);
+        }
+        std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks(PART)
+                .enumerate()
+                .map(|(i, part)| s.spawn(move || self.dev.write_at(part, offset + (i * PART) as u64)))
+                .collect();
+            parts.into_iter().try_for_each(|h| {
+                h.join().unwrap_or(Err(blockdev::DevError::Unsupported("L2 write thread panicked".into())))
+            })
+        })
     }
 
     /// Reads `len` bytes at `daddr` through an aligned superset, so an
     /// O_DIRECT device serves it without a bounce through the page cache.
-    pub fn read(&self, daddr: u64, len: u64) -> DevResult<Vec<u8>> {
+    /// Returns the buffer and where the wanted bytes start in it.
+    pub fn read_aligned(&self, daddr: u64, len: u64) -> DevResult<(blockdev::AlignedBuf, usize)> {
         let lo = daddr / ALIGN * ALIGN;
-        let hi = (daddr + len).div_ceil(ALIGN) * ALIGN;
-        let hi = hi.min(self.end);
-        let mut buf = vec![0u8; (hi - lo) as usize];
+        let hi = ((daddr + len).div_ceil(ALIGN) * ALIGN).min(self.end);
+        let mut buf = blockdev::AlignedBuf::new((hi - lo) as usize);
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(len, Relaxed);
-        self.dev.read_at(&mut buf, lo)?;
-        let from = (daddr - lo) as usize;
-        buf.drain(..from);
-        buf.truncate(len as usize);
-        Ok(buf)
+        self.dev.read_at(buf.as_mut_slice(), lo)?;
+        Ok((buf, (daddr - lo) as usize))
     }
 
     /// Punches out a region ahead of the hand (`l2arc_trim_ahead`).

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use blockdev::AlignedBuf;
 use parking_lot::Mutex;
 use tracing::warn;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -79,15 +80,17 @@ pub struct L2Arc {
     pub stats: L2Stats,
 }
 
-/// Frames a record for the device: little-endian length, bytes, zero padding
-/// to a sector. The length makes a compressed record decodable exactly.
-pub fn frame(data: &[u8]) -> Vec<u8> {
-    let len = (4 + data.len() as u64).div_ceil(SECTOR) * SECTOR;
-    let mut out = Vec::with_capacity(len as usize);
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out.extend_from_slice(data);
-    out.resize(len as usize, 0);
-    out
+/// Bytes a record of `len` bytes takes on the device once framed.
+pub fn framed_len(len: usize) -> u64 {
+    (4 + len as u64).div_ceil(SECTOR) * SECTOR
+}
+
+/// Frames a record for the device into `out` (of `framed_len` bytes, zeroed):
+/// little-endian length, bytes, zero padding to a sector. The length makes a
+/// compressed record decodable exactly.
+pub fn frame_into(data: &[u8], out: &mut [u8]) {
+    out[..4].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    out[4..4 + data.len()].copy_from_slice(data);
 }
 
 fn unframe(blob: &[u8]) -> Option<&[u8]> {
@@ -175,14 +178,14 @@ impl L2Arc {
 
     /// Reads and verifies the L2 copy `ptr` of `key`; returns the record's
     /// stored bytes. A failure drops the entry and is counted.
-    pub fn read(&self, key: u64, ptr: L2Ptr) -> Result<Vec<u8>, L2Miss> {
+    pub fn read(&self, key: u64, ptr: L2Ptr) -> Result<Arc<[u8]>, L2Miss> {
         self.read_many(&[(key, ptr)]).pop().unwrap_or(Err(L2Miss::Unavailable))
     }
 
     /// Reads several copies, with one device read for each run of copies
     /// that lie back to back on the same device (records fed together), and
     /// verifies each copy on its own. Results are in the order given.
-    pub fn read_many(&self, wanted: &[(u64, L2Ptr)]) -> Vec<Result<Vec<u8>, L2Miss>> {
+    pub fn read_many(&self, wanted: &[(u64, L2Ptr)]) -> Vec<Result<Arc<[u8]>, L2Miss>> {
         let mut out = Vec::with_capacity(wanted.len());
         let mut i = 0;
         while i < wanted.len() {
@@ -202,7 +205,7 @@ impl L2Arc {
         out
     }
 
-    fn read_run(&self, run: &[(u64, L2Ptr)], out: &mut Vec<Result<Vec<u8>, L2Miss>>) {
+    fn read_run(&self, run: &[(u64, L2Ptr)], out: &mut Vec<Result<Arc<[u8]>, L2Miss>>) {
         let first = run[0].1;
         let Some(dev) = self.devices.get(first.dev()).filter(|d| !d.is_degraded()) else {
             for &(key, ptr) in run {
@@ -213,7 +216,7 @@ impl L2Arc {
         };
         let last = run[run.len() - 1].1;
         let len = last.daddr() + last.blob_len() - first.daddr();
-        let bytes = match dev.read(first.daddr(), len) {
+        let (buf, skip) = match dev.read_aligned(first.daddr(), len) {
             Ok(b) => b,
             Err(e) => {
                 self.stats.l2_io_error.fetch_add(1, Relaxed);
@@ -230,12 +233,13 @@ impl L2Arc {
         };
         dev.note_success();
         self.stats.l2_read_bytes.fetch_add(len, Relaxed);
+        let bytes = &buf.as_slice()[skip..];
         for &(key, ptr) in run {
             let at = (ptr.daddr() - first.daddr()) as usize;
             let blob = &bytes[at..at + ptr.blob_len() as usize];
             let data = (checksum(key, blob) == ptr.cksum).then(|| unframe(blob)).flatten();
             out.push(match data {
-                Some(d) => Ok(d.to_vec()),
+                Some(d) => Ok(Arc::from(d)),
                 None if self.drop_if_same(key, ptr) => {
                     self.stats.l2_cksum_bad.fetch_add(1, Relaxed);
                     dev.stats.cksum_bad.fetch_add(1, Relaxed);
@@ -278,15 +282,24 @@ impl L2Arc {
         trim_ahead: bool,
     ) -> Result<u64, String> {
         let dev = &self.devices[dev_idx];
-        let mut buf = Vec::new();
+        // In key order, a stream's records lie back to back on the device and
+        // come back with one read, whatever order the ARC evicted them in.
+        let mut items = items;
+        items.sort_unstable_by_key(|it| it.key);
+        let framed: Vec<u64> = items.iter().map(|it| framed_len(it.data.len())).collect();
+        let len = framed.iter().sum::<u64>().div_ceil(ALIGN) * ALIGN;
+        let mut buf = AlignedBuf::new(len as usize);
         let mut placed = Vec::with_capacity(items.len());
-        for it in &items {
-            let blob = frame(&it.data);
-            placed.push((it.key, buf.len() as u64, blob.len() as u64, checksum(it.key, &blob), it.flags));
-            buf.extend_from_slice(&blob);
+        {
+            let out = buf.as_mut_slice();
+            let mut at = 0usize;
+            for (it, &flen) in items.iter().zip(&framed) {
+                let blob = &mut out[at..at + flen as usize];
+                frame_into(&it.data, blob);
+                placed.push((it.key, at as u64, flen, checksum(it.key, blob), it.flags));
+                at += flen as usize;
+            }
         }
-        let len = (buf.len() as u64).div_ceil(ALIGN) * ALIGN;
-        buf.resize(len as usize, 0);
         let abort = |why: String| {
             let mut m = self.meta.lock();
             for it in &items {
@@ -305,7 +318,7 @@ impl L2Arc {
             let _ = dev.trim(res.offset + len, ahead);
         }
         self.stats.l2_writes_sent.fetch_add(1, Relaxed);
-        if let Err(e) = dev.write(res.offset, &buf) {
+        if let Err(e) = dev.write(res.offset, buf.as_slice()) {
             self.stats.l2_writes_error.fetch_add(1, Relaxed);
             if dev.note_error() {
                 warn!("L2 device {} taken out of service after repeated errors (last: {e})", dev.path);

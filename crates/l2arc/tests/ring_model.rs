@@ -131,7 +131,8 @@ impl blockdev::BlockDev for NullDev {
 #[test]
 fn hdr_bytes_per_record_at_five_million_records() {
     const N: u64 = 5_000_000;
-    let dev = L2Device::new("null".into(), Arc::new(NullDev(HEADER_RESERVED + N * 512 + (64 << 20)))).unwrap();
+    let dev =
+        L2Device::new("null".into(), Arc::new(NullDev(HEADER_RESERVED + N * 512 + (64 << 20)))).unwrap();
     let l2 = L2Arc::new(vec![dev]).unwrap();
     let tiny: Arc<[u8]> = Arc::from(&[7u8; 16][..]);
     let mut key = 0;
@@ -139,7 +140,11 @@ fn hdr_bytes_per_record_at_five_million_records() {
         let items: Vec<FeedItem> = (key..(key + 20_000).min(N))
             .map(|k| {
                 assert!(l2.begin_feed(k));
-                FeedItem { key: k, data: Arc::clone(&tiny), flags: BlobFlags { lshift: 2, ..Default::default() } }
+                FeedItem {
+                    key: k,
+                    data: Arc::clone(&tiny),
+                    flags: BlobFlags { lshift: 2, ..Default::default() },
+                }
             })
             .collect();
         key += items.len() as u64;

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod conn;
+
 pub mod proto;
 pub mod server;
 pub mod uri;

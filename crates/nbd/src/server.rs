@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{unbounded, Sender};
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, info, warn};
 
 use crate::conn::{write_all_vectored, Conn};
 use crate::proto::*;
+use arcache_pool::{Job, JobQueue};
 
 /// A host errno describing why a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,12 +99,10 @@ pub struct ServerStats {
     pub immediate_reads: AtomicU64,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
 pub struct Server {
     exports: Arc<dyn ExportSet>,
     cfg: ServerConfig,
-    jobs: Sender<Job>,
+    jobs: JobQueue,
     stats: ServerStats,
     stopping: AtomicBool,
     live: Mutex<HashMap<u64, Conn>>,
@@ -119,22 +117,10 @@ enum Negotiated {
 
 impl Server {
     pub fn new(exports: Arc<dyn ExportSet>, cfg: ServerConfig) -> Arc<Server> {
-        let (tx, rx) = unbounded::<Job>();
-        for i in 0..cfg.workers.max(1) {
-            let rx = rx.clone();
-            std::thread::Builder::new()
-                .name(format!("nbd-worker-{i}"))
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                    }
-                })
-                .expect("spawn worker thread");
-        }
         Arc::new(Server {
             exports,
             cfg,
-            jobs: tx,
+            jobs: JobQueue::start("nbd-worker", cfg.workers),
             stats: ServerStats::default(),
             stopping: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
@@ -537,10 +523,7 @@ impl Server {
             }
             shared.release();
         });
-        if let Err(e) = self.jobs.send(job) {
-            // Only when every worker has died; run it here rather than drop it.
-            (e.into_inner())();
-        }
+        self.jobs.push(job);
     }
 }
 
