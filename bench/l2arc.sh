@@ -40,6 +40,9 @@ cgroot=/sys/fs/cgroup/memory
 make_cgroup() { # name -> path or empty
   local cg="$cgroot/arcache-bench-$1-$$"
   if [ -w "$cgroot" ] && mkdir "$cg" 2>/dev/null && echo 512M > "$cg/memory.limit_in_bytes"; then
+    # Throttle rather than kill: nbdkit's cache filter fills the page cache
+    # with dirty pages of its cache file faster than writeback frees them.
+    echo 1 > "$cg/memory.oom_control" 2>/dev/null || true
     cgroups+=("$cg"); echo "$cg"
   fi
 }
@@ -54,6 +57,7 @@ in_cgroup() { # cgroup-path command...  (runs in the background, pid appended)
 wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 
 echo "== preparing a 2 GiB origin image and the raw-disk reference"
+rm -f "$out"/l2arc-*.json "$out/l2arc-failed.txt"
 head -c 2G /dev/urandom > "$work/origin.img"
 fio --name=prep --filename="$work/raw.img" --rw=write --bs=1M --size=2G --direct=1 \
     --output-format=json --output="$out/l2arc-raw-prep.json" >/dev/null
@@ -81,13 +85,15 @@ wait_sock "$work/kit.sock"
 kit="nbd+unix:///?socket=$work/kit.sock"
 echo "cgroups: arcache=${cg_arc:-none} nbdkit-cache=${cg_kit:-none}"
 
+# A job that fails or hangs is recorded as failed, not fatal to the run.
 seq_pass() { # name uri
-  fio --name="$1" --ioengine=nbd --uri="$2" --rw=read --bs=1M --size=2G --iodepth=1 \
-      --output-format=json --output="$out/l2arc-$1.json" >/dev/null
+  timeout 300 fio --name="$1" --ioengine=nbd --uri="$2" --rw=read --bs=1M --size=2G --iodepth=1 \
+      --output-format=json --output="$out/l2arc-$1.json" >/dev/null 2>&1 || echo "$1 failed" >> "$out/l2arc-failed.txt"
 }
 rand_job() { # name uri qd seconds
-  fio --name="$1" --ioengine=nbd --uri="$2" --rw=randread --bs=4k --size=1G --iodepth="$3" \
-      --time_based --runtime="$4" --randseed=7 --output-format=json --output="$out/l2arc-$1.json" >/dev/null
+  timeout $(( $4 + 120 )) fio --name="$1" --ioengine=nbd --uri="$2" --rw=randread --bs=4k --size=1G --iodepth="$3" \
+      --time_based --runtime="$4" --randseed=7 --output-format=json --output="$out/l2arc-$1.json" >/dev/null 2>&1 \
+      || echo "$1 failed" >> "$out/l2arc-failed.txt"
 }
 feed_settled() { # waits until the feed has stopped writing (at most 60 s)
   local last=-1 now
@@ -131,8 +137,11 @@ python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 def job(name):
-    with open(os.path.join(out, f"l2arc-{name}.json")) as f:
-        return json.load(f)["jobs"][0]["read"]
+    try:
+        with open(os.path.join(out, f"l2arc-{name}.json")) as f:
+            return json.load(f)["jobs"][0]["read"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return {"bw_bytes": float("nan"), "iops": float("nan"), "clat_ns": {"mean": float("nan")}}
 def mbs(name): return job(name)["bw_bytes"] / 1e6
 def iops(name): return job(name)["iops"]
 def lat_ms(name): return job(name)["clat_ns"]["mean"] / 1e6
@@ -163,6 +172,7 @@ lines = [
     f"l2_hdr_size={st['l2_hdr_size']} l2_records={st['l2_records']} hdr bytes/record={st.get('l2_hdr_bytes_per_record', 0):.1f}",
     f"5M-record header measurement: {hdr}",
     f"memory: {mem}",
+    "failed jobs: " + (open(os.path.join(out, "l2arc-failed.txt")).read().replace(chr(10), "; ") if os.path.exists(os.path.join(out, "l2arc-failed.txt")) else "none"),
 ]
 text = "\n".join(lines)
 print(text)

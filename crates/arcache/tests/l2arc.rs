@@ -77,6 +77,11 @@ fn l2_serves_rereads_and_survives_corruption_and_loss() {
     f.sync_all().unwrap();
     read_all(&s, &data, Duration::ZERO);
     assert!(stat_u64(&s, "l2_cksum_bad") > 0, "corruption was detected: {}", s.stat());
+    // A real client's full copy is byte-identical too.
+    need("nbdcopy");
+    let copy = s.dir.path().join("copy.img");
+    run(std::process::Command::new("nbdcopy").arg(s.uri("")).arg(&copy));
+    assert!(std::fs::read(&copy).unwrap() == data, "nbdcopy through a corrupted L2 is exact");
 
     // The device vanishes: every read of it fails from now on.
     assert!(stat_u64(&s, "l2_records") > 100, "copies left on L2 to lose: {}", s.stat());

@@ -203,22 +203,29 @@ impl Cache {
 
     /// Caches a record read from a device (the backing store or L2).
     pub(crate) fn insert_read(&self, key: Key, rec: RecordData, prefetch: bool) {
-        let mut s = self.state.lock();
-        self.insert_locked(&mut s, key, rec, prefetch);
+        let gone = {
+            let mut s = self.state.lock();
+            self.insert_locked(&mut s, key, rec, prefetch)
+        };
+        self.count_evicted(gone);
     }
 
     /// Caches the new contents of a record a client just wrote, and kills any
     /// L2 copy of the old contents, in one step under the ARC lock so the
     /// feed cannot capture the old bytes in between.
     pub(crate) fn insert_written(&self, key: Key, rec: RecordData) {
-        let mut s = self.state.lock();
-        self.insert_locked(&mut s, key, rec, false);
-        if let Some(l2) = &self.l2 {
-            l2.invalidate(key);
-        }
+        let gone = {
+            let mut s = self.state.lock();
+            let gone = self.insert_locked(&mut s, key, rec, false);
+            if let Some(l2) = &self.l2 {
+                l2.invalidate(key);
+            }
+            gone
+        };
+        self.count_evicted(gone);
     }
 
-    fn insert_locked(&self, s: &mut State, key: Key, rec: RecordData, prefetch: bool) {
+    fn insert_locked(&self, s: &mut State, key: Key, rec: RecordData, prefetch: bool) -> Vec<(Key, u64)> {
         let a = self.access(prefetch);
         let charge = rec.psize() + RECORD_OVERHEAD;
         s.psize += rec.psize();
@@ -230,16 +237,26 @@ impl Cache {
         let mut evicted = std::mem::take(&mut s.evicted);
         s.policy.insert(key, charge, a, &mut evicted);
         s.evicted = evicted;
-        self.drop_evicted(s);
+        self.drop_evicted(s)
     }
 
-    fn drop_evicted(&self, s: &mut State) {
-        let c = &self.counters;
+    /// Drops the data of evicted records and counts them by L2 state. The
+    /// L2 check takes the L2 index lock, so it happens after the ARC lock is
+    /// released, from the list this returns.
+    fn drop_evicted(&self, s: &mut State) -> Vec<(Key, u64)> {
+        let mut gone = Vec::with_capacity(s.evicted.len());
         for key in std::mem::take(&mut s.evicted) {
             let Some(d) = s.data.remove(&key) else { continue };
             s.psize -= d.psize();
             s.lsize -= d.lsize();
-            let bytes = d.psize();
+            gone.push((key, d.psize()));
+        }
+        gone
+    }
+
+    fn count_evicted(&self, gone: Vec<(Key, u64)>) {
+        let c = &self.counters;
+        for (key, bytes) in gone {
             match &self.l2 {
                 Some(l2) if l2.contains(key) => c.evict_l2_cached.fetch_add(bytes, Relaxed),
                 Some(_) if self.l2_allowed(key) => c.evict_l2_eligible.fetch_add(bytes, Relaxed),
@@ -290,6 +307,7 @@ impl Cache {
                     taken += rec.psize();
                     let lshift = (rec.lsize().max(4096).next_power_of_two().trailing_zeros() - 12) as u8;
                     let flags = BlobFlags {
+                        raw: false,
                         compressed: rec.is_compressed(),
                         prefetch,
                         mfu: list == ListKind::Mfu,
@@ -318,11 +336,14 @@ impl Cache {
 
     /// Changes `zfs_arc_min`/`zfs_arc_max`; shrinking evicts at once.
     pub fn set_limits(&self, arc_min: u64, arc_max: u64) {
-        let mut s = self.state.lock();
-        let mut evicted = std::mem::take(&mut s.evicted);
-        s.policy.set_limits(arc_min, arc_max, &mut evicted);
-        s.evicted = evicted;
-        self.drop_evicted(&mut s);
+        let gone = {
+            let mut s = self.state.lock();
+            let mut evicted = std::mem::take(&mut s.evicted);
+            s.policy.set_limits(arc_min, arc_max, &mut evicted);
+            s.evicted = evicted;
+            self.drop_evicted(&mut s)
+        };
+        self.count_evicted(gone);
     }
 
     pub fn set_min_prefetch_ms(&self, ms: u64) {

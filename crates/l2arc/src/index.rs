@@ -22,17 +22,18 @@ pub struct L2Ptr {
 }
 
 // Layout of `bits`: daddr in 512-byte sectors (40 bits, 512 TiB), blob size in
-// sectors (12 bits, up to 2048 = 1 MiB + framing rounded), device (5 bits),
+// sectors (12 bits, up to 2048 = 1 MiB + framing rounded), device (4 bits),
 // then flags.
 const DADDR_BITS: u32 = 40;
 const PSIZE_SHIFT: u32 = 40;
 const DEV_SHIFT: u32 = 52;
+const FLAG_RAW: u64 = 1 << 56;
 const FLAG_COMPRESSED: u64 = 1 << 57;
 const FLAG_PREFETCH: u64 = 1 << 58;
 const FLAG_MFU: u64 = 1 << 59;
 /// log2(logical size) - 12, for `l2_size` accounting without more RAM.
 const LSHIFT_SHIFT: u32 = 60;
-pub const MAX_DEVICES: usize = 32;
+pub const MAX_DEVICES: usize = 16;
 pub const SECTOR: u64 = 512;
 /// The largest blob one entry can describe.
 pub const MAX_BLOB: u64 = 4095 * SECTOR;
@@ -40,6 +41,8 @@ pub const MAX_BLOB: u64 = 4095 * SECTOR;
 /// Flags remembered with an L2 copy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlobFlags {
+    /// The blob is the record's bytes exactly, without a length frame.
+    pub raw: bool,
     pub compressed: bool,
     pub prefetch: bool,
     pub mfu: bool,
@@ -56,6 +59,9 @@ impl L2Ptr {
         let mut bits = (daddr / SECTOR) | ((blob_len / SECTOR) << PSIZE_SHIFT) | ((dev as u64) << DEV_SHIFT);
         if flags.compressed {
             bits |= FLAG_COMPRESSED;
+        }
+        if flags.raw {
+            bits |= FLAG_RAW;
         }
         if flags.prefetch {
             bits |= FLAG_PREFETCH;
@@ -74,10 +80,11 @@ impl L2Ptr {
         ((self.bits >> PSIZE_SHIFT) & 0xfff) * SECTOR
     }
     pub fn dev(&self) -> usize {
-        ((self.bits >> DEV_SHIFT) & 0x1f) as usize
+        ((self.bits >> DEV_SHIFT) & 0xf) as usize
     }
     pub fn flags(&self) -> BlobFlags {
         BlobFlags {
+            raw: self.bits & FLAG_RAW != 0,
             compressed: self.bits & FLAG_COMPRESSED != 0,
             prefetch: self.bits & FLAG_PREFETCH != 0,
             mfu: self.bits & FLAG_MFU != 0,
@@ -228,9 +235,9 @@ mod tests {
 
     #[test]
     fn pointer_fields_roundtrip() {
-        let f = BlobFlags { compressed: true, prefetch: false, mfu: true, lshift: 2 };
-        let p = L2Ptr::new(31, (1 << 40) * 512 - 512, MAX_BLOB, f, 77);
-        assert_eq!(p.dev(), 31);
+        let f = BlobFlags { raw: true, compressed: true, prefetch: false, mfu: true, lshift: 2 };
+        let p = L2Ptr::new(15, (1 << 40) * 512 - 512, MAX_BLOB, f, 77);
+        assert_eq!(p.dev(), 15);
         assert_eq!(p.daddr(), (1 << 40) * 512 - 512);
         assert_eq!(p.blob_len(), MAX_BLOB);
         assert_eq!(p.flags(), f);

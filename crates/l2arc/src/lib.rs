@@ -80,6 +80,13 @@ pub struct L2Arc {
     pub stats: L2Stats,
 }
 
+/// Whether a record is stored as it is: uncompressed and a whole number of
+/// sectors, so its length is the blob's and a 16K record stays 16K (and
+/// 4K-aligned among its peers) on the device.
+fn stored_raw(data: &[u8], flags: BlobFlags) -> bool {
+    !flags.compressed && !data.is_empty() && (data.len() as u64).is_multiple_of(SECTOR)
+}
+
 /// Bytes a record of `len` bytes takes on the device once framed.
 pub fn framed_len(len: usize) -> u64 {
     (4 + len as u64).div_ceil(SECTOR) * SECTOR
@@ -93,7 +100,10 @@ pub fn frame_into(data: &[u8], out: &mut [u8]) {
     out[4..4 + data.len()].copy_from_slice(data);
 }
 
-fn unframe(blob: &[u8]) -> Option<&[u8]> {
+fn unframe(blob: &[u8], raw: bool) -> Option<&[u8]> {
+    if raw {
+        return Some(blob);
+    }
     let len = u32::from_le_bytes(blob.get(0..4)?.try_into().ok()?) as usize;
     blob.get(4..4 + len)
 }
@@ -237,7 +247,7 @@ impl L2Arc {
         for &(key, ptr) in run {
             let at = (ptr.daddr() - first.daddr()) as usize;
             let blob = &bytes[at..at + ptr.blob_len() as usize];
-            let data = (checksum(key, blob) == ptr.cksum).then(|| unframe(blob)).flatten();
+            let data = (checksum(key, blob) == ptr.cksum).then(|| unframe(blob, ptr.flags().raw)).flatten();
             out.push(match data {
                 Some(d) => Ok(Arc::from(d)),
                 None if self.drop_if_same(key, ptr) => {
@@ -286,7 +296,13 @@ impl L2Arc {
         // come back with one read, whatever order the ARC evicted them in.
         let mut items = items;
         items.sort_unstable_by_key(|it| it.key);
-        let framed: Vec<u64> = items.iter().map(|it| framed_len(it.data.len())).collect();
+        for it in items.iter_mut() {
+            it.flags.raw = stored_raw(&it.data, it.flags);
+        }
+        let framed: Vec<u64> = items
+            .iter()
+            .map(|it| if it.flags.raw { it.data.len() as u64 } else { framed_len(it.data.len()) })
+            .collect();
         let len = framed.iter().sum::<u64>().div_ceil(ALIGN) * ALIGN;
         let mut buf = AlignedBuf::new(len as usize);
         let mut placed = Vec::with_capacity(items.len());
@@ -295,7 +311,11 @@ impl L2Arc {
             let mut at = 0usize;
             for (it, &flen) in items.iter().zip(&framed) {
                 let blob = &mut out[at..at + flen as usize];
-                frame_into(&it.data, blob);
+                if it.flags.raw {
+                    blob.copy_from_slice(&it.data);
+                } else {
+                    frame_into(&it.data, blob);
+                }
                 placed.push((it.key, at as u64, flen, checksum(it.key, blob), it.flags));
                 at += flen as usize;
             }

@@ -12,7 +12,7 @@ proptest! {
         let mut ix = L2Index::new();
         let mut model: HashMap<u64, L2Ptr> = HashMap::new();
         for (op, key, v) in ops {
-            let p = L2Ptr::new((v % 32) as usize, v * 512, 512, BlobFlags::default(), v);
+            let p = L2Ptr::new((v % 16) as usize, v * 512, 512, BlobFlags::default(), v);
             match op {
                 0 | 1 => prop_assert_eq!(ix.insert(key, p), model.insert(key, p)),
                 _ => prop_assert_eq!(ix.remove(key), model.remove(&key)),
