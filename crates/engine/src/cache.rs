@@ -313,7 +313,7 @@ impl Cache {
                         mfu: list == ListKind::Mfu,
                         lshift,
                     };
-                    out.push(FeedItem { key, data: Arc::clone(rec.stored()), flags });
+                    out.push(FeedItem { key, data: Arc::clone(rec) as arcache_l2::SharedBytes, flags });
                 }
                 true
             });

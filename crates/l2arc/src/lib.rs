@@ -24,10 +24,13 @@ pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
 /// Longest single device read when copies lie back to back.
 const MAX_COALESCED_READ: u64 = 1 << 20;
 
+/// Bytes shared with the ARC, without copying them for the feed.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// One record handed to the feed: its key, stored bytes and flags.
 pub struct FeedItem {
     pub key: u64,
-    pub data: Arc<[u8]>,
+    pub data: SharedBytes,
     pub flags: BlobFlags,
 }
 
@@ -188,14 +191,14 @@ impl L2Arc {
 
     /// Reads and verifies the L2 copy `ptr` of `key`; returns the record's
     /// stored bytes. A failure drops the entry and is counted.
-    pub fn read(&self, key: u64, ptr: L2Ptr) -> Result<Arc<[u8]>, L2Miss> {
+    pub fn read(&self, key: u64, ptr: L2Ptr) -> Result<Box<[u8]>, L2Miss> {
         self.read_many(&[(key, ptr)]).pop().unwrap_or(Err(L2Miss::Unavailable))
     }
 
     /// Reads several copies, with one device read for each run of copies
     /// that lie back to back on the same device (records fed together), and
     /// verifies each copy on its own. Results are in the order given.
-    pub fn read_many(&self, wanted: &[(u64, L2Ptr)]) -> Vec<Result<Arc<[u8]>, L2Miss>> {
+    pub fn read_many(&self, wanted: &[(u64, L2Ptr)]) -> Vec<Result<Box<[u8]>, L2Miss>> {
         let mut out = Vec::with_capacity(wanted.len());
         let mut i = 0;
         while i < wanted.len() {
@@ -215,7 +218,7 @@ impl L2Arc {
         out
     }
 
-    fn read_run(&self, run: &[(u64, L2Ptr)], out: &mut Vec<Result<Arc<[u8]>, L2Miss>>) {
+    fn read_run(&self, run: &[(u64, L2Ptr)], out: &mut Vec<Result<Box<[u8]>, L2Miss>>) {
         let first = run[0].1;
         let Some(dev) = self.devices.get(first.dev()).filter(|d| !d.is_degraded()) else {
             for &(key, ptr) in run {
@@ -249,7 +252,7 @@ impl L2Arc {
             let blob = &bytes[at..at + ptr.blob_len() as usize];
             let data = (checksum(key, blob) == ptr.cksum).then(|| unframe(blob, ptr.flags().raw)).flatten();
             out.push(match data {
-                Some(d) => Ok(Arc::from(d)),
+                Some(d) => Ok(Box::from(d)),
                 None if self.drop_if_same(key, ptr) => {
                     self.stats.l2_cksum_bad.fetch_add(1, Relaxed);
                     dev.stats.cksum_bad.fetch_add(1, Relaxed);
@@ -297,11 +300,18 @@ impl L2Arc {
         let mut items = items;
         items.sort_unstable_by_key(|it| it.key);
         for it in items.iter_mut() {
-            it.flags.raw = stored_raw(&it.data, it.flags);
+            it.flags.raw = stored_raw((*it.data).as_ref(), it.flags);
         }
         let framed: Vec<u64> = items
             .iter()
-            .map(|it| if it.flags.raw { it.data.len() as u64 } else { framed_len(it.data.len()) })
+            .map(|it| {
+                let n = (*it.data).as_ref().len();
+                if it.flags.raw {
+                    n as u64
+                } else {
+                    framed_len(n)
+                }
+            })
             .collect();
         let len = framed.iter().sum::<u64>().div_ceil(ALIGN) * ALIGN;
         let mut buf = AlignedBuf::new(len as usize);
@@ -311,10 +321,11 @@ impl L2Arc {
             let mut at = 0usize;
             for (it, &flen) in items.iter().zip(&framed) {
                 let blob = &mut out[at..at + flen as usize];
+                let data = (*it.data).as_ref();
                 if it.flags.raw {
-                    blob.copy_from_slice(&it.data);
+                    blob.copy_from_slice(data);
                 } else {
-                    frame_into(&it.data, blob);
+                    frame_into(data, blob);
                 }
                 placed.push((it.key, at as u64, flen, checksum(it.key, blob), it.flags));
                 at += flen as usize;

@@ -4,15 +4,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, L2Miss, HEADER_RESERVED};
+use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, L2Miss, SharedBytes, HEADER_RESERVED};
 use blockdev::{FaultPlan, FaultyDev, MemDev};
 use proptest::prelude::*;
 
-fn data_for(key: u64, version: u8, len: usize) -> Arc<[u8]> {
-    (0..len)
-        .map(|i| (key as u8).wrapping_mul(31).wrapping_add(version).wrapping_add(i as u8))
-        .collect::<Vec<_>>()
-        .into()
+fn bytes_for(key: u64, version: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (key as u8).wrapping_mul(31).wrapping_add(version).wrapping_add(i as u8)).collect()
+}
+
+fn data_for(key: u64, version: u8, len: usize) -> SharedBytes {
+    Arc::new(bytes_for(key, version, len))
 }
 
 proptest! {
@@ -50,7 +51,7 @@ proptest! {
                         let got = l2.read(key, p).unwrap();
                         let v = version.get(&key).copied().unwrap_or(0);
                         prop_assert!(got.len().is_multiple_of(1024));
-                        prop_assert_eq!(&got[..], &data_for(key, v, got.len())[..], "key {}", key);
+                        prop_assert_eq!(&got[..], &bytes_for(key, v, got.len())[..], "key {}", key);
                     }
                 }
             }
@@ -134,7 +135,7 @@ fn hdr_bytes_per_record_at_five_million_records() {
     let dev =
         L2Device::new("null".into(), Arc::new(NullDev(HEADER_RESERVED + N * 512 + (64 << 20)))).unwrap();
     let l2 = L2Arc::new(vec![dev]).unwrap();
-    let tiny: Arc<[u8]> = Arc::from(&[7u8; 16][..]);
+    let tiny: SharedBytes = Arc::new([7u8; 16]);
     let mut key = 0;
     while key < N {
         let items: Vec<FeedItem> = (key..(key + 20_000).min(N))
