@@ -127,10 +127,13 @@ fn make_image(path: &std::path::Path, size: u64, show: bool) -> Result<()> {
     Ok(())
 }
 
+/// The share of the client's own record reads served from RAM (prefetch
+/// reads the cache made on its own are not the client's).
 fn hit_ratio(r: &Running, before: &arcache_engine::ArcStats) -> f64 {
     let s = r.cache.stats();
-    let hits = (s.hits + s.iohits) - (before.hits + before.iohits);
-    let all = hits + s.misses - before.misses;
+    let hits =
+        (s.demand_data_hits + s.demand_data_iohits) - (before.demand_data_hits + before.demand_data_iohits);
+    let all = hits + s.demand_data_misses - before.demand_data_misses;
     if all == 0 {
         0.0
     } else {
