@@ -93,6 +93,9 @@ impl AlignedBuf {
     pub fn as_slice(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
     }
+    pub fn capacity(&self) -> usize {
+        self.len
+    }
 }
 
 fn is_aligned_ptr(p: *const u8) -> bool {

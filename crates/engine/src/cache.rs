@@ -196,6 +196,12 @@ impl Cache {
         Some(out)
     }
 
+    /// True if every key is in RAM; counts nothing, moves nothing.
+    pub(crate) fn all_cached(&self, mut keys: impl Iterator<Item = Key>) -> bool {
+        let s = self.state.lock();
+        keys.all(|k| s.data.contains_key(&k))
+    }
+
     /// The cached copy, without counting an access.
     pub(crate) fn peek(&self, key: Key) -> Option<RecordData> {
         self.state.lock().data.get(&key).cloned()

@@ -21,6 +21,12 @@ use crate::zfetch::Zfetch;
 
 const STRIPES: usize = 1024;
 
+thread_local! {
+    /// Each thread's buffer for reads from the backing store: a fresh
+    /// megabyte per fill would cost page faults on every miss.
+    static FILL_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Most records one backing IO fills or writes at once; bounds the locks
 /// one request holds and the size of a single device request.
 const MAX_RECORDS_PER_IO: u64 = 64;
@@ -157,6 +163,11 @@ impl Volume {
         let mut start = range.start;
         while start < range.end {
             let end = (start + MAX_RECORDS_PER_IO).min(range.end);
+            // A stream over cached data needs no prefetch job at all.
+            if c.all_cached((start..end).map(|r| self.key(r))) {
+                start = end;
+                continue;
+            }
             let Some(vol) = self.this.upgrade() else { return };
             let job = move || {
                 let _ = vol.prefetch_records(start..end);
@@ -294,15 +305,30 @@ impl Volume {
         need: Range<u64>,
         prefetch: bool,
         offset: u64,
-        mut out: Option<&mut [u8]>,
+        out: Option<&mut [u8]>,
     ) -> DevResult<()> {
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
-        let mut block = vec![0u8; (bytes.end - bytes.start) as usize];
+        FILL_BUF.with(|cell| {
+            let mut block = cell.borrow_mut();
+            block.resize((bytes.end - bytes.start) as usize, 0);
+            self.fill_from_block(need, bytes, &mut block, prefetch, offset, out)
+        })
+    }
+
+    fn fill_from_block(
+        &self,
+        need: Range<u64>,
+        bytes: Range<u64>,
+        block: &mut [u8],
+        prefetch: bool,
+        offset: u64,
+        mut out: Option<&mut [u8]>,
+    ) -> DevResult<()> {
         let c = &self.cache.counters;
         c.backing_reads.fetch_add(1, Relaxed);
         c.backing_read_bytes.fetch_add(block.len() as u64, Relaxed);
         let started = std::time::Instant::now();
-        if let Err(e) = self.dev.read_at(&mut block, bytes.start) {
+        if let Err(e) = self.dev.read_at(block, bytes.start) {
             c.backing_errors.fetch_add(1, Relaxed);
             return Err(e);
         }

@@ -10,6 +10,11 @@ use blockdev::{BlockDev, DevResult};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+thread_local! {
+    /// Each thread's aligned buffer for L2 reads.
+    static READ_BUF: std::cell::RefCell<Option<blockdev::AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
 /// The first MiB of every device is kept for its header (persistent L2ARC).
 pub const HEADER_RESERVED: u64 = 1 << 20;
 /// Batches start and end on this boundary, so O_DIRECT can write them.
@@ -183,16 +188,26 @@ impl L2Device {
     }
 
     /// Reads `len` bytes at `daddr` through an aligned superset, so an
-    /// O_DIRECT device serves it without a bounce through the page cache.
-    /// Returns the buffer and where the wanted bytes start in it.
-    pub fn read_aligned(&self, daddr: u64, len: u64) -> DevResult<(blockdev::AlignedBuf, usize)> {
+    /// O_DIRECT device serves it without a bounce through the page cache,
+    /// and hands them to `f`. The aligned buffer is the calling thread's
+    /// own and reused: a fresh megabyte per read would cost page faults.
+    pub fn read_with<T>(&self, daddr: u64, len: u64, f: impl FnOnce(&[u8]) -> T) -> DevResult<T> {
         let lo = daddr / ALIGN * ALIGN;
         let hi = ((daddr + len).div_ceil(ALIGN) * ALIGN).min(self.end);
-        let mut buf = blockdev::AlignedBuf::new((hi - lo) as usize);
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(len, Relaxed);
-        self.dev.read_at(buf.as_mut_slice(), lo)?;
-        Ok((buf, (daddr - lo) as usize))
+        READ_BUF.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let need = (hi - lo) as usize;
+            if buf.as_ref().is_none_or(|b| b.capacity() < need) {
+                *buf = Some(blockdev::AlignedBuf::new(need.max(64 << 10)));
+            }
+            let b = buf.as_mut().expect("just filled");
+            let slice = &mut b.as_mut_slice()[..need];
+            self.dev.read_at(slice, lo)?;
+            let from = (daddr - lo) as usize;
+            Ok(f(&slice[from..from + len as usize]))
+        })
     }
 
     /// Punches out a region ahead of the hand (`l2arc_trim_ahead`).

@@ -229,8 +229,18 @@ impl L2Arc {
         };
         let last = run[run.len() - 1].1;
         let len = last.daddr() + last.blob_len() - first.daddr();
-        let (buf, skip) = match dev.read_aligned(first.daddr(), len) {
-            Ok(b) => b,
+        let verified = dev.read_with(first.daddr(), len, |bytes| {
+            run.iter()
+                .map(|&(key, ptr)| {
+                    let at = (ptr.daddr() - first.daddr()) as usize;
+                    let blob = &bytes[at..at + ptr.blob_len() as usize];
+                    let ok = checksum(key, blob) == ptr.cksum;
+                    ok.then(|| unframe(blob, ptr.flags().raw).map(Box::from)).flatten()
+                })
+                .collect::<Vec<Option<Box<[u8]>>>>()
+        });
+        let verified = match verified {
+            Ok(v) => v,
             Err(e) => {
                 self.stats.l2_io_error.fetch_add(1, Relaxed);
                 for &(key, ptr) in run {
@@ -246,13 +256,9 @@ impl L2Arc {
         };
         dev.note_success();
         self.stats.l2_read_bytes.fetch_add(len, Relaxed);
-        let bytes = &buf.as_slice()[skip..];
-        for &(key, ptr) in run {
-            let at = (ptr.daddr() - first.daddr()) as usize;
-            let blob = &bytes[at..at + ptr.blob_len() as usize];
-            let data = (checksum(key, blob) == ptr.cksum).then(|| unframe(blob, ptr.flags().raw)).flatten();
+        for (&(key, ptr), data) in run.iter().zip(verified) {
             out.push(match data {
-                Some(d) => Ok(Box::from(d)),
+                Some(d) => Ok(d),
                 None if self.drop_if_same(key, ptr) => {
                     self.stats.l2_cksum_bad.fetch_add(1, Relaxed);
                     dev.stats.cksum_bad.fetch_add(1, Relaxed);

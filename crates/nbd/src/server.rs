@@ -394,6 +394,7 @@ impl Server {
         export: &Arc<dyn Export>,
         info: &ExportInfo,
     ) -> io::Result<()> {
+        let mut scratch: Vec<u8> = Vec::new();
         loop {
             let mut hdr = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut hdr) {
@@ -424,12 +425,19 @@ impl Server {
                 continue;
             }
             if req.kind == CMD_READ {
-                let mut buf = vec![0u8; req.length as usize];
-                if let Some(res) = export.try_read_now(req.offset, &mut buf) {
+                // Reads answered here reuse one buffer: a fresh large buffer
+                // per request costs page faults on every reply.
+                scratch.resize(req.length as usize, 0);
+                if let Some(res) = export.try_read_now(req.offset, &mut scratch) {
                     self.stats.immediate_reads.fetch_add(1, Relaxed);
-                    shared.reply_read(req, res, &buf, &self.stats);
+                    shared.reply_read(req, res, &scratch, &self.stats);
+                    if scratch.capacity() > 4 << 20 {
+                        // Do not keep a rare huge buffer for the connection's life.
+                        scratch = Vec::new();
+                    }
                     continue;
                 }
+                let mut buf = vec![0u8; req.length as usize];
                 self.dispatch(
                     shared,
                     req,
