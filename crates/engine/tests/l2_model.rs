@@ -170,3 +170,52 @@ fn concurrent_clients_while_the_feed_wraps_the_device() {
     assert!(stats.cycles.load(Relaxed) > 10);
     cache.validate().unwrap();
 }
+
+/// What each feed rule lets onto L2: `l2arc_mfuonly`, `l2arc_noprefetch`,
+/// and `l2arc_trim_ahead` issuing trims beyond the batch.
+#[test]
+fn feed_rules_decide_what_reaches_l2() {
+    use blockdev::CountingDev;
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(DEV));
+    let l2dev = Arc::new(CountingDev::new(MemDev::new(HEADER_RESERVED + (8 << 20))));
+    let l2 =
+        L2Arc::new(vec![L2Device::new("l2".into(), l2dev.clone() as Arc<dyn BlockDev>).unwrap()]).unwrap();
+    let cache = Cache::with_l2(
+        CacheConfig { arc_min: 1 << 20, arc_max: 4 << 20, min_prefetch_ms: 1000, compress: false },
+        Some(Arc::new(l2)),
+    );
+    let tun = Arc::new(FeedTunables::default());
+    tun.dwpd_limit.store(0, Relaxed);
+    let feed = Feed::new(Arc::clone(&cache), Arc::clone(&tun), Arc::new(AtomicU64::new(4 << 20))).unwrap();
+    let vol = Volume::new(
+        0,
+        VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false },
+        backing,
+        Arc::clone(&cache),
+    );
+    let l2 = cache.l2().unwrap();
+    let mut b = vec![0u8; 4096];
+    // Record 1: read twice, 100 ms apart: MFU. Record 2: read once: MRU.
+    // Record 3: brought in by NBD CACHE: a prefetch.
+    vol.read(4096, &mut b).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    vol.read(4096, &mut b).unwrap();
+    vol.read(2 * 4096, &mut b).unwrap();
+    vol.prefetch(3 * 4096, 4096).unwrap();
+
+    tun.mfuonly.store(true, Relaxed);
+    tun.noprefetch.store(1, Relaxed);
+    feed.cycle_once();
+    assert!(l2.contains(1) && !l2.contains(2) && !l2.contains(3), "mfuonly: only the MFU record");
+
+    tun.mfuonly.store(false, Relaxed);
+    feed.cycle_once();
+    assert!(l2.contains(2) && !l2.contains(3), "noprefetch=1: demand records, not the prefetch");
+
+    tun.noprefetch.store(0, Relaxed);
+    let trims_before = l2dev.counts().trims;
+    tun.trim_ahead.store(10, Relaxed);
+    feed.cycle_once();
+    assert!(l2.contains(3), "noprefetch=0: prefetched records too");
+    assert!(l2dev.counts().trims > trims_before, "trim_ahead trims beyond the batch");
+}
