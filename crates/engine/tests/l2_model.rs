@@ -219,3 +219,22 @@ fn feed_rules_decide_what_reaches_l2() {
     assert!(l2.contains(3), "noprefetch=0: prefetched records too");
     assert!(l2dev.counts().trims > trims_before, "trim_ahead trims beyond the batch");
 }
+
+/// The feed stops when L2 headers would take more than
+/// `l2arc_meta_percent` of the ARC target, and says so.
+#[test]
+fn feed_pauses_when_l2_headers_exceed_their_share() {
+    let r = rig(4096, 64 << 10, 4, false);
+    let mut b = vec![0u8; 64 << 10];
+    r.vol.read(0, &mut b).unwrap();
+    r.feed.cycle_once();
+    let fed = r.cache.stats().l2_records;
+    assert!(fed > 0);
+    // 1 % of a 64 KiB target is 655 bytes: less than the index already holds.
+    r.feed.tunables.meta_percent.store(1, Relaxed);
+    r.vol.read(1 << 20, &mut b).unwrap();
+    r.feed.cycle_once();
+    let st = r.cache.stats();
+    assert_eq!(st.l2_records, fed, "nothing more fed");
+    assert!(st.l2_abort_lowmem > 0);
+}
