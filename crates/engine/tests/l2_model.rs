@@ -238,3 +238,46 @@ fn feed_pauses_when_l2_headers_exceed_their_share() {
     assert_eq!(st.l2_records, fed, "nothing more fed");
     assert!(st.l2_abort_lowmem > 0);
 }
+
+/// `l2arc_dwpd_limit`: once a device has wrapped (and L2 is at least twice
+/// arc_max), one drive write per day on a 4 MiB device is ~50 bytes a
+/// second, so the feed all but stops; with the bound off it keeps writing.
+#[test]
+fn wear_bound_slows_the_feed_after_the_first_pass() {
+    let fed_after_wrap = |dwpd: u64| -> u64 {
+        let r = rig(4096, 256 << 10, 4, false);
+        r.feed.tunables.dwpd_limit.store(dwpd, Relaxed);
+        r.feed.tunables.feed_min_ms.store(10, Relaxed);
+        let stop = Arc::new(AtomicBool::new(false));
+        let cache = Arc::clone(&r.cache);
+        let feeder = r.feed.spawn(Arc::clone(&stop));
+        // Writes make new contents that must be fed again, so the 4 MiB
+        // device fills and wraps although the export is only 2 MiB.
+        let mut off = 0u64;
+        let mut round = 0u8;
+        let mut write_some = |n: usize| {
+            for _ in 0..n {
+                round = round.wrapping_add(1);
+                r.vol.write(off, &payload(round, 64 << 10), false).unwrap();
+                off = (off + (64 << 10)) % (DEV - (64 << 10));
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !cache.stats().l2_devices[0].wrapped {
+            assert!(std::time::Instant::now() < deadline, "the device never wrapped");
+            write_some(16);
+        }
+        write_some(50); // let a batch in flight finish
+        let before = cache.stats().l2_write_bytes;
+        write_some(1500);
+        let fed = cache.stats().l2_write_bytes - before;
+        stop.store(true, Relaxed);
+        feeder.join().unwrap();
+        fed
+    };
+    let bounded = fed_after_wrap(100);
+    let free = fed_after_wrap(0);
+    assert!(bounded <= 64 << 10, "with 1 DWPD the feed nearly stops: {bounded} bytes");
+    assert!(free > 1 << 20, "without the bound it keeps feeding: {free} bytes");
+}
