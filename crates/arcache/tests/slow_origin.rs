@@ -93,7 +93,13 @@ fn sigterm_answers_a_request_in_flight() {
         let mut b = vec![0u8; 65536];
         c.read(1 << 20, &mut b).map(|_| b)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Signal only once the server has the request (its 800 ms origin read
+    // is then under way), however slow the machine is.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.stat()["nbd_requests"].as_u64().unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "the read never reached the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (status, stderr) = s.terminate();
     let got = reader.join().unwrap().expect("the in-flight read is answered, not dropped");
     assert_eq!(got, data[1 << 20..(1 << 20) + 65536]);
