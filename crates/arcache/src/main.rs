@@ -1,5 +1,6 @@
 //! `arcache`: a ZFS-style ARC cache for slow block storage, served over NBD.
 
+mod arcstat;
 mod config;
 mod control;
 mod demo;
@@ -36,7 +37,8 @@ struct Cli {
 enum Cmd {
     /// Serve exports over NBD through a shared ARC in RAM.
     Serve(serve::ServeArgs),
-    /// Print the counters of a running server (arcstats names).
+    /// arcstat-style columns of a running server: `stat [INTERVAL [COUNT]]`,
+    /// `-f` to pick columns, `-v` to list them, `--json` for every counter.
     Stat(statcmd::StatArgs),
     /// Print tunables of a running server.
     Get(statcmd::GetArgs),

@@ -416,6 +416,7 @@ pub fn start_on(
             feed: feed_tun,
             feed_stats: feed_stats.clone(),
             arc_max,
+            started: std::time::Instant::now(),
         });
         Some(control::serve(&settings.control, handler)?)
     } else {
@@ -455,6 +456,7 @@ struct ControlState {
     feed: Arc<FeedTunables>,
     feed_stats: Option<Arc<FeedStats>>,
     arc_max: Arc<AtomicU64>,
+    started: std::time::Instant,
 }
 
 impl ControlState {
@@ -469,6 +471,7 @@ impl ControlState {
         obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
         obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
+        obj.insert("uptime_secs".into(), json!(self.started.elapsed().as_secs_f64()));
         obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));
         if let Some(f) = &self.feed_stats {
             obj.insert("l2_feed_cycles".into(), json!(f.cycles.load(Relaxed)));

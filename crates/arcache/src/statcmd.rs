@@ -4,12 +4,22 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
 
+use crate::arcstat;
 use crate::control::{call, Request};
-use crate::size::human;
 use crate::ControlArg;
 
 #[derive(Debug, Args)]
 pub struct StatArgs {
+    /// Seconds between lines; without it, one line of counts since start.
+    pub interval: Option<f64>,
+    /// Number of lines (default: until interrupted, with an interval).
+    pub count: Option<u64>,
+    /// Columns to show, comma-separated (arcstat names; `-v` lists them).
+    #[arg(short = 'f', long = "fields", value_delimiter = ',')]
+    pub fields: Vec<String>,
+    /// List the available columns with their meaning.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Print one JSON object with every counter.
     #[arg(long)]
     pub json: bool,
@@ -38,35 +48,67 @@ pub struct SetArgs {
 }
 
 pub fn stat(a: &StatArgs) -> Result<()> {
-    let v = call(&a.control.path(), &Request::Stat)?;
-    if a.json {
-        println!("{}", serde_json::to_string(&v)?);
+    if a.verbose {
+        for f in arcstat::FIELDS {
+            println!("{:<9} {}", f.name, f.description);
+        }
         return Ok(());
     }
-    let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let reads = n("hits") + n("iohits") + n("misses");
-    let pct = |x: u64| {
-        if reads == 0 {
-            0.0
-        } else {
-            100.0 * x as f64 / reads as f64
+    let path = a.control.path();
+    if a.json {
+        println!("{}", serde_json::to_string(&call(&path, &Request::Stat)?)?);
+        return Ok(());
+    }
+    let mut first = call(&path, &Request::Stat)?;
+    let names: Vec<String> = if a.fields.is_empty() {
+        let mut d: Vec<String> = arcstat::DEFAULT_FIELDS.iter().map(|s| s.to_string()).collect();
+        if first.get("l2_ndev").and_then(Value::as_u64).unwrap_or(0) > 0 {
+            d.extend(arcstat::L2_FIELDS.iter().map(|s| s.to_string()));
         }
+        d
+    } else {
+        a.fields.clone()
     };
-    println!(
-        "{:>10} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8}",
-        "read", "hit%", "miss%", "arcsz", "c", "mfu", "mru"
-    );
-    println!(
-        "{:>10} {:>6.1} {:>6.1} {:>8} {:>8} {:>8} {:>8}",
-        reads,
-        pct(n("hits") + n("iohits")),
-        pct(n("misses")),
-        human(n("size")),
-        human(n("c")),
-        human(n("mfu_size")),
-        human(n("mru_size"))
-    );
+    let fields = names
+        .iter()
+        .map(|n| {
+            arcstat::find(n).with_context(|| format!("unknown field {n:?}; `arcache stat -v` lists them"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let header: Vec<String> = fields.iter().map(|f| format!("{:>w$}", f.name, w = f.width())).collect();
+    println!("{}", header.join(" "));
+    let line = |prev: Option<&Value>, now: &Value, secs: f64| {
+        let clock = clock_now();
+        let cols: Vec<String> = fields
+            .iter()
+            .map(|f| format!("{:>w$}", f.value(prev, now, secs, &clock), w = f.width()))
+            .collect();
+        println!("{}", cols.join(" "));
+    };
+    let Some(interval) = a.interval else {
+        let up = first.get("uptime_secs").and_then(Value::as_f64).unwrap_or(1.0);
+        line(None, &first, up);
+        return Ok(());
+    };
+    if interval.is_nan() || interval <= 0.0 {
+        bail!("interval must be positive");
+    }
+    let mut printed = 0;
+    while a.count.is_none_or(|c| printed < c) {
+        let started = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_secs_f64(interval));
+        let now = call(&path, &Request::Stat)?;
+        line(Some(&first), &now, started.elapsed().as_secs_f64());
+        first = now;
+        printed += 1;
+    }
     Ok(())
+}
+
+fn clock_now() -> String {
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 
 pub fn get(a: &GetArgs) -> Result<()> {

@@ -62,6 +62,29 @@ fn stat_reports_arcstats_fields_that_move_with_io() {
 }
 
 #[test]
+fn stat_prints_arcstat_columns_at_intervals() {
+    let (s, _) = serve_one(&[]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut b = vec![0u8; 1 << 20];
+    c.read(0, &mut b).unwrap();
+    c.read(0, &mut b).unwrap();
+    let o = s.ctl(&["stat", "-f", "time,read,dhit%,arcsz,l2hit%"]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["time", "read", "dhit%", "arcsz", "l2hit%"]);
+    let cols: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(cols[2], "50", "half the client's record reads were hits: {text}");
+    let o = s.ctl(&["stat", "0.2", "2", "-f", "read,hit%"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 3, "header and two lines");
+    let o = s.ctl(&["stat", "-f", "bogus"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown field"));
+    let o = s.ctl(&["stat", "-v"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("l2hit%"));
+}
+
+#[test]
 fn get_and_set_tunables_at_run_time() {
     let (s, _) = serve_one(&["--set", "zfs_arc_min_prefetch_ms=250"]);
     let o = s.ctl(&["get", "zfs_arc_min_prefetch_ms"]);
