@@ -9,6 +9,7 @@ mod serve;
 mod simcmd;
 mod size;
 mod statcmd;
+mod summary;
 mod tunables;
 
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ enum Cmd {
     /// arcstat-style columns of a running server: `stat [INTERVAL [COUNT]]`,
     /// `-f` to pick columns, `-v` to list them, `--json` for every counter.
     Stat(statcmd::StatArgs),
+    /// An arc_summary-like report of a running server.
+    Summary(summary::SummaryArgs),
     /// Print tunables of a running server.
     Get(statcmd::GetArgs),
     /// Change a tunable of a running server.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Stat(a) => statcmd::stat(&a),
+        Cmd::Summary(a) => summary::run(&a),
         Cmd::Get(a) => statcmd::get(&a),
         Cmd::Set(a) => statcmd::set(&a),
         Cmd::Sim(a) => simcmd::run(&a),

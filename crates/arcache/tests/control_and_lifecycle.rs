@@ -82,6 +82,11 @@ fn stat_prints_arcstat_columns_at_intervals() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown field"));
     let o = s.ctl(&["stat", "-v"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("l2hit%"));
+    let o = s.ctl(&["summary"]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success() && text.contains("ARC size") && text.contains("Demand hit ratio"), "{text}");
+    assert!(!text.contains("L2ARC status"), "no L2 section without L2 devices");
+    assert!(text.contains("(none)"), "no tunables changed: {text}");
 }
 
 #[test]

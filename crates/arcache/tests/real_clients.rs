@@ -23,7 +23,14 @@ fn fio_random_reads_and_verified_writes() {
     // ARC is smaller than the data, so verification also reads evicted records.
     run(Command::new("fio")
         .args(["--name=verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=48M"])
-        .args(["--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--randseed=7"])
+        .args([
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--verify_state_save=0",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--randseed=7",
+        ])
         .arg(format!("--uri={}", s.uri(""))));
     run(Command::new("fio")
         .args(["--name=reads", "--ioengine=nbd", "--rw=randread", "--bs=4k", "--size=48M", "--iodepth=8"])

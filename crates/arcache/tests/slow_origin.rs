@@ -141,7 +141,13 @@ fn direct_io_backing_passes_fio_verification() {
     );
     run(Command::new("fio")
         .args(["--name=direct", "--ioengine=nbd", "--rw=randwrite", "--bs=4k,512", "--size=12M"])
-        .args(["--iodepth=8", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"])
+        .args([
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--verify_state_save=0",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
         .arg(format!("--uri={}", s.uri(""))));
 }
 

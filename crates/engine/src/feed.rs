@@ -145,7 +145,7 @@ impl Feed {
             // A cycle that used its whole budget stopped with more to feed:
             // the next one starts at once, its budget earned by the time
             // this one took.
-            if budget > 0 && wrote + MAX_BATCH >= budget {
+            if wrote > 0 && wrote + MAX_BATCH >= budget {
                 continue;
             }
             let pause = if t.feed_again.load(Relaxed) && budget > 0 && wrote * 2 > budget {

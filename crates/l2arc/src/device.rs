@@ -17,6 +17,10 @@ thread_local! {
 
 /// The first MiB of every device is kept for its header (persistent L2ARC).
 pub const HEADER_RESERVED: u64 = 1 << 20;
+/// Failed reads or writes in a row (IO errors or bad data) that take a
+/// device out of service.
+pub const FAILURES_TO_RETIRE: u32 = 8;
+
 /// Batches start and end on this boundary, so O_DIRECT can write them.
 pub const ALIGN: u64 = 4096;
 /// A device smaller than this is refused: too small to be worth a log.
@@ -216,11 +220,21 @@ impl L2Device {
     }
 
     /// Notes an IO error; returns true when this one takes the device out
-    /// of service (several in a row).
+    /// of service (several failures in a row).
     pub fn note_error(&self) -> bool {
         self.stats.io_errors.fetch_add(1, Relaxed);
+        self.note_failure()
+    }
+
+    /// Notes a read whose bytes failed verification: a device that keeps
+    /// returning wrong data is failing as surely as one returning errors.
+    pub fn note_bad_data(&self) -> bool {
+        self.note_failure()
+    }
+
+    fn note_failure(&self) -> bool {
         let n = self.consecutive_errors.fetch_add(1, Relaxed) + 1;
-        n >= 4 && !self.degraded.swap(true, Relaxed)
+        n >= FAILURES_TO_RETIRE && !self.degraded.swap(true, Relaxed)
     }
 
     pub fn note_success(&self) {

@@ -254,9 +254,14 @@ impl L2Arc {
                 return;
             }
         };
-        dev.note_success();
         self.stats.l2_read_bytes.fetch_add(len, Relaxed);
+        let mut bad = 0;
         for (&(key, ptr), data) in run.iter().zip(verified) {
+            if data.is_some() {
+                dev.note_success();
+            } else if self.index_has(key, ptr) {
+                bad += 1;
+            }
             out.push(match data {
                 Some(d) => Ok(d),
                 None if self.drop_if_same(key, ptr) => {
@@ -270,6 +275,17 @@ impl L2Arc {
                 }
             });
         }
+        if bad > 0 && (0..bad).any(|_| dev.note_bad_data()) {
+            warn!(
+                "L2 device {} taken out of service: it keeps returning data that fails verification",
+                dev.path
+            );
+            self.retire(first.dev());
+        }
+    }
+
+    fn index_has(&self, key: u64, ptr: L2Ptr) -> bool {
+        self.meta.lock().index.get(key) == Some(ptr)
     }
 
     /// Drops every entry of a device that left service.

@@ -94,12 +94,15 @@ fn flipped_bits_and_io_errors_are_caught_and_a_failing_device_is_retired() {
     let p = l2.lookup(1).unwrap();
     assert_eq!(l2.read(1, p), Err(L2Miss::ChecksumBad));
     assert!(l2.lookup(1).is_none(), "a bad copy is dropped");
+    faulty.set_plan(FaultPlan::default());
+    let p = l2.lookup(50).unwrap();
+    assert!(l2.read(50, p).is_ok(), "a good read resets the failure count");
     faulty.set_plan(FaultPlan { fail_reads: std::iter::once(0..u64::MAX).collect(), ..Default::default() });
-    for k in 2..6 {
+    for k in 2..2 + arcache_l2::device::FAILURES_TO_RETIRE as u64 {
         let p = l2.lookup(k).unwrap();
         assert_eq!(l2.read(k, p), Err(L2Miss::IoError));
     }
-    assert_eq!(l2.healthy_devices(), 0, "four errors in a row retire the device");
+    assert_eq!(l2.healthy_devices(), 0, "failures in a row retire the device");
     assert_eq!(l2.sizes().0, 0, "and forget everything on it");
     assert!(l2.stats.l2_io_error.load(std::sync::atomic::Ordering::Relaxed) >= 4);
 }
@@ -157,4 +160,32 @@ fn hdr_bytes_per_record_at_five_million_records() {
     let per = l2.hdr_size() as f64 / records as f64;
     println!("l2_hdr_size / records at {records} records: {per:.1} bytes");
     assert!(per <= 48.0, "{per} bytes per L2 record");
+}
+
+#[test]
+fn a_device_returning_bad_data_again_and_again_is_retired() {
+    let faulty = Arc::new(FaultyDev::new(MemDev::new(HEADER_RESERVED + (17 << 20)), 4));
+    let l2 = L2Arc::new(vec![L2Device::new("f".into(), faulty.clone()).unwrap()]).unwrap();
+    let items: Vec<FeedItem> = (0..64)
+        .map(|k| {
+            assert!(l2.begin_feed(k));
+            FeedItem { key: k, data: data_for(k, 0, 8192), flags: BlobFlags::default() }
+        })
+        .collect();
+    l2.write_batch(0, items, 0, false).unwrap();
+    faulty.set_plan(FaultPlan { flip_bit_probability: 1.0, ..Default::default() });
+    for k in 0..arcache_l2::device::FAILURES_TO_RETIRE as u64 - 1 {
+        let p = l2.lookup(k).unwrap();
+        assert_eq!(l2.read(k, p), Err(L2Miss::ChecksumBad));
+    }
+    assert_eq!(l2.healthy_devices(), 1, "a few bad reads are tolerated");
+    faulty.set_plan(FaultPlan::default());
+    let p = l2.lookup(40).unwrap();
+    assert!(l2.read(40, p).is_ok(), "a good read resets the count");
+    faulty.set_plan(FaultPlan { flip_bit_probability: 1.0, ..Default::default() });
+    for k in 20..20 + arcache_l2::device::FAILURES_TO_RETIRE as u64 {
+        let p = l2.lookup(k).unwrap();
+        assert_eq!(l2.read(k, p), Err(L2Miss::ChecksumBad));
+    }
+    assert_eq!(l2.healthy_devices(), 0, "bad data every time retires it");
 }
