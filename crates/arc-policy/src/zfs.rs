@@ -115,10 +115,6 @@ impl ZfsArc {
         }
     }
 
-    pub fn config(&self) -> ZfsArcConfig {
-        self.cfg
-    }
-
     /// Changes the minimum lifetime of prefetched entries.
     pub fn set_min_prefetch_ns(&mut self, ns: u64) {
         self.cfg.min_prefetch_ns = ns;

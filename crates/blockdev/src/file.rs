@@ -137,12 +137,6 @@ impl FileDev {
         &self.path
     }
 
-    /// An identity of the backing object, for logs (device, inode).
-    pub fn identity(&self) -> Option<(u64, u64)> {
-        use std::os::unix::fs::MetadataExt;
-        self.buffered.metadata().ok().map(|m| (m.dev(), m.ino()))
-    }
-
     fn direct_for(&self, offset: u64, len: usize) -> Option<&File> {
         self.direct.as_ref().filter(|_| aligned(offset, len))
     }

@@ -240,10 +240,6 @@ impl L2Device {
     pub fn note_success(&self) {
         self.consecutive_errors.store(0, Relaxed);
     }
-
-    pub fn end(&self) -> u64 {
-        self.end
-    }
 }
 
 #[cfg(test)]

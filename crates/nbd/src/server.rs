@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::conn::{write_all_vectored, Conn};
 use crate::proto::*;
@@ -678,11 +678,6 @@ fn read_u64(r: &mut impl Read) -> io::Result<u64> {
     let mut b = [0u8; 8];
     r.read_exact(&mut b)?;
     Ok(u64::from_be_bytes(b))
-}
-
-/// Logs where a listener is, in the form clients take.
-pub fn announce(uri: &str) {
-    info!("serving NBD at {uri}");
 }
 
 #[cfg(test)]
