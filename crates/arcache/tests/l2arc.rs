@@ -127,18 +127,7 @@ fn a_vanished_l2_device_costs_speed_not_data() {
 fn fio_verified_writes_with_l2_and_a_tiny_arc() {
     need("fio");
     let (s, _, _) = start(tempfile::tempdir().unwrap(), 22, &["--recordsize", "4K"]);
-    run(std::process::Command::new("fio")
-        .args(["--name=l2verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=20M"])
-        .args([
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--verify_state_save=0",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--randseed=3",
-        ])
-        .args(["--rate=12m,12m"])
-        .arg(format!("--uri={}", s.uri(""))));
+    fio_verified_writes(&s.uri(""), "l2verify", "20M", &["--randseed=3", "--rate=12m,12m"]);
     let st = s.stat();
     assert!(st["l2_write_bytes"].as_u64().unwrap() > 0, "{st}");
 }

@@ -21,17 +21,7 @@ fn fio_random_reads_and_verified_writes() {
     let s = Serve::start(dir, &["--export", backing.to_str().unwrap(), "--arc-max", "16M"]);
     // Writes with checksums, read back and verified, at queue depth 16; the
     // ARC is smaller than the data, so verification also reads evicted records.
-    run(Command::new("fio")
-        .args(["--name=verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=48M"])
-        .args([
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--verify_state_save=0",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--randseed=7",
-        ])
-        .arg(format!("--uri={}", s.uri(""))));
+    fio_verified_writes(&s.uri(""), "verify", "48M", &["--randseed=7"]);
     run(Command::new("fio")
         .args(["--name=reads", "--ioengine=nbd", "--rw=randread", "--bs=4k", "--size=48M", "--iodepth=8"])
         .args(["--number_ios=4000", "--randseed=9"])

@@ -139,16 +139,7 @@ fn direct_io_backing_passes_fio_verification() {
         dir,
         &["--export", img.to_str().unwrap(), "--direct", "--arc-max", "4M", "--recordsize", "4K"],
     );
-    run(Command::new("fio")
-        .args(["--name=direct", "--ioengine=nbd", "--rw=randwrite", "--bs=4k,512", "--size=12M"])
-        .args([
-            "--iodepth=8",
-            "--verify=crc32c",
-            "--verify_state_save=0",
-            "--do_verify=1",
-            "--verify_fatal=1",
-        ])
-        .arg(format!("--uri={}", s.uri(""))));
+    fio_verified_writes(&s.uri(""), "direct", "12M", &["--bs=4k,512", "--iodepth=8"]);
 }
 
 #[test]

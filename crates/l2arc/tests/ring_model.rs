@@ -62,6 +62,20 @@ proptest! {
     }
 }
 
+/// An L2 on a fault-injecting device, holding records 0..64 of 8 KiB.
+fn faulty_l2_with_64_records(seed: u64) -> (Arc<FaultyDev<MemDev>>, L2Arc) {
+    let faulty = Arc::new(FaultyDev::new(MemDev::new(HEADER_RESERVED + (17 << 20)), seed));
+    let l2 = L2Arc::new(vec![L2Device::new("f".into(), faulty.clone()).unwrap()]).unwrap();
+    let items: Vec<FeedItem> = (0..64)
+        .map(|k| {
+            assert!(l2.begin_feed(k));
+            FeedItem { key: k, data: data_for(k, 0, 8192), flags: BlobFlags::default() }
+        })
+        .collect();
+    l2.write_batch(0, items, 0, false).unwrap();
+    (faulty, l2)
+}
+
 #[test]
 fn a_write_during_the_feed_keeps_the_old_bytes_out_of_the_index() {
     let dev = L2Device::new("m".into(), Arc::new(MemDev::new(HEADER_RESERVED + (17 << 20)))).unwrap();
@@ -81,15 +95,7 @@ fn a_write_during_the_feed_keeps_the_old_bytes_out_of_the_index() {
 
 #[test]
 fn flipped_bits_and_io_errors_are_caught_and_a_failing_device_is_retired() {
-    let faulty = Arc::new(FaultyDev::new(MemDev::new(HEADER_RESERVED + (17 << 20)), 3));
-    let l2 = L2Arc::new(vec![L2Device::new("f".into(), faulty.clone()).unwrap()]).unwrap();
-    let items: Vec<FeedItem> = (0..64)
-        .map(|k| {
-            assert!(l2.begin_feed(k));
-            FeedItem { key: k, data: data_for(k, 0, 8192), flags: BlobFlags::default() }
-        })
-        .collect();
-    l2.write_batch(0, items, 0, false).unwrap();
+    let (faulty, l2) = faulty_l2_with_64_records(3);
     faulty.set_plan(FaultPlan { flip_bit_probability: 1.0, ..Default::default() });
     let p = l2.lookup(1).unwrap();
     assert_eq!(l2.read(1, p), Err(L2Miss::ChecksumBad));
@@ -164,15 +170,7 @@ fn hdr_bytes_per_record_at_five_million_records() {
 
 #[test]
 fn a_device_returning_bad_data_again_and_again_is_retired() {
-    let faulty = Arc::new(FaultyDev::new(MemDev::new(HEADER_RESERVED + (17 << 20)), 4));
-    let l2 = L2Arc::new(vec![L2Device::new("f".into(), faulty.clone()).unwrap()]).unwrap();
-    let items: Vec<FeedItem> = (0..64)
-        .map(|k| {
-            assert!(l2.begin_feed(k));
-            FeedItem { key: k, data: data_for(k, 0, 8192), flags: BlobFlags::default() }
-        })
-        .collect();
-    l2.write_batch(0, items, 0, false).unwrap();
+    let (faulty, l2) = faulty_l2_with_64_records(4);
     faulty.set_plan(FaultPlan { flip_bit_probability: 1.0, ..Default::default() });
     for k in 0..arcache_l2::device::FAILURES_TO_RETIRE as u64 - 1 {
         let p = l2.lookup(k).unwrap();

@@ -139,3 +139,27 @@ pub fn run(cmd: &mut Command) -> Output {
     );
     out
 }
+
+/// Random writes through fio's nbd engine, each block checksummed and read
+/// back and verified (`--verify=crc32c`, fatal on the first mismatch).
+/// `extra` adds or overrides fio options (`--bs`, `--iodepth`, `--rate`...).
+pub fn fio_verified_writes(uri: &str, name: &str, size: &str, extra: &[&str]) {
+    need("fio");
+    run(Command::new("fio")
+        .args([
+            &format!("--name={name}"),
+            "--ioengine=nbd",
+            "--rw=randwrite",
+            "--bs=4k",
+            &format!("--size={size}"),
+        ])
+        .args([
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--verify_state_save=0",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .args(extra)
+        .arg(format!("--uri={uri}")));
+}
