@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use arcache_engine::{
     Cache, CacheConfig, Feed, FeedStats, FeedTunables, Volume, VolumeConfig, ZfetchTunables, MAX_EXPORTS,
 };
-use arcache_l2::{L2Arc, L2Device};
+use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions};
 use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
 use clap::Args;
 use nbd::{NbdUri, Server, ServerConfig};
@@ -237,6 +237,7 @@ pub struct Running {
     pub control: Option<PathBuf>,
     sockets: Vec<PathBuf>,
     feed: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    rebuild: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl Running {
@@ -246,9 +247,12 @@ impl Running {
         if !self.server.shutdown(Duration::from_secs(30)) {
             warn!("some clients were still connected after 30 s");
         }
-        if let Some((stop, handle)) = self.feed.take() {
+        for (stop, handle) in self.rebuild.take().into_iter().chain(self.feed.take()) {
             stop.store(true, Ordering::Relaxed);
             let _ = handle.join();
+        }
+        if let Some(l2) = self.cache.l2() {
+            l2.sync_logs();
         }
         let mut result = Ok(());
         for v in &self.volumes {
@@ -273,8 +277,9 @@ pub fn start(settings: &ServeSettings, nbd_cfg: ServerConfig, with_control: bool
     start_on(settings, devices, nbd_cfg, with_control)
 }
 
-/// Opens (creating if asked) the L2 devices.
-fn open_l2(specs: &[L2Spec]) -> Result<Option<Arc<L2Arc>>> {
+/// Opens (creating if asked) the L2 devices, and reads their headers to
+/// restore their contents (the rebuild itself runs in the background).
+fn open_l2(specs: &[L2Spec], exports: &[ExportDesc], opts: &PersistOptions) -> Result<Option<Arc<L2Arc>>> {
     if specs.is_empty() {
         return Ok(None);
     }
@@ -297,7 +302,7 @@ fn open_l2(specs: &[L2Spec]) -> Result<Option<Arc<L2Arc>>> {
         info!("L2 device {shown}: {} bytes", dev.size());
         devices.push(L2Device::new(shown, Arc::new(dev)).map_err(anyhow::Error::msg)?);
     }
-    Ok(Some(Arc::new(L2Arc::new(devices).map_err(anyhow::Error::msg)?)))
+    Ok(Some(Arc::new(L2Arc::open(devices, exports, opts).map_err(anyhow::Error::msg)?)))
 }
 
 fn zfetch_tunables(t: &Tunables, z: &ZfetchTunables) {
@@ -329,7 +334,12 @@ pub fn start_on(
     with_control: bool,
 ) -> Result<Running> {
     let t = settings.tunables.clone();
-    let l2 = open_l2(&settings.l2)?;
+    let descs = export_descs(settings, &devices)?;
+    let persist = PersistOptions {
+        rebuild_enabled: t.value("l2arc_rebuild_enabled") != 0,
+        min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
+    };
+    let l2 = open_l2(&settings.l2, &descs, &persist)?;
     let cache = Cache::with_l2(
         CacheConfig {
             arc_min: t.value("zfs_arc_min"),
@@ -367,6 +377,7 @@ pub fn start_on(
     }
     let feed_tun = Arc::new(FeedTunables::default());
     feed_tunables(&t, &feed_tun);
+    let rebuild = start_rebuild(&cache, t.value("zfs_arc_max") * t.value("l2arc_meta_percent") / 100);
     let arc_max = Arc::new(AtomicU64::new(t.value("zfs_arc_max")));
     let (feed, feed_stats) = match Feed::new(Arc::clone(&cache), Arc::clone(&feed_tun), Arc::clone(&arc_max))
     {
@@ -422,7 +433,43 @@ pub fn start_on(
     } else {
         None
     };
-    Ok(Running { server, cache, volumes, uris, control, sockets, feed })
+    Ok(Running { server, cache, volumes, uris, control, sockets, feed, rebuild })
+}
+
+/// The identity of each export's backing store, which its L2 records are
+/// bound to.
+fn export_descs(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Result<Vec<ExportDesc>> {
+    settings
+        .exports
+        .iter()
+        .zip(devices)
+        .enumerate()
+        .map(|(i, (spec, dev))| {
+            Ok(ExportDesc {
+                id: u16::try_from(i).context("too many exports")?,
+                name: spec.name.clone(),
+                recordsize: u32::try_from(spec.recordsize).context("recordsize")?,
+                size: dev.size(),
+                identity: xxhash_rust::xxh3::xxh3_64(dev.identity().as_bytes()),
+            })
+        })
+        .collect()
+}
+
+/// Restores the L2 index from the devices' logs on a thread of its own:
+/// clients are served meanwhile, and restored records are hits at once.
+fn start_rebuild(cache: &Arc<Cache>, hdr_cap: u64) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
+    let l2 = Arc::clone(cache.l2()?);
+    if !l2.is_rebuilding() {
+        return None;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (c, s) = (Arc::clone(cache), Arc::clone(&stop));
+    let handle = std::thread::Builder::new()
+        .name("l2-rebuild".into())
+        .spawn(move || l2.rebuild(hdr_cap, &|keys: &[u64]| c.count_cached(keys), &s))
+        .ok()?;
+    Some((stop, handle))
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {

@@ -227,6 +227,14 @@ impl BlockDev for FileDev {
         self.path.display().to_string()
     }
 
+    fn identity(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        match self.buffered.metadata() {
+            Ok(m) => format!("file:{}:{}", m.dev(), m.ino()),
+            Err(_) => format!("path:{}", self.path.display()),
+        }
+    }
+
     fn is_read_only(&self) -> bool {
         self.read_only
     }

@@ -3,6 +3,7 @@
 //! faulty, counted), which decorators add around any device.
 
 mod counting;
+mod crash;
 mod error;
 mod faulty;
 mod file;
@@ -11,6 +12,7 @@ mod remote;
 mod slow;
 
 pub use counting::{CountingDev, IoCounts};
+pub use crash::CrashDev;
 pub use error::{DevError, DevResult};
 pub use faulty::{FaultPlan, FaultyDev};
 pub use file::{AlignedBuf, FileDev, FileDevOptions};
@@ -43,6 +45,12 @@ pub trait BlockDev: Send + Sync {
 
     /// A name for logs and errors.
     fn describe(&self) -> String;
+
+    /// What this store is, stable across restarts and different for a
+    /// different store (a persistent cache binds its contents to it).
+    fn identity(&self) -> String {
+        self.describe()
+    }
 
     fn is_read_only(&self) -> bool {
         false
@@ -97,6 +105,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn identity(&self) -> String {
+        (**self).identity()
     }
     fn is_read_only(&self) -> bool {
         (**self).is_read_only()

@@ -216,6 +216,27 @@ impl Cache {
         self.count_evicted(gone);
     }
 
+    /// How many of `keys` are in RAM.
+    pub fn count_cached(&self, keys: &[Key]) -> u64 {
+        let s = self.state.lock();
+        keys.iter().filter(|k| s.data.contains_key(k)).count() as u64
+    }
+
+    /// Before a write of `keys` reaches the backing store: their L2 copies
+    /// are dropped, durably (no restart or crash can bring them back), and
+    /// the feed leaves them alone until [`Cache::end_write`].
+    pub(crate) fn begin_write(&self, keys: &[Key]) {
+        if let Some(l2) = &self.l2 {
+            l2.begin_write(keys);
+        }
+    }
+
+    pub(crate) fn end_write(&self, keys: &[Key]) {
+        if let Some(l2) = &self.l2 {
+            l2.end_write(keys);
+        }
+    }
+
     /// Caches the new contents of a record a client just wrote, and kills any
     /// L2 copy of the old contents, in one step under the ARC lock so the
     /// feed cannot capture the old bytes in between.

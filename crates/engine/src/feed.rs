@@ -196,7 +196,7 @@ impl Feed {
         let wear_applies = total_capacity >= 2 * self.arc_max.load(Relaxed);
         let (mut wrote, mut budgeted) = (0, 0);
         for (i, dev) in self.l2.devices().iter().enumerate() {
-            if dev.is_degraded() {
+            if dev.is_degraded() || self.l2.device_rebuilding(i) {
                 continue;
             }
             let meta_cap = self.cache.target() * t.meta_percent.load(Relaxed) / 100;

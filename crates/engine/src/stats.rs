@@ -84,6 +84,8 @@ pub struct ArcStats {
     pub l2_invalidated: u64,
     pub l2_feeds: u64,
     pub l2_abort_lowmem: u64,
+    #[serde(flatten)]
+    pub l2_persist: arcache_l2::PersistStats,
     pub l2_devices: Vec<L2DeviceStats>,
     pub demand_hit_predictive_prefetch: u64,
     pub zfetch_hits: u64,
@@ -111,6 +113,8 @@ pub struct L2DeviceStats {
     pub io_errors: u64,
     pub cksum_bad: u64,
     pub evicted: u64,
+    pub persistent: bool,
+    pub rebuilding: bool,
 }
 
 impl ArcStats {
@@ -198,10 +202,12 @@ impl ArcStats {
         self.l2_evict_hand = s.l2_evict_hand.load(Relaxed);
         self.l2_invalidated = s.l2_invalidated.load(Relaxed);
         self.l2_feeds = s.l2_feeds.load(Relaxed);
+        self.l2_persist = l2.persist_stats();
         self.l2_devices = l2
             .devices()
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(i, d)| {
                 let ds = &d.stats;
                 L2DeviceStats {
                     path: d.path.clone(),
@@ -216,6 +222,8 @@ impl ArcStats {
                     io_errors: ds.io_errors.load(Relaxed),
                     cksum_bad: ds.cksum_bad.load(Relaxed),
                     evicted: ds.evicted.load(Relaxed),
+                    persistent: l2.is_persistent(i),
+                    rebuilding: l2.device_rebuilding(i),
                 }
             })
             .collect();

@@ -375,6 +375,15 @@ impl Volume {
 
     fn write_records(&self, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
+        let keys: Vec<Key> = rs.clone().map(|r| self.key(r)).collect();
+        self.cache.begin_write(&keys);
+        let res = self.write_locked(rs, offset, data);
+        self.cache.end_write(&keys);
+        res
+    }
+
+    /// Writes records whose locks are held and whose L2 copies are gone.
+    fn write_locked(&self, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
         let c = &self.cache.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
@@ -447,10 +456,13 @@ impl Volume {
             let lo = self.record_range(start).start.max(offset);
             let hi = self.record_range(end - 1).end.min(offset + len);
             let _locks = self.lock_records(start..end);
+            let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
+            self.cache.begin_write(&keys);
             let res = op(self.dev.as_ref(), lo, hi - lo);
-            for r in start..end {
-                self.cache.invalidate(self.key(r));
+            for &k in &keys {
+                self.cache.invalidate(k);
             }
+            self.cache.end_write(&keys);
             res?;
             start = end;
         }

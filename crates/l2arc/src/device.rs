@@ -34,10 +34,15 @@ pub struct Batch {
     pub keys: Box<[u64]>,
 }
 
+/// The write hand is kept as a log position (`lpos`, docs/format.md): bytes
+/// advanced since the device's incarnation began, wrap skips included, so
+/// the address is `start + lpos % capacity` and "overwritten since" is
+/// arithmetic.
 #[derive(Debug)]
 struct Ring {
-    hand: u64,
-    wrapped: bool,
+    hand_lpos: u64,
+    /// Anything below this lpos may have been overwritten (or is about to be).
+    floor: u64,
     batches: BTreeMap<u64, Batch>,
     batch_key_bytes: u64,
 }
@@ -68,6 +73,7 @@ pub struct L2Device {
 /// A region taken from the ring, and what had to be evicted for it.
 pub struct Reservation {
     pub offset: u64,
+    pub lpos: u64,
     pub evicted: Vec<(u64, Batch)>,
 }
 
@@ -85,12 +91,7 @@ impl L2Device {
             dev,
             start: HEADER_RESERVED,
             end,
-            ring: Mutex::new(Ring {
-                hand: HEADER_RESERVED,
-                wrapped: false,
-                batches: BTreeMap::new(),
-                batch_key_bytes: 0,
-            }),
+            ring: Mutex::new(Ring { hand_lpos: 0, floor: 0, batches: BTreeMap::new(), batch_key_bytes: 0 }),
             stats: DeviceStats::default(),
             degraded: AtomicBool::new(false),
             consecutive_errors: AtomicU32::new(0),
@@ -103,11 +104,41 @@ impl L2Device {
     }
 
     pub fn hand(&self) -> u64 {
-        self.ring.lock().hand
+        self.addr(self.ring.lock().hand_lpos)
+    }
+
+    pub fn hand_lpos(&self) -> u64 {
+        self.ring.lock().hand_lpos
+    }
+
+    /// Log positions below this may have been overwritten.
+    pub fn floor(&self) -> u64 {
+        self.ring.lock().floor
     }
 
     pub fn wrapped(&self) -> bool {
-        self.ring.lock().wrapped
+        self.ring.lock().hand_lpos >= self.capacity()
+    }
+
+    /// The device address of a log position.
+    pub fn addr(&self, lpos: u64) -> u64 {
+        self.start + lpos % self.capacity()
+    }
+
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    pub fn size(&self) -> u64 {
+        self.dev.size()
+    }
+
+    /// Sets the hand of a device whose log is being restored: nothing may
+    /// be written below `lpos`, and below `lpos - capacity` nothing is live.
+    pub fn restore_hand(&self, lpos: u64) {
+        let mut r = self.ring.lock();
+        r.hand_lpos = lpos;
+        r.floor = lpos.saturating_sub(self.capacity());
     }
 
     /// RAM held by the batch key lists.
@@ -127,12 +158,16 @@ impl L2Device {
         if len == 0 || len > self.capacity() {
             return None;
         }
+        let cap = self.capacity();
         let mut r = self.ring.lock();
-        if r.hand + len > self.end {
-            r.hand = self.start;
-            r.wrapped = true;
+        let within = r.hand_lpos % cap;
+        if within + len > cap {
+            r.hand_lpos += cap - within;
         }
-        let offset = r.hand;
+        let lpos = r.hand_lpos;
+        let offset = self.addr(lpos);
+        let ahead = ahead.min(cap - len);
+        r.floor = r.floor.max((lpos + len + ahead).saturating_sub(cap));
         let clear_end = (offset + len + ahead).min(self.end);
         // Batches never overlap each other, so one starting before `offset`
         // can reach into the region only if it is the last such batch.
@@ -149,8 +184,8 @@ impl L2Device {
                 evicted.push((s, b));
             }
         }
-        r.hand = offset + len;
-        Some(Reservation { offset, evicted })
+        r.hand_lpos = lpos + len;
+        Some(Reservation { offset, lpos, evicted })
     }
 
     /// Records that a batch with `keys` now lives at `offset..offset+len`.
@@ -166,7 +201,6 @@ impl L2Device {
     pub fn clear(&self) -> Vec<(u64, Batch)> {
         let mut r = self.ring.lock();
         r.batch_key_bytes = 0;
-        r.hand = self.start;
         std::mem::take(&mut r.batches).into_iter().collect()
     }
 
@@ -212,6 +246,47 @@ impl L2Device {
             let from = (daddr - lo) as usize;
             Ok(f(&slice[from..from + len as usize]))
         })
+    }
+
+    /// Writes metadata (a header copy or a log block) at `offset`, through
+    /// an aligned copy so an O_DIRECT device takes it.
+    pub fn write_meta(&self, offset: u64, bytes: &[u8]) -> DevResult<()> {
+        let mut buf = blockdev::AlignedBuf::new(bytes.len().div_ceil(ALIGN as usize) * ALIGN as usize);
+        buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        self.dev.write_at(buf.as_slice(), offset)
+    }
+
+    /// Reads metadata at `offset` into an owned buffer.
+    pub fn read_meta(&self, offset: u64, len: usize) -> DevResult<Vec<u8>> {
+        let mut buf = blockdev::AlignedBuf::new(len.div_ceil(ALIGN as usize) * ALIGN as usize);
+        self.dev.read_at(buf.as_mut_slice(), offset)?;
+        Ok(buf.as_slice()[..len].to_vec())
+    }
+
+    pub fn flush(&self) -> DevResult<()> {
+        self.dev.flush()
+    }
+
+    /// Registers records restored from the log at `lpos..lpos+len` if the
+    /// hand has not overwritten them since and they overlap nothing known.
+    pub fn register_restored(&self, lpos: u64, len: u64, keys: Vec<u64>) -> bool {
+        let cap = self.capacity();
+        if len == 0 || lpos % cap + len > cap {
+            return false;
+        }
+        let offset = self.addr(lpos);
+        let end = offset + len;
+        let mut r = self.ring.lock();
+        if lpos < r.floor || lpos + len > r.hand_lpos {
+            return false;
+        }
+        let before = r.batches.range(..end).next_back();
+        if before.is_some_and(|(_, b)| b.end > offset) {
+            return false;
+        }
+        r.batch_key_bytes += (keys.len() * 8) as u64;
+        r.batches.insert(offset, Batch { end, keys: keys.into_boxed_slice() });
+        true
     }
 
     /// Punches out a region ahead of the hand (`l2arc_trim_ahead`).

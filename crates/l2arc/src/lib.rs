@@ -7,10 +7,13 @@
 //! keep an L2 copy from ever being served after its record changed.
 
 pub mod device;
+pub mod format;
 pub mod index;
+mod persist;
+mod rebuild;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use blockdev::AlignedBuf;
@@ -20,6 +23,15 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use device::{L2Device, ALIGN, HEADER_RESERVED};
 pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
+pub use persist::{forget, read_header, ExportDesc, HeaderRead, PersistOptions};
+pub use rebuild::RebuildProgress;
+pub use rebuild::{pointer_ok, read_block, walk, PersistStats, WalkEnd};
+
+use format::{Entry, EntryKind};
+use persist::DevPersist;
+
+/// Bits of an engine key that hold the record index; the export id is above.
+pub const RECORD_BITS: u32 = 48;
 
 /// Longest single device read when copies lie back to back.
 const MAX_COALESCED_READ: u64 = 1 << 20;
@@ -63,6 +75,66 @@ pub struct L2Stats {
     /// L2 copies dropped because the record was written, trimmed or zeroed.
     pub l2_invalidated: AtomicU64,
     pub l2_feeds: AtomicU64,
+    pub l2_log_blk_writes: AtomicU64,
+    pub l2_log_blk_avg_asize: AtomicU64,
+    pub l2_log_commits: AtomicU64,
+    pub l2_header_writes: AtomicU64,
+    pub l2_rebuild_success: AtomicU64,
+    pub l2_rebuild_unsupported: AtomicU64,
+    pub l2_rebuild_io_errors: AtomicU64,
+    pub l2_rebuild_dh_errors: AtomicU64,
+    pub l2_rebuild_cksum_lb_errors: AtomicU64,
+    pub l2_rebuild_lowmem: AtomicU64,
+    pub l2_rebuild_size: AtomicU64,
+    pub l2_rebuild_asize: AtomicU64,
+    pub l2_rebuild_bufs: AtomicU64,
+    pub l2_rebuild_bufs_precached: AtomicU64,
+    pub l2_rebuild_log_blks: AtomicU64,
+    /// Restorable-looking entries skipped because they failed validation.
+    pub l2_rebuild_invalid_entries: AtomicU64,
+    /// Records of exports whose backing store changed, discarded at start.
+    pub l2_rebuild_discarded_exports: AtomicU64,
+}
+
+impl L2Stats {
+    /// Adds the counters gathered while opening devices.
+    fn add_open(&self, o: &L2Stats) {
+        for (a, b) in [
+            (&self.l2_rebuild_dh_errors, &o.l2_rebuild_dh_errors),
+            (&self.l2_rebuild_unsupported, &o.l2_rebuild_unsupported),
+            (&self.l2_rebuild_discarded_exports, &o.l2_rebuild_discarded_exports),
+        ] {
+            a.fetch_add(b.load(Relaxed), Relaxed);
+        }
+    }
+}
+
+/// The entries of a device's log not yet written in a log block.
+#[derive(Default)]
+struct OpenLog {
+    entries: Vec<Entry>,
+    /// Entries ever appended: a position to wait for.
+    appended: u64,
+    /// Keys with an INVALIDATE entry not yet durable, and the position of
+    /// the latest: a write to one of them must wait for it.
+    invalidated: HashMap<u64, u64>,
+}
+
+/// How an export's records are named on each device.
+#[derive(Debug, Clone)]
+pub(crate) struct ExportMap {
+    identity: u64,
+    records: u64,
+    /// Tag of this export in each device's header; 0 when not persisted there.
+    tags: [u16; MAX_DEVICES],
+}
+
+/// A position in a device's log that must be durable before a write may
+/// reach the backing store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    dev: usize,
+    upto: u64,
 }
 
 /// The index and the set of records the feed is writing right now. One lock
@@ -75,12 +147,24 @@ struct Meta {
     in_flight: HashMap<u64, bool>,
     size: u64,
     asize: u64,
+    logs: Vec<OpenLog>,
+    /// Keys being written now (count of writers): the feed must not
+    /// capture them, a rebuild must not restore them.
+    writing: HashMap<u64, u32>,
+    /// Keys written while a rebuild runs: the rebuild must not restore them.
+    rebuild_killed: HashSet<u64>,
 }
 
 pub struct L2Arc {
     devices: Vec<Arc<L2Device>>,
     meta: Mutex<Meta>,
     pub stats: L2Stats,
+    exports: Vec<Option<ExportMap>>,
+    persist: Vec<Mutex<Option<DevPersist>>>,
+    committed: Vec<AtomicU64>,
+    logs_on: Vec<AtomicBool>,
+    rebuilding: Vec<AtomicBool>,
+    pub(crate) progress: Vec<RebuildProgress>,
 }
 
 /// Whether a record is stored as it is: uncompressed and a whole number of
@@ -111,27 +195,70 @@ fn unframe(blob: &[u8], raw: bool) -> Option<&[u8]> {
     blob.get(4..4 + len)
 }
 
-/// The checksum of a stored blob, bound to the record's key so a misdirected
-/// read (another record's bytes) never validates.
-pub fn checksum(key: u64, blob: &[u8]) -> u64 {
-    xxh3_64_with_seed(blob, key)
+fn split_key(key: u64) -> (usize, u64) {
+    ((key >> RECORD_BITS) as usize, key & ((1 << RECORD_BITS) - 1))
 }
 
 impl L2Arc {
+    /// L2 devices without persistence: nothing is restored at start and
+    /// nothing is logged (tests, and devices below the persistence size).
     pub fn new(devices: Vec<L2Device>) -> Result<L2Arc, String> {
+        Self::assemble(devices, Vec::new(), Vec::new())
+    }
+
+    fn assemble(
+        devices: Vec<L2Device>,
+        exports: Vec<Option<ExportMap>>,
+        persist: Vec<Option<DevPersist>>,
+    ) -> Result<L2Arc, String> {
         if devices.len() > MAX_DEVICES {
             return Err(format!("at most {MAX_DEVICES} L2 devices"));
         }
+        let n = devices.len();
+        let mut persist = persist;
+        persist.resize_with(n, || None);
+        let logs_on = persist.iter().map(|p| AtomicBool::new(p.is_some())).collect();
         Ok(L2Arc {
+            logs_on,
             devices: devices.into_iter().map(Arc::new).collect(),
             meta: Mutex::new(Meta {
                 index: L2Index::new(),
                 in_flight: Default::default(),
                 size: 0,
                 asize: 0,
+                logs: (0..n).map(|_| OpenLog::default()).collect(),
+                writing: HashMap::new(),
+                rebuild_killed: HashSet::new(),
             }),
             stats: L2Stats::default(),
+            exports,
+            persist: persist.into_iter().map(Mutex::new).collect(),
+            committed: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            progress: (0..n).map(|_| RebuildProgress::default()).collect(),
         })
+    }
+
+    /// The checksum of a stored blob, bound to the record's export identity
+    /// and index so a misdirected read (another record's bytes) never
+    /// validates, and valid across restarts.
+    pub fn checksum(&self, key: u64, blob: &[u8]) -> u64 {
+        let (export, record) = split_key(key);
+        let identity =
+            self.exports.get(export).and_then(|e| e.as_ref()).map_or(export as u64, |e| e.identity);
+        xxh3_64_with_seed(blob, format::payload_seed(identity, record))
+    }
+
+    fn tag(&self, dev: usize, key: u64) -> u16 {
+        let (export, _) = split_key(key);
+        self.exports.get(export).and_then(|e| e.as_ref()).map_or(0, |e| e.tags[dev])
+    }
+
+    /// Whether the device keeps a log. An atomic, not the persist lock:
+    /// this is asked under the meta lock, which a commit takes while
+    /// holding the persist lock.
+    fn logging(&self, dev: usize) -> bool {
+        self.logs_on[dev].load(Relaxed)
     }
 
     pub fn devices(&self) -> &[Arc<L2Device>] {
@@ -154,7 +281,7 @@ impl L2Arc {
     /// Call while the record's bytes cannot change (under the ARC lock).
     pub fn begin_feed(&self, key: u64) -> bool {
         let mut m = self.meta.lock();
-        if m.index.get(key).is_some() || m.in_flight.contains_key(&key) {
+        if m.index.get(key).is_some() || m.in_flight.contains_key(&key) || m.writing.contains_key(&key) {
             return false;
         }
         m.in_flight.insert(key, false);
@@ -163,26 +290,112 @@ impl L2Arc {
 
     /// Forgets any L2 copy of `key`, including one the feed is writing now.
     /// Call after the new contents are in RAM and before the change is
-    /// acknowledged.
+    /// acknowledged. (A write to the backing store goes through
+    /// [`L2Arc::begin_write`] first, which also makes the forgetting durable.)
     pub fn invalidate(&self, key: u64) {
         let mut m = self.meta.lock();
+        self.invalidate_locked(&mut m, key, false);
+    }
+
+    /// Drops `key`'s copy; with `log`, appends INVALIDATE entries where a
+    /// log could still restore an older copy and returns the positions to
+    /// wait for.
+    fn invalidate_locked(&self, m: &mut Meta, key: u64, log: bool) -> Vec<Ticket> {
         if let Some(dirty) = m.in_flight.get_mut(&key) {
             *dirty = true;
         }
+        let mut devs: u32 = 0;
         if let Some(p) = m.index.remove(key) {
             m.size -= p.lsize();
             m.asize -= p.blob_len();
             self.stats.l2_invalidated.fetch_add(1, Relaxed);
+            devs |= 1 << p.dev();
+        }
+        if !log {
+            return Vec::new();
+        }
+        if self.is_rebuilding() {
+            m.rebuild_killed.insert(key);
+        }
+        let mut tickets = Vec::new();
+        for d in 0..self.devices.len() {
+            // A device being rebuilt may hold the key in a part of its log
+            // not read yet.
+            let t = if devs & (1 << d) != 0 || self.rebuilding[d].load(Relaxed) {
+                self.append_invalidate(m, d, key)
+            } else {
+                m.logs[d].invalidated.get(&key).map(|&upto| Ticket { dev: d, upto })
+            };
+            tickets.extend(t);
+        }
+        tickets
+    }
+
+    fn append_invalidate(&self, m: &mut Meta, dev: usize, key: u64) -> Option<Ticket> {
+        let tag = self.tag(dev, key);
+        if tag == 0 || !self.logging(dev) {
+            return None;
+        }
+        let log = &mut m.logs[dev];
+        log.entries.push(Entry {
+            kind: EntryKind::Invalidate,
+            flags: 0,
+            lshift: 0,
+            tag,
+            blob_sectors: 0,
+            record: split_key(key).1,
+            lpos_or_count: 1,
+            cksum: 0,
+        });
+        log.appended += 1;
+        log.invalidated.insert(key, log.appended);
+        Some(Ticket { dev, upto: log.appended })
+    }
+
+    /// Starts a write of `keys` to the backing store: drops their L2 copies,
+    /// keeps the feed from capturing them and a rebuild from restoring
+    /// them until [`L2Arc::end_write`], and returns once no log on any
+    /// device can bring an older copy back after a crash. Call before the
+    /// backing store sees the write.
+    pub fn begin_write(&self, keys: &[u64]) {
+        let tickets: Vec<Ticket> = {
+            let mut m = self.meta.lock();
+            let mut t = Vec::new();
+            for &k in keys {
+                *m.writing.entry(k).or_insert(0) += 1;
+                t.extend(self.invalidate_locked(&mut m, k, true));
+            }
+            t
+        };
+        self.make_durable(&tickets);
+    }
+
+    /// Ends a write started with [`L2Arc::begin_write`], after the new
+    /// contents are in the ARC (or the record was dropped from it).
+    pub fn end_write(&self, keys: &[u64]) {
+        let mut m = self.meta.lock();
+        for k in keys {
+            if let Some(n) = m.writing.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.writing.remove(k);
+                }
+            }
         }
     }
 
-    /// Removes the entry only if it still is `ptr`.
+    /// Removes the entry only if it still is `ptr`. The log may still hold
+    /// the entry, so a later write of the key must wait for an INVALIDATE.
     fn drop_if_same(&self, key: u64, ptr: L2Ptr) -> bool {
         let mut m = self.meta.lock();
         if m.index.get(key) == Some(ptr) {
             m.index.remove(key);
             m.size -= ptr.lsize();
             m.asize -= ptr.blob_len();
+            if self.rebuilding.iter().any(|r| r.load(Relaxed)) {
+                m.rebuild_killed.insert(key);
+            }
+            self.append_invalidate(&mut m, ptr.dev(), key);
             true
         } else {
             false
@@ -234,7 +447,7 @@ impl L2Arc {
                 .map(|&(key, ptr)| {
                     let at = (ptr.daddr() - first.daddr()) as usize;
                     let blob = &bytes[at..at + ptr.blob_len() as usize];
-                    let ok = checksum(key, blob) == ptr.cksum;
+                    let ok = self.checksum(key, blob) == ptr.cksum;
                     ok.then(|| unframe(blob, ptr.flags().raw).map(Box::from)).flatten()
                 })
                 .collect::<Vec<Option<Box<[u8]>>>>()
@@ -288,8 +501,10 @@ impl L2Arc {
         self.meta.lock().index.get(key) == Some(ptr)
     }
 
-    /// Drops every entry of a device that left service.
+    /// Drops every entry of a device that left service, and tries to make
+    /// its log unrestorable (it will not hear of later writes).
     fn retire(&self, dev_idx: usize) {
+        self.abandon_log(dev_idx);
         let batches = self.devices[dev_idx].clear();
         let mut m = self.meta.lock();
         for (start, b) in batches {
@@ -349,7 +564,7 @@ impl L2Arc {
                 } else {
                     frame_into(data, blob);
                 }
-                placed.push((it.key, at as u64, flen, checksum(it.key, blob), it.flags));
+                placed.push((it.key, at as u64, flen, self.checksum(it.key, blob), it.flags));
                 at += flen as usize;
             }
         }
@@ -363,10 +578,16 @@ impl L2Arc {
         if dev.is_degraded() {
             return Err(abort(format!("{} is out of service", dev.path)));
         }
+        if self.rebuilding[dev_idx].load(Relaxed) {
+            return Err(abort(format!("{} is being rebuilt", dev.path)));
+        }
         let Some(res) = dev.reserve(len, ahead) else {
             return Err(abort(format!("batch of {len} bytes does not fit {}", dev.path)));
         };
-        self.forget_evicted(dev_idx, &res.evicted);
+        self.forget_evicted(dev_idx, &res.evicted, res.offset..res.offset + len + ahead);
+        if let Err(e) = self.ensure_evict(dev_idx, res.lpos + len + ahead) {
+            return Err(abort(format!("writing the header of {}: {e}", dev.path)));
+        }
         if trim_ahead && ahead > 0 {
             let _ = dev.trim(res.offset + len, ahead);
         }
@@ -383,7 +604,8 @@ impl L2Arc {
         self.stats.l2_writes_done.fetch_add(1, Relaxed);
         self.stats.l2_write_bytes.fetch_add(len, Relaxed);
         let mut keys = Vec::with_capacity(placed.len());
-        {
+        let logging = self.logging(dev_idx);
+        let upto = {
             let mut m = self.meta.lock();
             for (key, rel, blob_len, cksum, flags) in placed {
                 let dirty = m.in_flight.remove(&key).unwrap_or(true);
@@ -398,13 +620,40 @@ impl L2Arc {
                 m.size += ptr.lsize();
                 m.asize += ptr.blob_len();
                 keys.push(key);
+                let tag = self.tag(dev_idx, key);
+                if logging && tag != 0 {
+                    let log = &mut m.logs[dev_idx];
+                    log.entries.push(cached_entry(
+                        tag,
+                        split_key(key).1,
+                        res.lpos + rel,
+                        blob_len,
+                        flags,
+                        cksum,
+                    ));
+                    log.appended += 1;
+                }
             }
-        }
-        dev.commit(res.offset, len, keys);
+            // Under the same lock as the entries: a retirement in between
+            // would otherwise leave batches of a cleared device.
+            dev.commit(res.offset, len, keys);
+            m.logs[dev_idx].appended
+        };
+        self.make_durable(&[Ticket { dev: dev_idx, upto }]);
         Ok(len)
     }
 
-    fn forget_evicted(&self, dev_idx: usize, evicted: &[(u64, device::Batch)]) {
+    /// Drops the entries of batches the hand is about to overwrite
+    /// (`cleared` is the address range it clears). Eviction is by batch, so
+    /// some copies leave the index while their bytes stay intact; the log
+    /// could restore those, so they get an INVALIDATE entry, as any copy
+    /// that leaves the index other than by being overwritten does.
+    fn forget_evicted(
+        &self,
+        dev_idx: usize,
+        evicted: &[(u64, device::Batch)],
+        cleared: std::ops::Range<u64>,
+    ) {
         let mut m = self.meta.lock();
         let mut n = 0;
         for (start, b) in evicted {
@@ -416,11 +665,23 @@ impl L2Arc {
                     m.size -= p.lsize();
                     m.asize -= p.blob_len();
                     n += 1;
+                    let overwritten = p.daddr() < cleared.end && p.daddr() + p.blob_len() > cleared.start;
+                    if !overwritten {
+                        self.append_invalidate(&mut m, dev_idx, k);
+                    }
                 }
             }
         }
         self.stats.l2_evict_hand.fetch_add(n, Relaxed);
         self.devices[dev_idx].stats.evicted.fetch_add(n, Relaxed);
+    }
+
+    pub fn device_rebuilding(&self, d: usize) -> bool {
+        self.rebuilding[d].load(Relaxed)
+    }
+
+    pub fn is_rebuilding(&self) -> bool {
+        self.rebuilding.iter().any(|r| r.load(Relaxed))
     }
 
     /// (records, logical bytes, allocated bytes) on L2.
@@ -433,5 +694,31 @@ impl L2Arc {
     pub fn hdr_size(&self) -> u64 {
         let ix = self.meta.lock().index.allocated_bytes();
         ix + self.devices.iter().map(|d| d.batch_key_bytes()).sum::<u64>()
+    }
+}
+
+fn cached_entry(tag: u16, record: u64, lpos: u64, blob_len: u64, flags: BlobFlags, cksum: u64) -> Entry {
+    let mut f = 0;
+    if flags.raw {
+        f |= format::EF_RAW;
+    }
+    if flags.compressed {
+        f |= format::EF_COMPRESSED;
+    }
+    if flags.prefetch {
+        f |= format::EF_PREFETCH;
+    }
+    if flags.mfu {
+        f |= format::EF_MFU;
+    }
+    Entry {
+        kind: EntryKind::Cached,
+        flags: f,
+        lshift: flags.lshift,
+        tag,
+        blob_sectors: (blob_len / SECTOR) as u16,
+        record,
+        lpos_or_count: lpos,
+        cksum,
     }
 }

@@ -1,0 +1,529 @@
+//! The persistent side of a device: its header, its log of entries, and
+//! the rule that makes a write wait until no log can bring back an older
+//! copy of what it overwrites (docs/persistence.md).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+
+use tracing::{info, warn};
+
+use crate::format::{
+    self, ExportId, Header, LogBlock, LogPtr, FLAG_FIRST_PASS, FLAG_PERSISTENT, HEADER_OFFSETS,
+};
+use crate::{EntryKind, ExportMap, L2Arc, L2Device, Ticket, ALIGN, MAX_DEVICES};
+
+/// An export as configured in this run, with the identity of its backing
+/// store.
+#[derive(Debug, Clone)]
+pub struct ExportDesc {
+    /// The engine's export id (the high bits of its keys).
+    pub id: u16,
+    pub name: String,
+    pub recordsize: u32,
+    pub size: u64,
+    /// A fingerprint of the backing store (see docs/format.md).
+    pub identity: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PersistOptions {
+    /// `l2arc_rebuild_enabled`: restore the cache at start.
+    pub rebuild_enabled: bool,
+    /// `l2arc_rebuild_blocks_min_l2size`: smaller devices keep no log.
+    pub min_l2size: u64,
+}
+
+impl Default for PersistOptions {
+    fn default() -> Self {
+        PersistOptions { rebuild_enabled: true, min_l2size: 1 << 30 }
+    }
+}
+
+/// The durable state of a logging device, as last written (plus what the
+/// next header write will record).
+pub(crate) struct DevPersist {
+    pub hdr: Header,
+    pub seed: u64,
+    /// Log blocks that a rebuild could still read, oldest first.
+    pub live: VecDeque<LogPtr>,
+}
+
+/// How far the durable evict position runs ahead of the hand, so a header
+/// write is needed only every so often rather than for every batch.
+fn evict_chunk(capacity: u64) -> u64 {
+    (capacity / 16).clamp(ALIGN, 256 << 20) / ALIGN * ALIGN
+}
+
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Relaxed));
+    h.finish()
+}
+
+/// What the two header copies of a device say.
+pub enum HeaderRead {
+    /// The valid copy with the highest sequence number.
+    Valid(Header),
+    /// Neither copy carries our magic: a new (or foreign) device.
+    Blank,
+    /// A copy carries our magic but none validates.
+    Damaged(String),
+    /// A copy is valid but of another version.
+    Unsupported(String),
+    IoError(String),
+}
+
+pub fn read_header(dev: &L2Device) -> HeaderRead {
+    let mut best: Option<Header> = None;
+    let mut damaged = None;
+    let mut unsupported = None;
+    for off in HEADER_OFFSETS {
+        let bytes = match dev.read_meta(off, format::HEADER_SIZE) {
+            Ok(b) => b,
+            Err(e) => return HeaderRead::IoError(e.to_string()),
+        };
+        match Header::decode(&bytes) {
+            Ok(h) if best.as_ref().is_none_or(|b| h.header_seq > b.header_seq) => best = Some(h),
+            Ok(_) | Err(format::FormatError::Magic) => {}
+            Err(format::FormatError::Version(v)) => unsupported = Some(format!("version {v}")),
+            Err(e) => damaged = Some(format!("header copy at {off}: {e}")),
+        }
+    }
+    match (best, unsupported, damaged) {
+        (Some(h), _, _) => HeaderRead::Valid(h),
+        (None, Some(u), _) => HeaderRead::Unsupported(u),
+        (None, None, Some(d)) => HeaderRead::Damaged(d),
+        (None, None, None) => HeaderRead::Blank,
+    }
+}
+
+/// Why a valid header cannot be rebuilt from, if it cannot.
+fn unusable(h: &Header, dev: &L2Device) -> Option<String> {
+    if h.start != dev.start() || h.capacity != dev.capacity() {
+        return Some(format!(
+            "geometry changed (start {} capacity {} in the header, {} {} now)",
+            h.start,
+            h.capacity,
+            dev.start(),
+            dev.capacity()
+        ));
+    }
+    if !h.evict_lpos.is_multiple_of(ALIGN) {
+        return Some("evict position not aligned".into());
+    }
+    let floor = h.evict_lpos.saturating_sub(h.capacity);
+    for p in h.newest.iter().filter(|p| !p.is_none()) {
+        if p.lpos + u64::from(p.asize) > h.evict_lpos || p.seq >= h.next_seq || p.lpos < floor {
+            return Some(format!("log pointer {p:?} outside the log"));
+        }
+    }
+    None
+}
+
+impl L2Arc {
+    /// Opens devices with persistence: reads each header, forgets what
+    /// cannot be trusted, matches exports to the recorded backing stores,
+    /// and prepares the rebuild ([`L2Arc::rebuild`]), which the caller runs
+    /// in the background.
+    pub fn open(
+        devices: Vec<L2Device>,
+        exports: &[ExportDesc],
+        opts: &PersistOptions,
+    ) -> Result<L2Arc, String> {
+        if devices.len() > MAX_DEVICES {
+            return Err(format!("at most {MAX_DEVICES} L2 devices"));
+        }
+        let max_id = exports.iter().map(|e| e.id as usize + 1).max().unwrap_or(0);
+        let mut maps: Vec<Option<ExportMap>> = vec![None; max_id];
+        for e in exports {
+            maps[e.id as usize] = Some(ExportMap {
+                identity: e.identity,
+                records: e.size.div_ceil(u64::from(e.recordsize.max(1))),
+                tags: [0; MAX_DEVICES],
+            });
+        }
+        let stats = crate::L2Stats::default();
+        let mut persist = Vec::with_capacity(devices.len());
+        let mut rebuild = Vec::with_capacity(devices.len());
+        for (d, dev) in devices.iter().enumerate() {
+            let (p, needs_rebuild) = open_device(dev, exports, opts, &stats)?;
+            if let Some(p) = &p {
+                for e in exports {
+                    let tag =
+                        p.hdr.exports.iter().find(|x| x.name == e.name && matches(x, e)).map_or(0, |x| x.tag);
+                    if let Some(m) = maps[e.id as usize].as_mut() {
+                        m.tags[d] = tag;
+                    }
+                }
+            }
+            persist.push(p);
+            rebuild.push(needs_rebuild);
+        }
+        let l2 = Self::assemble(devices, maps, persist)?;
+        for (d, r) in rebuild.into_iter().enumerate() {
+            l2.rebuilding[d].store(r, Relaxed);
+        }
+        l2.stats.add_open(&stats);
+        Ok(l2)
+    }
+
+    /// Makes sure the hand may reach `need` (an lpos) with the durable
+    /// header agreeing: nothing the hand overwrites may still be restorable.
+    pub(crate) fn ensure_evict(&self, d: usize, need: u64) -> Result<(), String> {
+        let mut g = self.persist[d].lock();
+        let Some(p) = g.as_mut() else { return Ok(()) };
+        self.ensure_evict_locked(d, p, need)
+    }
+
+    fn ensure_evict_locked(&self, d: usize, p: &mut DevPersist, need: u64) -> Result<(), String> {
+        if p.hdr.evict_lpos >= need {
+            return Ok(());
+        }
+        p.hdr.evict_lpos = (need + evict_chunk(p.hdr.capacity)).div_ceil(ALIGN) * ALIGN;
+        self.write_header(d, p)
+    }
+
+    /// Writes the next header copy, after everything written before it is
+    /// durable, and makes it durable.
+    pub(crate) fn write_header(&self, d: usize, p: &mut DevPersist) -> Result<(), String> {
+        let dev = &self.devices[d];
+        let floor = p.hdr.evict_lpos.saturating_sub(p.hdr.capacity);
+        while p.live.front().is_some_and(|b| b.lpos < floor || b.seq < p.hdr.horizon_seq) {
+            p.live.pop_front();
+        }
+        p.hdr.header_seq += 1;
+        p.hdr.hand_lpos = dev.hand_lpos();
+        p.hdr.flags = FLAG_PERSISTENT | if p.hdr.hand_lpos < p.hdr.capacity { FLAG_FIRST_PASS } else { 0 };
+        p.hdr.lb_count = p.live.len() as u64;
+        p.hdr.lb_asize = p.live.iter().map(|b| u64::from(b.asize)).sum();
+        let bytes = p.hdr.encode().map_err(|e| e.to_string())?;
+        let at = HEADER_OFFSETS[(p.hdr.header_seq % 2) as usize];
+        dev.flush().map_err(|e| e.to_string())?;
+        dev.write_meta(at, &bytes).map_err(|e| e.to_string())?;
+        dev.flush().map_err(|e| e.to_string())?;
+        self.stats.l2_header_writes.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Waits until every ticket's log position is durable. A device whose
+    /// log cannot be written is taken out of service: it will hear of no
+    /// more writes, so it must not be trusted again.
+    pub fn make_durable(&self, tickets: &[Ticket]) {
+        for t in tickets {
+            if self.committed[t.dev].load(Relaxed) >= t.upto {
+                continue;
+            }
+            if let Err(e) = self.commit(t.dev, t.upto) {
+                warn!(
+                    "L2 device {} taken out of service: its log cannot be written ({e})",
+                    self.devices[t.dev].path
+                );
+                self.retire(t.dev);
+            }
+        }
+    }
+
+    /// Writes the open entries of device `d` as log blocks, then the
+    /// header, if position `upto` is not durable yet. Concurrent callers
+    /// share one commit (group commit).
+    fn commit(&self, d: usize, upto: u64) -> Result<(), String> {
+        let mut g = self.persist[d].lock();
+        let Some(p) = g.as_mut() else { return Ok(()) };
+        if self.committed[d].load(Relaxed) >= upto {
+            return Ok(());
+        }
+        let (entries, through) = {
+            let mut m = self.meta.lock();
+            let log = &mut m.logs[d];
+            (std::mem::take(&mut log.entries), log.appended)
+        };
+        for chunk in entries.chunks(format::MAX_ENTRIES) {
+            self.write_log_block(d, p, chunk.to_vec())?;
+        }
+        self.write_header(d, p)?;
+        self.stats.l2_log_commits.fetch_add(1, Relaxed);
+        self.committed[d].store(through, Relaxed);
+        let mut m = self.meta.lock();
+        m.logs[d].invalidated.retain(|_, at| *at > through);
+        Ok(())
+    }
+
+    fn write_log_block(
+        &self,
+        d: usize,
+        p: &mut DevPersist,
+        entries: Vec<format::Entry>,
+    ) -> Result<(), String> {
+        let dev = &self.devices[d];
+        let payload_start =
+            entries.iter().filter(|e| e.kind == EntryKind::Cached).map(|e| e.lpos_or_count).min();
+        let mut blk = LogBlock {
+            seq: p.hdr.next_seq,
+            lpos: 0,
+            payload_start: 0,
+            prev: p.hdr.newest[1],
+            compressed: false,
+            entries,
+        };
+        let asize = blk.encode(p.seed).0.len() as u64;
+        let res = dev.reserve(asize, 0).ok_or_else(|| format!("no room for a log block on {}", dev.path))?;
+        self.forget_evicted(d, &res.evicted, res.offset..res.offset + asize);
+        self.ensure_evict_locked(d, p, res.lpos + asize)?;
+        blk.lpos = res.lpos;
+        blk.payload_start = payload_start.unwrap_or(res.lpos);
+        let (bytes, ptr) = blk.encode(p.seed);
+        dev.write_meta(res.offset, &bytes).map_err(|e| e.to_string())?;
+        p.hdr.next_seq += 1;
+        p.hdr.newest = [ptr, p.hdr.newest[0]];
+        p.live.push_back(ptr);
+        let s = &self.stats;
+        s.l2_log_blk_writes.fetch_add(1, Relaxed);
+        let avg = s.l2_log_blk_avg_asize.load(Relaxed);
+        s.l2_log_blk_avg_asize.store(avg - avg / 3 + asize / 3, Relaxed);
+        Ok(())
+    }
+
+    /// Makes every entry durable: at a clean stop, so nothing fed is lost
+    /// (OpenZFS loses the partial log block).
+    pub fn sync_logs(&self) {
+        for d in 0..self.devices.len() {
+            let upto = self.meta.lock().logs[d].appended;
+            self.make_durable(&[Ticket { dev: d, upto }]);
+            // The evict position ran ahead of the hand so that not every
+            // batch needs a header write; with the hand stopped, pull it
+            // back to what was really overwritten, so the next start
+            // restores every record still intact.
+            let mut g = self.persist[d].lock();
+            if let Some(p) = g.as_mut() {
+                let dev = &self.devices[d];
+                let reached = (dev.floor() + dev.capacity()).max(dev.hand_lpos()).div_ceil(ALIGN) * ALIGN;
+                if reached < p.hdr.evict_lpos {
+                    p.hdr.evict_lpos = reached;
+                    if let Err(e) = self.write_header(d, p) {
+                        warn!("L2 device {}: writing the header at stop: {e}", dev.path);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops logging on a device leaving service, and tries to reset its
+    /// header so its old log is never restored.
+    pub(crate) fn abandon_log(&self, d: usize) {
+        self.logs_on[d].store(false, Relaxed);
+        self.committed[d].store(u64::MAX, Relaxed);
+        let had = self.persist[d].lock().take();
+        {
+            let mut m = self.meta.lock();
+            m.logs[d] = Default::default();
+        }
+        if let Some(p) = had {
+            if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[]) {
+                warn!(
+                    "could not reset the header of {} ({e}); run `arcache l2 forget {}` before using it again",
+                    self.devices[d].path, self.devices[d].path
+                );
+            }
+        }
+    }
+
+    /// Live log blocks and their bytes, summed over devices.
+    pub fn log_blocks(&self) -> (u64, u64) {
+        self.persist.iter().fold((0, 0), |(n, b), p| match p.lock().as_ref() {
+            Some(p) => (n + p.live.len() as u64, b + p.live.iter().map(|x| u64::from(x.asize)).sum::<u64>()),
+            None => (n, b),
+        })
+    }
+
+    /// Whether device `d` keeps a log.
+    pub fn is_persistent(&self, d: usize) -> bool {
+        self.logging(d)
+    }
+}
+
+fn matches(x: &ExportId, e: &ExportDesc) -> bool {
+    x.recordsize == e.recordsize && x.size == e.size && x.identity == e.identity
+}
+
+/// Opens one device; returns its persistent state (None when it keeps no
+/// log) and whether it has a log to rebuild from.
+fn open_device(
+    dev: &L2Device,
+    exports: &[ExportDesc],
+    opts: &PersistOptions,
+    stats: &crate::L2Stats,
+) -> Result<(Option<DevPersist>, bool), String> {
+    let old = read_header(dev);
+    let persistent = dev.size() >= opts.min_l2size;
+    let previous = match &old {
+        HeaderRead::Valid(h) => Some(h.clone()),
+        _ => None,
+    };
+    let reset = |why: Option<String>| -> Result<(Option<DevPersist>, bool), String> {
+        if let Some(why) = why {
+            warn!("L2 device {}: starting empty: {why}", dev.path);
+        }
+        let hdr = reset_header(dev, previous.as_ref(), persistent, exports)
+            .map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
+        dev.restore_hand(0);
+        Ok((persistent.then(|| persist_state(hdr)), false))
+    };
+    let h = match old {
+        HeaderRead::Blank => return reset(None),
+        HeaderRead::IoError(e) => {
+            stats.l2_rebuild_dh_errors.fetch_add(1, Relaxed);
+            return reset(Some(format!("the header cannot be read: {e}")));
+        }
+        HeaderRead::Damaged(e) => {
+            stats.l2_rebuild_dh_errors.fetch_add(1, Relaxed);
+            return reset(Some(format!("the header is damaged: {e}")));
+        }
+        HeaderRead::Unsupported(e) => {
+            stats.l2_rebuild_unsupported.fetch_add(1, Relaxed);
+            return reset(Some(format!("unsupported header: {e}")));
+        }
+        HeaderRead::Valid(h) => h,
+    };
+    if let Some(why) = unusable(&h, dev) {
+        stats.l2_rebuild_unsupported.fetch_add(1, Relaxed);
+        return reset(Some(why));
+    }
+    if !h.persistent() {
+        return reset(None);
+    }
+    if !persistent {
+        return reset(Some(format!(
+            "smaller than l2arc_rebuild_blocks_min_l2size ({} bytes): no persistent log",
+            opts.min_l2size
+        )));
+    }
+    if !opts.rebuild_enabled {
+        return reset(Some("l2arc_rebuild_enabled is 0".into()));
+    }
+    let mut hdr = h;
+    let mut kept = Vec::new();
+    for x in hdr.exports.drain(..) {
+        match exports.iter().find(|e| e.name == x.name) {
+            Some(e) if matches(&x, e) => kept.push(x),
+            Some(e) => {
+                stats.l2_rebuild_discarded_exports.fetch_add(1, Relaxed);
+                warn!(
+                    "L2 device {}: discarding the records of export {:?}: its backing store changed \
+                     (size {} -> {}, recordsize {} -> {}, identity {:016x} -> {:016x})",
+                    dev.path, x.name, x.size, e.size, x.recordsize, e.recordsize, x.identity, e.identity
+                );
+            }
+            None => {
+                stats.l2_rebuild_discarded_exports.fetch_add(1, Relaxed);
+                warn!(
+                    "L2 device {}: discarding the records of export {:?}: it is not served now",
+                    dev.path, x.name
+                );
+            }
+        }
+    }
+    hdr.exports = kept;
+    add_new_exports(&mut hdr, exports)?;
+    let has_log = !hdr.newest[0].is_none();
+    let mut p = persist_state(hdr);
+    dev.restore_hand(p.hdr.evict_lpos);
+    // The export table must be durable before any entry uses a new tag.
+    write_header_alone(dev, &mut p).map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
+    Ok((Some(p), has_log))
+}
+
+fn persist_state(hdr: Header) -> DevPersist {
+    let seed = format::log_seed(hdr.uuid, hdr.incarnation);
+    DevPersist { hdr, seed, live: VecDeque::new() }
+}
+
+fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), String> {
+    for e in exports {
+        if hdr.exports.iter().any(|x| x.name == e.name) {
+            continue;
+        }
+        if hdr.exports.len() >= format::MAX_EXPORTS {
+            warn!(
+                "export {:?} is not persisted on L2: at most {} exports per device",
+                e.name,
+                format::MAX_EXPORTS
+            );
+            continue;
+        }
+        let tag = hdr.last_tag.checked_add(1).ok_or("export tags exhausted; run `arcache l2 forget`")?;
+        hdr.last_tag = tag;
+        hdr.exports.push(ExportId {
+            tag,
+            recordsize: e.recordsize,
+            size: e.size,
+            identity: e.identity,
+            name: e.name.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn write_header_alone(dev: &L2Device, p: &mut DevPersist) -> Result<(), String> {
+    p.hdr.header_seq += 1;
+    p.hdr.hand_lpos = dev.hand_lpos();
+    let bytes = p.hdr.encode().map_err(|e| e.to_string())?;
+    dev.write_meta(HEADER_OFFSETS[(p.hdr.header_seq % 2) as usize], &bytes).map_err(|e| e.to_string())?;
+    dev.flush().map_err(|e| e.to_string())
+}
+
+/// Starts a new incarnation: a header with no log, written to both copies
+/// (so neither copy of the old incarnation survives to be trusted).
+pub(crate) fn reset_header(
+    dev: &L2Device,
+    previous: Option<&Header>,
+    persistent: bool,
+    exports: &[ExportDesc],
+) -> Result<Header, String> {
+    let uuid =
+        previous.map_or_else(|| (u128::from(random_u64()) << 64) | u128::from(random_u64()), |h| h.uuid);
+    let mut hdr = Header {
+        flags: FLAG_FIRST_PASS | if persistent { FLAG_PERSISTENT } else { 0 },
+        uuid,
+        incarnation: random_u64(),
+        header_seq: previous.map_or(0, |h| h.header_seq),
+        device_size: dev.size(),
+        start: dev.start(),
+        capacity: dev.capacity(),
+        hand_lpos: 0,
+        evict_lpos: 0,
+        next_seq: 1,
+        horizon_seq: 1,
+        newest: [LogPtr::default(); 2],
+        lb_count: 0,
+        lb_asize: 0,
+        last_tag: 0,
+        exports: Vec::new(),
+    };
+    if persistent {
+        add_new_exports(&mut hdr, exports)?;
+    }
+    for _ in 0..2 {
+        hdr.header_seq += 1;
+        let bytes = hdr.encode().map_err(|e| e.to_string())?;
+        dev.write_meta(HEADER_OFFSETS[(hdr.header_seq % 2) as usize], &bytes).map_err(|e| e.to_string())?;
+        dev.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(hdr)
+}
+
+/// `arcache l2 forget`: a new incarnation with nothing in it.
+pub fn forget(dev: &L2Device) -> Result<(), String> {
+    let previous = match read_header(dev) {
+        HeaderRead::Valid(h) => Some(h),
+        _ => None,
+    };
+    reset_header(dev, previous.as_ref(), previous.as_ref().is_some_and(|h| h.persistent()), &[])?;
+    info!("L2 device {}: contents forgotten", dev.path);
+    Ok(())
+}
