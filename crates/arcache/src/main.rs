@@ -5,6 +5,7 @@ mod config;
 mod control;
 mod demo;
 mod exports;
+mod l2cmd;
 mod serve;
 mod simcmd;
 mod size;
@@ -51,6 +52,8 @@ enum Cmd {
     Sim(simcmd::SimArgs),
     /// Show, on a simulated slow disk array, what the cache buys.
     Demo(demo::DemoArgs),
+    /// Inspect (`l2 dump PATH [-v|-vv]`) or empty (`l2 forget PATH`) an L2 cache device.
+    L2(l2cmd::L2Args),
 }
 
 fn init_logging(default_level: &str) {
@@ -77,7 +80,7 @@ fn main() -> ExitCode {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     let cli = Cli::parse();
     // The demo talks to a person; its server's log lines would only interrupt.
-    init_logging(if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info" });
+    init_logging(if matches!(cli.cmd, Cmd::Demo(_) | Cmd::L2(_)) { "warn" } else { "info" });
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Stat(a) => statcmd::stat(&a),
@@ -86,11 +89,14 @@ fn main() -> ExitCode {
         Cmd::Set(a) => statcmd::set(&a),
         Cmd::Sim(a) => simcmd::run(&a),
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::L2(a) => l2cmd::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("arcache: {e:#}");
+            if e.downcast_ref::<l2cmd::Inconsistent>().is_none() {
+                eprintln!("arcache: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }

@@ -384,7 +384,9 @@ impl L2Arc {
         let mut g = self.persist[d].lock();
         if let Some(p) = g.as_mut() {
             p.hdr.horizon_seq = restored.last().map_or(p.hdr.next_seq, |b| b.seq);
-            p.live = restored.into_iter().rev().collect();
+            // Blocks written during the rebuild (invalidations) are newer.
+            let newer = std::mem::take(&mut p.live);
+            p.live = restored.into_iter().rev().chain(newer).collect();
             if let Err(e) = self.write_header(d, p) {
                 drop(g);
                 warn!(

@@ -220,6 +220,12 @@ impl Client {
         self.reply("write", h)
     }
 
+    /// Sends a write and does not wait for its answer (for tests that kill
+    /// the server with a request in flight).
+    pub fn send_write(&mut self, offset: u64, data: &[u8]) -> ClientResult<()> {
+        self.request(CMD_WRITE, 0, offset, data.len() as u32, data).map(|_| ())
+    }
+
     pub fn flush(&mut self) -> ClientResult<()> {
         let h = self.request(CMD_FLUSH, 0, 0, 0, &[])?;
         self.reply("flush", h)

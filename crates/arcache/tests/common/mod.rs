@@ -73,6 +73,28 @@ impl Serve {
         serde_json::from_slice(&out.stdout).expect("stat --json prints JSON")
     }
 
+    /// Kills the server with SIGKILL (no chance to clean up) and hands back
+    /// its directory for a restart.
+    pub fn kill9(mut self) -> tempfile::TempDir {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.take_dir()
+    }
+
+    /// Stops the server with SIGTERM, checks it exited cleanly, and hands
+    /// back its directory.
+    pub fn stop(mut self) -> tempfile::TempDir {
+        let (status, err) = self.terminate();
+        assert!(status.success(), "arcache serve failed at stop: {err}");
+        self.take_dir()
+    }
+
+    fn take_dir(&mut self) -> tempfile::TempDir {
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"))
+    }
+
     /// Sends SIGTERM and waits; returns the exit status and stderr.
     pub fn terminate(&mut self) -> (std::process::ExitStatus, String) {
         let child = self.child.take().expect("still running");

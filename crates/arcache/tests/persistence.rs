@@ -1,0 +1,284 @@
+//! The persistent L2ARC through the real binary: a clean restart serves
+//! from L2 at once; SIGKILL at random points never lets an overwritten,
+//! trimmed or zeroed block come back; `arcache l2 dump` and `l2 forget`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+fn args(dir: &Path, l2_size: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--export",
+        &dir.join("backing.img").display().to_string(),
+        "--l2",
+        &format!("{}:{l2_size}", dir.join("l2.img").display()),
+        "--set",
+        "l2arc_feed_min_ms=10",
+        "--set",
+        "l2arc_rebuild_blocks_min_l2size=0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if !extra.contains(&"--arc-max") {
+        a.extend(["--arc-max".to_string(), "2M".to_string()]);
+    }
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn serve(dir: tempfile::TempDir, l2_size: &str, extra: &[&str]) -> Serve {
+    let a = args(dir.path(), l2_size, extra);
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    Serve::start(dir, &refs)
+}
+
+fn n(s: &Serve, k: &str) -> u64 {
+    s.stat()[k].as_u64().unwrap_or_else(|| panic!("{k} missing"))
+}
+
+fn wait_rebuilt(s: &Serve) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n(s, "l2_rebuild_running") != 0 {
+        assert!(Instant::now() < deadline, "rebuild did not finish: {}", s.stat());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn dump(l2: &Path, verbose: &str) -> (bool, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["l2", "dump"]).arg(l2);
+    if !verbose.is_empty() {
+        cmd.arg(verbose);
+    }
+    let out = cmd.output().expect("run arcache l2 dump");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+const SIZE: usize = 16 << 20;
+
+#[test]
+fn clean_restart_serves_from_l2_without_reading_the_backing_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = random_file(&dir.path().join("backing.img"), SIZE, 5);
+    let s = serve(dir, "32M", &[]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    for off in (0..SIZE).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n(&s, "l2_write_bytes") < (12 << 20) {
+        assert!(Instant::now() < deadline, "feed too slow: {}", s.stat());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let on_l2 = n(&s, "l2_records");
+    drop(c);
+    let dir = s.stop();
+    let l2 = dir.path().join("l2.img");
+    let (ok, out) = dump(&l2, "-v");
+    assert!(ok, "dump of a cleanly stopped device must be consistent:\n{out}");
+    assert!(out.contains("PERSISTENT") && out.contains("with valid cksum / 0 with invalid cksum"), "{out}");
+
+    let s = serve(dir, "32M", &[]);
+    wait_rebuilt(&s);
+    let st = s.stat();
+    assert_eq!(st["l2_rebuild_bufs"].as_u64().unwrap(), on_l2, "every record on L2 comes back: {st}");
+    assert_eq!(st["l2_rebuild_success"], 1);
+    assert_eq!(st["l2_records"].as_u64().unwrap(), on_l2);
+    let (hits0, backing0) = (n(&s, "l2_hits"), n(&s, "backing_read_bytes"));
+    // Random order, so the prefetcher stays out of it.
+    let mut offs: Vec<usize> = (0..SIZE).step_by(64 << 10).collect();
+    offs.shuffle(&mut StdRng::seed_from_u64(1));
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    for off in offs {
+        c.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data[off..off + buf.len()], "wrong bytes at {off}");
+    }
+    let hits = n(&s, "l2_hits") - hits0;
+    let backing = n(&s, "backing_read_bytes") - backing0;
+    let restored_bytes = on_l2 * (128 << 10);
+    assert!(hits >= on_l2 * 9 / 10, "restored records are L2 hits: {hits} of {on_l2}");
+    assert!(
+        backing <= SIZE as u64 - restored_bytes + (1 << 20),
+        "the backing store served {backing} bytes although {restored_bytes} were on L2"
+    );
+}
+
+/// One block of the model: its acknowledged contents, and the contents a
+/// request in flight at the kill may or may not have left.
+#[derive(Clone)]
+struct Block {
+    now: Vec<u8>,
+    maybe: Option<Vec<u8>>,
+}
+
+const BLK: usize = 4096;
+const CRASH_SIZE: usize = 4 << 20;
+
+fn fill(seed: u64) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..BLK).map(|_| r.gen()).collect()
+}
+
+/// Reads every block and checks it against the model; pins blocks whose
+/// last write was uncertain to what they read.
+fn verify(s: &Serve, model: &mut [Block], what: &str) {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    for chunk in 0..CRASH_SIZE / buf.len() {
+        c.read((chunk * buf.len()) as u64, &mut buf).unwrap();
+        for (i, got) in buf.chunks(BLK).enumerate() {
+            let b = &mut model[chunk * 16 + i];
+            if got == &b.now[..] {
+                b.maybe = None;
+            } else if b.maybe.as_deref() == Some(got) {
+                b.now = b.maybe.take().unwrap_or_default();
+            } else {
+                panic!("{what}: block {} reads neither its last acknowledged contents nor an unacknowledged write", chunk * 16 + i);
+            }
+        }
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_never_serves_an_overwritten_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let initial = random_file(&dir.path().join("backing.img"), CRASH_SIZE, 9);
+    let mut model: Vec<Block> = initial.chunks(BLK).map(|c| Block { now: c.to_vec(), maybe: None }).collect();
+    let extra = ["--recordsize", "16K", "--arc-max", "1M"];
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut dir = dir;
+    let mut totals: HashMap<&str, u64> = HashMap::new();
+    let crash_points = std::env::var("ARCACHE_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    for point in 0..crash_points {
+        let s = serve(dir, "16M", &extra);
+        verify(&s, &mut model, &format!("after crash {point}"));
+        let st = s.stat();
+        *totals.entry("restored").or_default() += st["l2_rebuild_bufs"].as_u64().unwrap_or(0);
+        // Load L2 with reads, overwrite some of what is there, then die
+        // at a random moment of a mixed workload.
+        let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+        let mut buf = vec![0u8; 16 << 10];
+        let until = Instant::now() + Duration::from_millis(rng.gen_range(100..600));
+        let mut ops = 0u64;
+        while Instant::now() < until {
+            let blk = rng.gen_range(0..CRASH_SIZE / BLK);
+            let off = (blk * BLK) as u64;
+            match rng.gen_range(0..60) {
+                0..=56 => {
+                    let rec = blk / 4 * 4;
+                    c.read((rec * BLK) as u64, &mut buf).unwrap();
+                    for (i, got) in buf.chunks(BLK).enumerate() {
+                        assert!(
+                            got == &model[rec + i].now[..],
+                            "crash point {point}: block {} stale while running",
+                            rec + i
+                        );
+                    }
+                }
+                57 => {
+                    let new = fill(rng.gen());
+                    model[blk].maybe = Some(new.clone());
+                    c.write(off, &new, false).unwrap();
+                    model[blk] = Block { now: new, maybe: None };
+                    *totals.entry("writes").or_default() += 1;
+                }
+                58 => {
+                    model[blk].maybe = Some(vec![0; BLK]);
+                    c.trim(off, BLK as u32).unwrap();
+                    model[blk] = Block { now: vec![0; BLK], maybe: None };
+                    *totals.entry("trims").or_default() += 1;
+                }
+                _ => {
+                    model[blk].maybe = Some(vec![0; BLK]);
+                    c.write_zeroes(off, BLK as u32).unwrap();
+                    model[blk] = Block { now: vec![0; BLK], maybe: None };
+                    *totals.entry("zeroes").or_default() += 1;
+                }
+            }
+            ops += 1;
+        }
+        // The last request may still be unanswered when the kill lands:
+        // send one more write without waiting for its answer.
+        let blk = rng.gen_range(0..CRASH_SIZE / BLK);
+        let new = fill(rng.gen());
+        model[blk].maybe = Some(new.clone());
+        c.send_write((blk * BLK) as u64, &new).unwrap();
+        *totals.entry("ops").or_default() += ops;
+        dir = s.kill9();
+        drop(c);
+    }
+    let s = serve(dir, "16M", &extra);
+    verify(&s, &mut model, "final");
+    eprintln!("crash points: {crash_points}, totals: {totals:?}");
+    assert!(totals["restored"] > 0, "the crashes should leave something to restore: {totals:?}");
+}
+
+#[test]
+fn dump_reports_damage_and_forget_empties_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    random_file(&dir.path().join("backing.img"), SIZE, 3);
+    let s = serve(dir, "32M", &[]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    for off in (0..SIZE).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n(&s, "l2_log_blk_writes") < 2 {
+        assert!(Instant::now() < deadline, "no log blocks written: {}", s.stat());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(c);
+    let dir = s.stop();
+    let l2 = dir.path().join("l2.img");
+    let (ok, out) = dump(&l2, "-vv");
+    assert!(ok, "{out}");
+    assert!(out.contains("le[0] cached tag 1 record"), "-vv lists entries:\n{out}");
+    // Damage the newest log block: dump says so and exits 1.
+    let newest: u64 = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("lb seq"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "address").nth(1))
+        .and_then(|a| a.parse().ok())
+        .expect("a log block address in the dump");
+    let bytes = std::fs::read(&l2).unwrap();
+    let mut damaged = bytes.clone();
+    damaged[newest as usize + 300] ^= 0xff;
+    std::fs::write(&l2, &damaged).unwrap();
+    let (ok, out) = dump(&l2, "");
+    assert!(!ok, "a damaged log block must fail the dump:\n{out}");
+    assert!(out.contains("0 with valid cksum / 1 with invalid cksum"), "{out}");
+    // The server starts anyway, empty, and counts it.
+    let s = serve(dir, "32M", &[]);
+    wait_rebuilt(&s);
+    assert_eq!(n(&s, "l2_rebuild_cksum_lb_errors"), 1);
+    assert_eq!(n(&s, "l2_records"), 0);
+    let dir = s.stop();
+    // Forget: a new incarnation with nothing in it.
+    std::fs::write(&l2, &bytes).unwrap();
+    let out = Command::new(BIN).args(["l2", "forget"]).arg(&l2).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, out) = dump(&l2, "");
+    assert!(ok && out.contains("no log blocks to read"), "{out}");
+    let s = serve(dir, "32M", &[]);
+    wait_rebuilt(&s);
+    assert_eq!(n(&s, "l2_records"), 0);
+    assert_eq!(n(&s, "l2_rebuild_bufs"), 0);
+    // Not a device at all.
+    let junk = s.dir.path().join("junk.img");
+    std::fs::write(&junk, vec![7u8; 8 << 20]).unwrap();
+    let (ok, out) = dump(&junk, "");
+    assert!(!ok && out.contains("header not found"), "{out}");
+}
