@@ -282,3 +282,36 @@ fn dump_reports_damage_and_forget_empties_the_device() {
     let (ok, out) = dump(&junk, "");
     assert!(!ok && out.contains("header not found"), "{out}");
 }
+
+#[test]
+fn a_device_moved_to_another_backing_file_restores_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    random_file(&dir.path().join("backing.img"), SIZE, 11);
+    let s = serve(dir, "32M", &[]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    for off in (0..SIZE).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n(&s, "l2_records") < 20 {
+        assert!(Instant::now() < deadline, "nothing fed: {}", s.stat());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(c);
+    let dir = s.stop();
+    // Another file of the same size under the same name: another inode.
+    let backing = dir.path().join("backing.img");
+    std::fs::remove_file(&backing).unwrap();
+    let data = random_file(&backing, SIZE, 12);
+    let s = serve(dir, "32M", &[]);
+    wait_rebuilt(&s);
+    assert_eq!(n(&s, "l2_rebuild_discarded_exports"), 1);
+    assert_eq!(n(&s, "l2_records"), 0);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    for off in (0..SIZE).step_by(buf.len()) {
+        c.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data[off..off + buf.len()], "old backing's bytes served at {off}");
+    }
+}

@@ -227,10 +227,15 @@ impl BlockDev for FileDev {
         self.path.display().to_string()
     }
 
+    /// Device and inode numbers, plus the birth time where the filesystem
+    /// keeps one: a file deleted and created again often gets the same
+    /// inode number back, never the same birth time.
     fn identity(&self) -> String {
         use std::os::unix::fs::MetadataExt;
         match self.buffered.metadata() {
-            Ok(m) => format!("file:{}:{}", m.dev(), m.ino()),
+            Ok(m) => {
+                format!("file:{}:{}:{}", m.dev(), m.ino(), birth_time(&self.buffered).unwrap_or_default())
+            }
             Err(_) => format!("path:{}", self.path.display()),
         }
     }
@@ -238,6 +243,19 @@ impl BlockDev for FileDev {
     fn is_read_only(&self) -> bool {
         self.read_only
     }
+}
+
+/// The file's birth time as `seconds.nanoseconds`, if the filesystem has one.
+fn birth_time(file: &File) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statx only writes into the zeroed struct we pass; the empty
+    // path with AT_EMPTY_PATH names the open descriptor itself.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_BTIME, &mut sx)
+    };
+    (rc == 0 && sx.stx_mask & libc::STATX_BTIME != 0)
+        .then(|| format!("{}.{:09}", sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec))
 }
 
 #[cfg(test)]

@@ -248,9 +248,18 @@ impl L2Arc {
         let mut dead: HashSet<u64> = HashSet::new();
         let mut restored_blocks: Vec<LogPtr> = Vec::new();
         let (mut bufs, mut lowmem) = (0u64, false);
+        let mut last_report = Instant::now();
         let end = walk(dev, &h, seed, |p, blk| {
             if stop.load(Relaxed) {
                 return false;
+            }
+            if last_report.elapsed().as_secs() >= 1 {
+                last_report = Instant::now();
+                info!(
+                    "L2 device {}: rebuilding: {bufs} records from {} log blocks so far",
+                    dev.path,
+                    restored_blocks.len()
+                );
             }
             if self.hdr_size() > hdr_cap {
                 lowmem = true;

@@ -284,3 +284,25 @@ fn writes_during_a_rebuild_are_never_undone_by_it() {
     }
     w.check("second restart");
 }
+
+#[test]
+fn rebuild_disabled_forgets_the_log_for_good() {
+    let mut w = World::new(13);
+    for _ in 0..100 {
+        w.feed();
+    }
+    w.l2.sync_logs();
+    assert!(w.l2.sizes().0 > 0);
+    let image = w.dev.image_bytes(|_| true);
+    let dev = Arc::new(CrashDev::from_bytes(image));
+    let d = L2Device::new("p".into(), dev.clone() as Arc<dyn BlockDev>).unwrap();
+    let off = PersistOptions { rebuild_enabled: false, min_l2size: 0 };
+    let l2 = L2Arc::open(vec![d], &[export()], &off).unwrap();
+    assert!(!l2.is_rebuilding());
+    assert_eq!(l2.sizes().0, 0);
+    drop(l2);
+    // Enabled again: the old log is gone, since writes meanwhile were not
+    // logged against it.
+    let l2 = open(Arc::new(CrashDev::from_bytes(dev.image_bytes(|_| true))), &[export()]);
+    assert_eq!(l2.sizes().0, 0);
+}
