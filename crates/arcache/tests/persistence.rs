@@ -65,10 +65,9 @@ fn dump(l2: &Path, verbose: &str) -> (bool, String) {
 
 const SIZE: usize = 16 << 20;
 
-#[test]
-fn clean_restart_serves_from_l2_without_reading_the_backing_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = random_file(&dir.path().join("backing.img"), SIZE, 5);
+/// Serves `dir`, reads the whole export (slowly enough for the feed), waits
+/// until stat `key` reaches `at_least`, and stops cleanly.
+fn warm_and_stop(dir: tempfile::TempDir, key: &str, at_least: u64) -> (tempfile::TempDir, u64) {
     let s = serve(dir, "32M", &[]);
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
     let mut buf = vec![0u8; 64 << 10];
@@ -77,13 +76,21 @@ fn clean_restart_serves_from_l2_without_reading_the_backing_store() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let deadline = Instant::now() + Duration::from_secs(20);
-    while n(&s, "l2_write_bytes") < (12 << 20) {
-        assert!(Instant::now() < deadline, "feed too slow: {}", s.stat());
+    while n(&s, key) < at_least {
+        assert!(Instant::now() < deadline, "{key} stayed below {at_least}: {}", s.stat());
         std::thread::sleep(Duration::from_millis(50));
     }
     let on_l2 = n(&s, "l2_records");
     drop(c);
-    let dir = s.stop();
+    (s.stop(), on_l2)
+}
+
+#[test]
+fn clean_restart_serves_from_l2_without_reading_the_backing_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = random_file(&dir.path().join("backing.img"), SIZE, 5);
+    let (dir, on_l2) = warm_and_stop(dir, "l2_write_bytes", 12 << 20);
+    let mut buf = vec![0u8; 64 << 10];
     let l2 = dir.path().join("l2.img");
     let (ok, out) = dump(&l2, "-v");
     assert!(ok, "dump of a cleanly stopped device must be consistent:\n{out}");
@@ -228,20 +235,7 @@ fn sigkill_at_random_points_never_serves_an_overwritten_block() {
 fn dump_reports_damage_and_forget_empties_the_device() {
     let dir = tempfile::tempdir().unwrap();
     random_file(&dir.path().join("backing.img"), SIZE, 3);
-    let s = serve(dir, "32M", &[]);
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    let mut buf = vec![0u8; 64 << 10];
-    for off in (0..SIZE).step_by(buf.len()) {
-        c.read(off as u64, &mut buf).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while n(&s, "l2_log_blk_writes") < 2 {
-        assert!(Instant::now() < deadline, "no log blocks written: {}", s.stat());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    drop(c);
-    let dir = s.stop();
+    let (dir, _) = warm_and_stop(dir, "l2_log_blk_writes", 2);
     let l2 = dir.path().join("l2.img");
     let (ok, out) = dump(&l2, "-vv");
     assert!(ok, "{out}");
@@ -287,20 +281,8 @@ fn dump_reports_damage_and_forget_empties_the_device() {
 fn a_device_moved_to_another_backing_file_restores_nothing_of_it() {
     let dir = tempfile::tempdir().unwrap();
     random_file(&dir.path().join("backing.img"), SIZE, 11);
-    let s = serve(dir, "32M", &[]);
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let (dir, _) = warm_and_stop(dir, "l2_records", 20);
     let mut buf = vec![0u8; 64 << 10];
-    for off in (0..SIZE).step_by(buf.len()) {
-        c.read(off as u64, &mut buf).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while n(&s, "l2_records") < 20 {
-        assert!(Instant::now() < deadline, "nothing fed: {}", s.stat());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    drop(c);
-    let dir = s.stop();
     // Another file of the same size under the same name: another inode.
     let backing = dir.path().join("backing.img");
     std::fs::remove_file(&backing).unwrap();
