@@ -237,17 +237,13 @@ impl Cache {
         }
     }
 
-    /// Caches the new contents of a record a client just wrote, and kills any
-    /// L2 copy of the old contents, in one step under the ARC lock so the
-    /// feed cannot capture the old bytes in between.
+    /// Caches the new contents of a record a client just wrote. Call
+    /// between [`Cache::begin_write`] and [`Cache::end_write`]: those already
+    /// dropped any L2 copy and keep the feed off the record meanwhile.
     pub(crate) fn insert_written(&self, key: Key, rec: RecordData) {
         let gone = {
             let mut s = self.state.lock();
-            let gone = self.insert_locked(&mut s, key, rec, false);
-            if let Some(l2) = &self.l2 {
-                l2.invalidate(key);
-            }
-            gone
+            self.insert_locked(&mut s, key, rec, false)
         };
         self.count_evicted(gone);
     }

@@ -414,7 +414,7 @@ impl Volume {
             });
             match patched {
                 Some(v) => self.cache.insert_written(key, Arc::new(Record::new(&v, compress))),
-                // Not in RAM: nothing to patch, but an L2 copy is now stale.
+                // Not in RAM: nothing to patch (begin_write dropped any L2 copy).
                 None => {
                     self.cache.invalidate(key);
                 }

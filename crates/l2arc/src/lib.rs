@@ -257,7 +257,7 @@ impl L2Arc {
     /// Whether the device keeps a log. An atomic, not the persist lock:
     /// this is asked under the meta lock, which a commit takes while
     /// holding the persist lock.
-    fn logging(&self, dev: usize) -> bool {
+    pub fn is_persistent(&self, dev: usize) -> bool {
         self.logs_on[dev].load(Relaxed)
     }
 
@@ -333,7 +333,7 @@ impl L2Arc {
 
     fn append_invalidate(&self, m: &mut Meta, dev: usize, key: u64) -> Option<Ticket> {
         let tag = self.tag(dev, key);
-        if tag == 0 || !self.logging(dev) {
+        if tag == 0 || !self.is_persistent(dev) {
             return None;
         }
         let log = &mut m.logs[dev];
@@ -604,7 +604,7 @@ impl L2Arc {
         self.stats.l2_writes_done.fetch_add(1, Relaxed);
         self.stats.l2_write_bytes.fetch_add(len, Relaxed);
         let mut keys = Vec::with_capacity(placed.len());
-        let logging = self.logging(dev_idx);
+        let logging = self.is_persistent(dev_idx);
         let upto = {
             let mut m = self.meta.lock();
             for (key, rel, blob_len, cksum, flags) in placed {

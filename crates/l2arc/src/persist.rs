@@ -197,16 +197,11 @@ impl L2Arc {
         while p.live.front().is_some_and(|b| b.lpos < floor || b.seq < p.hdr.horizon_seq) {
             p.live.pop_front();
         }
-        p.hdr.header_seq += 1;
         p.hdr.hand_lpos = dev.hand_lpos();
         p.hdr.flags = FLAG_PERSISTENT | if p.hdr.hand_lpos < p.hdr.capacity { FLAG_FIRST_PASS } else { 0 };
         p.hdr.lb_count = p.live.len() as u64;
         p.hdr.lb_asize = p.live.iter().map(|b| u64::from(b.asize)).sum();
-        let bytes = p.hdr.encode().map_err(|e| e.to_string())?;
-        let at = HEADER_OFFSETS[(p.hdr.header_seq % 2) as usize];
-        dev.flush().map_err(|e| e.to_string())?;
-        dev.write_meta(at, &bytes).map_err(|e| e.to_string())?;
-        dev.flush().map_err(|e| e.to_string())?;
+        write_header_copy(dev, &mut p.hdr)?;
         self.stats.l2_header_writes.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -340,11 +335,6 @@ impl L2Arc {
             None => (n, b),
         })
     }
-
-    /// Whether device `d` keeps a log.
-    pub fn is_persistent(&self, d: usize) -> bool {
-        self.logging(d)
-    }
 }
 
 fn matches(x: &ExportId, e: &ExportDesc) -> bool {
@@ -434,7 +424,8 @@ fn open_device(
     let mut p = persist_state(hdr);
     dev.restore_hand(p.hdr.evict_lpos);
     // The export table must be durable before any entry uses a new tag.
-    write_header_alone(dev, &mut p).map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
+    p.hdr.hand_lpos = dev.hand_lpos();
+    write_header_copy(dev, &mut p.hdr).map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
     Ok((Some(p), has_log))
 }
 
@@ -469,11 +460,14 @@ fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), Strin
     Ok(())
 }
 
-fn write_header_alone(dev: &L2Device, p: &mut DevPersist) -> Result<(), String> {
-    p.hdr.header_seq += 1;
-    p.hdr.hand_lpos = dev.hand_lpos();
-    let bytes = p.hdr.encode().map_err(|e| e.to_string())?;
-    dev.write_meta(HEADER_OFFSETS[(p.hdr.header_seq % 2) as usize], &bytes).map_err(|e| e.to_string())?;
+/// Writes `hdr` as the next header copy (the one its new sequence number
+/// picks), after everything written before it is durable, and makes it
+/// durable.
+fn write_header_copy(dev: &L2Device, hdr: &mut Header) -> Result<(), String> {
+    hdr.header_seq += 1;
+    let bytes = hdr.encode().map_err(|e| e.to_string())?;
+    dev.flush().map_err(|e| e.to_string())?;
+    dev.write_meta(HEADER_OFFSETS[(hdr.header_seq % 2) as usize], &bytes).map_err(|e| e.to_string())?;
     dev.flush().map_err(|e| e.to_string())
 }
 
@@ -509,10 +503,7 @@ pub(crate) fn reset_header(
         add_new_exports(&mut hdr, exports)?;
     }
     for _ in 0..2 {
-        hdr.header_seq += 1;
-        let bytes = hdr.encode().map_err(|e| e.to_string())?;
-        dev.write_meta(HEADER_OFFSETS[(hdr.header_seq % 2) as usize], &bytes).map_err(|e| e.to_string())?;
-        dev.flush().map_err(|e| e.to_string())?;
+        write_header_copy(dev, &mut hdr)?;
     }
     Ok(hdr)
 }

@@ -181,17 +181,16 @@ pub fn walk(
     })
 }
 
-/// Why an entry cannot be restored, if it cannot.
+/// Whether a CACHED entry above the evict floor describes a copy that can
+/// be there: inside the export, the device and before its own block.
 fn entry_ok(e: &Entry, blk: &LogBlock, h: &Header, records: u64) -> bool {
     let len = u64::from(e.blob_sectors) * SECTOR;
-    let floor = h.evict_lpos.saturating_sub(h.capacity);
     e.kind == EntryKind::Cached
         && e.record < records
         && e.blob_sectors >= 1
         && u64::from(e.blob_sectors) * SECTOR <= crate::index::MAX_BLOB
         && e.lshift <= 8
         && e.lpos_or_count.is_multiple_of(SECTOR)
-        && e.lpos_or_count >= floor
         && e.lpos_or_count + len <= blk.lpos
         && e.lpos_or_count % h.capacity + len <= h.capacity
 }
@@ -318,6 +317,7 @@ impl L2Arc {
     ) -> u64 {
         let mut wanted: Vec<(u64, &Entry)> = Vec::with_capacity(blk.entries.len());
         let mut invalid = 0;
+        let floor = h.evict_lpos.saturating_sub(h.capacity);
         for e in blk.entries.iter().rev() {
             let Some(&(_, id, records)) = exports.iter().find(|x| x.0 == e.tag) else {
                 invalid += 1;
@@ -334,7 +334,6 @@ impl L2Arc {
             if !dead.insert(key) {
                 continue;
             }
-            let floor = h.evict_lpos.saturating_sub(h.capacity);
             if e.lpos_or_count < floor {
                 // Overwritten since: the normal fate of old entries.
             } else if entry_ok(e, blk, h, records) {
