@@ -17,6 +17,7 @@ use rustc_hash::FxHashMap;
 use crate::prefetch::Prefetcher;
 use crate::record::Record;
 use crate::stats::ArcStats;
+use crate::writeback::WriteBack;
 use crate::zfetch::{ZfetchStats, ZfetchTunables};
 
 /// RAM charged per record on top of its data: the policy's slab entry, the
@@ -103,6 +104,7 @@ pub struct Cache {
     pub zfetch_stats: Arc<ZfetchStats>,
     prefetcher: std::sync::OnceLock<Prefetcher>,
     zfetch_active: Arc<AtomicU64>,
+    writeback: std::sync::OnceLock<Arc<WriteBack>>,
 }
 
 impl Cache {
@@ -130,6 +132,7 @@ impl Cache {
             zfetch_stats: Arc::new(ZfetchStats::default()),
             prefetcher: std::sync::OnceLock::new(),
             zfetch_active: Arc::new(AtomicU64::new(0)),
+            writeback: std::sync::OnceLock::new(),
         })
     }
 
@@ -140,6 +143,15 @@ impl Cache {
     /// The shared prefetch pool, started on first use.
     pub(crate) fn prefetcher(&self) -> &Prefetcher {
         self.prefetcher.get_or_init(|| Prefetcher::new(8, 256))
+    }
+
+    /// Turns on write-back for volumes created from now on.
+    pub fn set_writeback(&self, wb: Arc<WriteBack>) {
+        let _ = self.writeback.set(wb);
+    }
+
+    pub fn writeback(&self) -> Option<&Arc<WriteBack>> {
+        self.writeback.get()
     }
 
     pub fn l2(&self) -> Option<&Arc<L2Arc>> {

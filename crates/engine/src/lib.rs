@@ -3,16 +3,19 @@
 //! and the protocol in `nbd`.
 
 mod cache;
+mod dirty;
 mod feed;
 mod prefetch;
 mod record;
 mod stats;
 mod volume;
+mod writeback;
 mod zfetch;
 
 pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use stats::{ArcStats, L2DeviceStats};
-pub use volume::{Volume, VolumeConfig};
+pub use volume::{SyncMode, Volume, VolumeConfig};
+pub use writeback::{Backing, WriteBack, WriteStats, WriteTunables, WriteView};
 pub use zfetch::{Zfetch, ZfetchStats, ZfetchTunables};

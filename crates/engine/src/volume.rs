@@ -7,7 +7,7 @@
 //! a write into the cache after that write updated it.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -16,8 +16,48 @@ use blockdev::{BlockDev, DevError, DevResult};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::cache::{Cache, Found, RecordData};
+use crate::dirty::{self, Page, PAGE, SECTOR};
 use crate::record::Record;
+use crate::writeback::{Backing, WriteBack};
 use crate::zfetch::Zfetch;
+
+/// The ZFS `sync` property of an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// FLUSH and FUA make earlier writes durable; plain writes are acknowledged from RAM.
+    Standard = 0,
+    /// Every write is durable before it is acknowledged.
+    Always = 1,
+    /// FLUSH and FUA do nothing (unsafe).
+    Disabled = 2,
+}
+
+impl SyncMode {
+    pub fn parse(s: &str) -> Option<SyncMode> {
+        match s {
+            "standard" => Some(SyncMode::Standard),
+            "always" => Some(SyncMode::Always),
+            "disabled" => Some(SyncMode::Disabled),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncMode::Standard => "standard",
+            SyncMode::Always => "always",
+            SyncMode::Disabled => "disabled",
+        }
+    }
+
+    fn from_u8(v: u8) -> SyncMode {
+        match v {
+            1 => SyncMode::Always,
+            2 => SyncMode::Disabled,
+            _ => SyncMode::Standard,
+        }
+    }
+}
 
 const STRIPES: usize = 1024;
 
@@ -49,6 +89,9 @@ pub struct Volume {
     zfetch: Zfetch,
     /// For prefetch jobs, which outlive the request that started them.
     this: Weak<Volume>,
+    /// Write-back, when the cache has it; otherwise writes go through.
+    wb: Option<Arc<WriteBack>>,
+    sync: AtomicU8,
 }
 
 /// Records `first..last+1` and the byte range of the request within them.
@@ -63,6 +106,10 @@ impl Volume {
     pub fn new(id: u16, cfg: VolumeConfig, dev: Arc<dyn BlockDev>, cache: Arc<Cache>) -> Arc<Volume> {
         assert!(cfg.recordsize.is_power_of_two(), "recordsize is validated by the caller");
         let size = dev.size();
+        let wb = cache.writeback().cloned();
+        if let Some(wb) = &wb {
+            wb.register(id, Backing { dev: Arc::clone(&dev), size });
+        }
         Arc::new_cyclic(|this| Volume {
             id,
             name: cfg.name,
@@ -74,7 +121,21 @@ impl Volume {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             zfetch: Zfetch::new(cfg.recordsize, size),
             this: this.clone(),
+            wb,
+            sync: AtomicU8::new(SyncMode::Standard as u8),
         })
+    }
+
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    pub fn sync_mode(&self) -> SyncMode {
+        SyncMode::from_u8(self.sync.load(Relaxed))
+    }
+
+    pub fn set_sync_mode(&self, mode: SyncMode) {
+        self.sync.store(mode as u8, Relaxed);
     }
 
     pub fn name(&self) -> &str {
@@ -235,6 +296,14 @@ impl Volume {
     /// by checksum), the rest from the backing device in contiguous reads.
     fn fill(&self, rs: Range<u64>, prefetch: bool, offset: u64, mut out: Option<&mut [u8]>) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
+        // Dirty bytes are taken before any device read: a txg that syncs
+        // meanwhile has written the same bytes to the device.
+        let snap = match &self.wb {
+            Some(wb) => {
+                wb.snapshot(self.id, self.record_range(rs.start).start..self.record_range(rs.end - 1).end)
+            }
+            None => Vec::new(),
+        };
         let mut absent: Vec<u64> = Vec::new();
         for r in rs {
             match self.cache.peek(self.key(r)) {
@@ -249,7 +318,7 @@ impl Volume {
         }
         let mut from_backing: Vec<u64> = Vec::new();
         for (r, rec) in self.read_l2(&absent) {
-            match rec {
+            match rec.map(|rec| self.overlaid(r, rec, &snap)) {
                 Some(rec) => {
                     self.cache.count(Found::Miss, prefetch, 1);
                     if let Some(buf) = out.as_deref_mut() {
@@ -261,9 +330,24 @@ impl Volume {
             }
         }
         for run in runs(&from_backing) {
-            self.fill_from_backing(run, prefetch, offset, out.as_deref_mut())?;
+            self.fill_from_backing(run, prefetch, offset, out.as_deref_mut(), &snap)?;
         }
         Ok(())
+    }
+
+    /// A record read from L2 with any dirty sectors laid over it.
+    fn overlaid(&self, r: u64, rec: RecordData, snap: &[(u64, Arc<Page>)]) -> RecordData {
+        let rr = self.record_range(r);
+        if !snap.iter().any(|(p, _)| p * PAGE < rr.end && (p + 1) * PAGE > rr.start) {
+            return rec;
+        }
+        match rec.to_vec() {
+            Ok(mut v) => {
+                WriteBack::apply(snap, rr.start, &mut v);
+                Arc::new(Record::new(&v, self.cache.compress_enabled()))
+            }
+            Err(_) => rec,
+        }
     }
 
     /// The records of `rs` that are on L2 and read back intact; the others
@@ -306,15 +390,17 @@ impl Volume {
         prefetch: bool,
         offset: u64,
         out: Option<&mut [u8]>,
+        snap: &[(u64, Arc<Page>)],
     ) -> DevResult<()> {
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
         FILL_BUF.with(|cell| {
             let mut block = cell.borrow_mut();
             block.resize((bytes.end - bytes.start) as usize, 0);
-            self.fill_from_block(need, bytes, &mut block, prefetch, offset, out)
+            self.fill_from_block(need, bytes, &mut block, prefetch, offset, out, snap)
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn fill_from_block(
         &self,
         need: Range<u64>,
@@ -323,6 +409,7 @@ impl Volume {
         prefetch: bool,
         offset: u64,
         mut out: Option<&mut [u8]>,
+        snap: &[(u64, Arc<Page>)],
     ) -> DevResult<()> {
         let c = &self.cache.counters;
         c.backing_reads.fetch_add(1, Relaxed);
@@ -333,6 +420,7 @@ impl Volume {
             return Err(e);
         }
         c.backing_read_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        WriteBack::apply(snap, bytes.start, block);
         let compress = self.cache.compress_enabled();
         for r in need.clone() {
             let rr = self.record_range(r);
@@ -349,10 +437,88 @@ impl Volume {
         Ok(())
     }
 
-    /// Writes through to the device, then updates the cached records: whole
-    /// records become the new contents, cached partial records are patched,
-    /// uncached partial records stay uncached.
+    /// Writes a range: into dirty RAM with write-back (made durable as the
+    /// export's `sync` mode says), otherwise through to the device. The
+    /// cached records follow either way.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> DevResult<()> {
+        if self.read_only {
+            return Err(DevError::ReadOnly);
+        }
+        self.check(offset, data.len() as u64)?;
+        let Some(wb) = &self.wb else { return self.write_through(offset, data, fua) };
+        wb.throttle();
+        let s = self.span(offset, data.len() as u64);
+        let mut start = s.first;
+        while start < s.end {
+            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
+            let lo = self.record_range(start).start.max(offset);
+            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
+            self.write_dirty(wb, start..end, lo, &data[(lo - offset) as usize..(hi - offset) as usize])?;
+            start = end;
+        }
+        match self.sync_mode() {
+            SyncMode::Always => wb.commit(),
+            SyncMode::Standard if fua => wb.commit(),
+            _ => Ok(()),
+        }
+    }
+
+    fn write_dirty(&self, wb: &WriteBack, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
+        let _locks = self.lock_records(rs.clone());
+        let keys: Vec<Key> = rs.clone().map(|r| self.key(r)).collect();
+        let pages = self.build_pages(wb, offset, data)?;
+        wb.put(self.id, &keys, pages);
+        self.patch_cache(rs, offset, data);
+        Ok(())
+    }
+
+    /// The dirty pages a write makes; a sector it covers in part gets its
+    /// other bytes from the current contents.
+    fn build_pages(&self, wb: &WriteBack, offset: u64, data: &[u8]) -> DevResult<Vec<(u64, Page)>> {
+        let end = offset + data.len() as u64;
+        let mut out = Vec::new();
+        for page in offset / PAGE..end.div_ceil(PAGE) {
+            let mut p = Page::empty();
+            for s in 0..8usize {
+                let a = page * PAGE + s as u64 * SECTOR;
+                let b = a + SECTOR;
+                let (from, to) = (a.max(offset), b.min(end));
+                if from >= to {
+                    continue;
+                }
+                let dst = &mut p.data[dirty::sector_range(s)];
+                if from != a || to != b {
+                    dst.copy_from_slice(&self.current_sector(wb, a)?);
+                }
+                dst[(from - a) as usize..(to - a) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                p.mask |= 1 << s;
+            }
+            out.push((page, p));
+        }
+        Ok(out)
+    }
+
+    /// What sector `a` holds now (bytes past the export's end read as 0).
+    /// Called with the record's lock held.
+    fn current_sector(&self, wb: &WriteBack, a: u64) -> DevResult<[u8; 512]> {
+        if let Some(s) = wb.sector(self.id, a) {
+            return Ok(s);
+        }
+        let mut out = [0u8; 512];
+        let n = (self.size.saturating_sub(a)).min(SECTOR) as usize;
+        let record = a / self.recordsize;
+        if let Some(rec) = self.cache.peek(self.key(record)) {
+            self.copy_out(record, &rec, a, &mut out[..n])?;
+            return Ok(out);
+        }
+        self.dev.read_at(&mut out[..n], a)?;
+        Ok(out)
+    }
+
+    /// Writes straight to the backing store (no write-back, or replaying
+    /// the intent log), then updates the cached records.
+    pub fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> DevResult<()> {
         if self.read_only {
             return Err(DevError::ReadOnly);
         }
@@ -395,6 +561,13 @@ impl Volume {
             }
             return Err(e);
         }
+        self.patch_cache(rs, offset, data);
+        Ok(())
+    }
+
+    /// After a write: whole records become the new contents, cached partial
+    /// records are patched, uncached partial records stay uncached.
+    fn patch_cache(&self, rs: Range<u64>, offset: u64, data: &[u8]) {
         let end = offset + data.len() as u64;
         let compress = self.cache.compress_enabled();
         for r in rs {
@@ -420,19 +593,43 @@ impl Volume {
                 }
             }
         }
-        Ok(())
     }
 
+    /// Makes every write acknowledged before it durable (a no-op with
+    /// `sync=disabled`).
     pub fn flush(&self) -> DevResult<()> {
+        match (&self.wb, self.sync_mode()) {
+            (_, SyncMode::Disabled) => Ok(()),
+            (Some(wb), _) => wb.commit(),
+            (None, _) => self.dev.flush(),
+        }
+    }
+
+    /// Flushes the backing store itself.
+    pub fn flush_backing(&self) -> DevResult<()> {
         self.dev.flush()
     }
 
+    /// A zeroing straight to the backing store, for log replay.
+    pub fn write_zeroes_through(&self, offset: u64, len: u64) -> DevResult<()> {
+        let entry = |o, l| zil::Entry::Zero { export: self.id, offset: o, len: l };
+        self.discard_with(None, offset, len, entry, |dev, o, l| dev.write_zeroes(o, l))
+    }
+
+    /// A trim straight to the backing store, for log replay.
+    pub fn trim_through(&self, offset: u64, len: u64) -> DevResult<()> {
+        let entry = |o, l| zil::Entry::Trim { export: self.id, offset: o, len: l };
+        self.discard_with(None, offset, len, entry, |dev, o, l| dev.trim(o, l))
+    }
+
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.discard(offset, len, fua, |dev, o, l| dev.trim(o, l))
+        let entry = |o, l| zil::Entry::Trim { export: self.id, offset: o, len: l };
+        self.discard(offset, len, fua, entry, |dev, o, l| dev.trim(o, l))
     }
 
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.discard(offset, len, fua, |dev, o, l| dev.write_zeroes(o, l))
+        let entry = |o, l| zil::Entry::Zero { export: self.id, offset: o, len: l };
+        self.discard(offset, len, fua, entry, |dev, o, l| dev.write_zeroes(o, l))
     }
 
     /// Trim and zeroing: the device changes a range, and every cached record
@@ -443,6 +640,24 @@ impl Volume {
         offset: u64,
         len: u64,
         fua: bool,
+        entry: impl Fn(u64, u64) -> zil::Entry,
+        op: impl Fn(&dyn BlockDev, u64, u64) -> DevResult<()>,
+    ) -> DevResult<()> {
+        self.discard_with(self.wb.as_deref(), offset, len, entry, op)?;
+        match (&self.wb, self.sync_mode()) {
+            (Some(wb), SyncMode::Always) => wb.commit(),
+            (Some(wb), SyncMode::Standard) if fua => wb.commit(),
+            (None, _) if fua => self.dev.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    fn discard_with(
+        &self,
+        wb: Option<&WriteBack>,
+        offset: u64,
+        len: u64,
+        entry: impl Fn(u64, u64) -> zil::Entry,
         op: impl Fn(&dyn BlockDev, u64, u64) -> DevResult<()>,
     ) -> DevResult<()> {
         if self.read_only {
@@ -458,16 +673,18 @@ impl Volume {
             let _locks = self.lock_records(start..end);
             let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
             self.cache.begin_write(&keys);
-            let res = op(self.dev.as_ref(), lo, hi - lo);
+            let res = match wb {
+                Some(wb) => wb.discard(self.id, &keys, lo..hi, entry(lo, hi - lo), || {
+                    op(self.dev.as_ref(), lo, hi - lo)
+                }),
+                None => op(self.dev.as_ref(), lo, hi - lo),
+            };
             for &k in &keys {
                 self.cache.invalidate(k);
             }
             self.cache.end_write(&keys);
             res?;
             start = end;
-        }
-        if fua {
-            self.dev.flush()?;
         }
         Ok(())
     }

@@ -358,16 +358,22 @@ impl L2Arc {
     /// device can bring an older copy back after a crash. Call before the
     /// backing store sees the write.
     pub fn begin_write(&self, keys: &[u64]) {
-        let tickets: Vec<Ticket> = {
-            let mut m = self.meta.lock();
-            let mut t = Vec::new();
-            for &k in keys {
-                *m.writing.entry(k).or_insert(0) += 1;
-                t.extend(self.invalidate_locked(&mut m, k, true));
-            }
-            t
-        };
+        let tickets = self.begin_write_deferred(keys);
         self.make_durable(&tickets);
+    }
+
+    /// [`L2Arc::begin_write`] without waiting: the copies are gone from the
+    /// index at once, and the returned tickets must be passed to
+    /// [`L2Arc::make_durable`] before the write reaches the backing store.
+    /// For write-back, where that happens in a later transaction group.
+    pub fn begin_write_deferred(&self, keys: &[u64]) -> Vec<Ticket> {
+        let mut m = self.meta.lock();
+        let mut t = Vec::new();
+        for &k in keys {
+            *m.writing.entry(k).or_insert(0) += 1;
+            t.extend(self.invalidate_locked(&mut m, k, true));
+        }
+        t
     }
 
     /// Ends a write started with [`L2Arc::begin_write`], after the new

@@ -1,0 +1,885 @@
+//! Write-back: writes are acknowledged once dirty in RAM; a FLUSH makes
+//! them durable in the intent log (or, without one, by syncing a
+//! transaction group); a background thread writes each txg to the backing
+//! stores in sorted, coalesced writes and then releases its log space.
+//! The argument for why nothing acknowledged is lost is in
+//! `docs/intent-log.md`.
+//!
+//! Lock order: record locks (in `Volume`), then `sync_lock`, then `inner`,
+//! then the L2 index. The syncing thread takes `sync_lock` then `inner` and
+//! never a record lock.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_policy::Key;
+use arcache_l2::L2Arc;
+use blockdev::{BlockDev, DevError, DevResult};
+use parking_lot::{Condvar, Mutex, RwLock};
+use rustc_hash::FxHashSet;
+use tracing::{info, warn};
+pub use zil::ReplayStats;
+use zil::{Entry, IntentLog, LogError, LogExport};
+
+use crate::dirty::{self, key_page, key_vol, page_key, Page, PageKey, Txg, PAGE};
+use crate::volume::Volume;
+
+/// The write tunables, with OpenZFS's names.
+#[derive(Debug)]
+pub struct WriteTunables {
+    pub txg_timeout_secs: AtomicU64,
+    pub dirty_data_max: AtomicU64,
+    pub dirty_data_sync_percent: AtomicU64,
+    pub delay_min_dirty_percent: AtomicU64,
+    pub delay_scale_ns: AtomicU64,
+    /// Parallel backing writes while a txg syncs.
+    pub sync_writers: AtomicU64,
+}
+
+impl Default for WriteTunables {
+    fn default() -> Self {
+        WriteTunables {
+            txg_timeout_secs: AtomicU64::new(5),
+            dirty_data_max: AtomicU64::new(1 << 30),
+            dirty_data_sync_percent: AtomicU64::new(20),
+            delay_min_dirty_percent: AtomicU64::new(60),
+            delay_scale_ns: AtomicU64::new(500_000),
+            sync_writers: AtomicU64::new(10),
+        }
+    }
+}
+
+/// Counters for `arcache stat`; names in docs/tunables-and-stats.md.
+#[derive(Debug, Default)]
+pub struct WriteStats {
+    pub txg_syncs: AtomicU64,
+    pub txg_sync_bytes: AtomicU64,
+    pub txg_sync_errors: AtomicU64,
+    pub txg_last_sync_ms: AtomicU64,
+    pub zil_commit_count: AtomicU64,
+    pub zil_commit_writer_count: AtomicU64,
+    pub zil_itx_count: AtomicU64,
+    pub zil_log_bytes: AtomicU64,
+    pub zil_log_errors: AtomicU64,
+    pub zil_txg_fallbacks: AtomicU64,
+    pub zil_replay_records: AtomicU64,
+    pub zil_replay_bytes: AtomicU64,
+    pub throttle_delays: AtomicU64,
+    pub throttle_delay_ns: AtomicU64,
+    pub throttle_waits: AtomicU64,
+    pub written_bytes: AtomicU64,
+}
+
+/// A point-in-time view of the write path for `arcache stat --json`.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct WriteView {
+    pub dirty_bytes: u64,
+    pub dirty_max: u64,
+    pub txg_open: u64,
+    pub txg_syncing: u64,
+    pub txg_synced: u64,
+    pub txg_age_ms: u64,
+    pub txg_syncs: u64,
+    pub txg_sync_bytes: u64,
+    pub txg_sync_errors: u64,
+    pub txg_last_sync_ms: u64,
+    pub zil_present: u64,
+    pub zil_degraded: u64,
+    pub zil_commit_count: u64,
+    pub zil_commit_writer_count: u64,
+    pub zil_itx_count: u64,
+    pub zil_log_bytes: u64,
+    pub zil_log_errors: u64,
+    pub zil_txg_fallbacks: u64,
+    pub zil_log_used: u64,
+    pub zil_log_capacity: u64,
+    pub zil_replay_records: u64,
+    pub zil_replay_bytes: u64,
+    pub throttle_delays: u64,
+    pub throttle_delay_ms: u64,
+    pub throttle_waits: u64,
+    pub write_bytes: u64,
+}
+
+struct Inner {
+    open: Txg,
+    syncing: Option<Arc<Txg>>,
+    /// Last txg written and flushed.
+    synced: u64,
+    /// Last txg the syncing thread finished, successfully or not.
+    done: u64,
+    /// Sync every txg up to this one now.
+    want: u64,
+    /// Pages written since their last commit, as (txg, key); may repeat.
+    unlogged: Vec<(u64, PageKey)>,
+    /// Trims and zeroings applied since the last commit, for the log, with
+    /// the txg open when they ran: once it has synced they are durable on
+    /// the backing store and must not be logged (a replay would apply them
+    /// over newer data).
+    discards: Vec<(u64, Entry)>,
+    /// After a failed sync, no retry before this.
+    retry_at: Option<Instant>,
+    stop: bool,
+}
+
+impl Inner {
+    fn dirty(&self) -> u64 {
+        self.open.bytes() + self.syncing.as_ref().map_or(0, |t| t.bytes())
+    }
+}
+
+/// A backing store the write path writes to, by export id.
+#[derive(Clone)]
+pub struct Backing {
+    pub dev: Arc<dyn BlockDev>,
+    pub size: u64,
+}
+
+#[derive(Default)]
+struct CommitState {
+    started: u64,
+    finished: u64,
+    running: bool,
+}
+
+pub struct WriteBack {
+    inner: Mutex<Inner>,
+    cv: Condvar,
+    sync_lock: Mutex<()>,
+    backings: RwLock<Vec<Option<Backing>>>,
+    log: Option<Arc<IntentLog>>,
+    log_failed: AtomicBool,
+    l2: Option<Arc<L2Arc>>,
+    commit: Mutex<CommitState>,
+    commit_cv: Condvar,
+    pub tunables: Arc<WriteTunables>,
+    pub stats: WriteStats,
+    /// Page count, readable without the lock: reads skip overlays when 0.
+    dirty_pages: AtomicU64,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn sync_error(msg: String) -> DevError {
+    DevError::Io {
+        op: "sync",
+        dev: "backing stores".into(),
+        offset: 0,
+        len: 0,
+        source: std::io::Error::other(msg),
+    }
+}
+
+impl WriteBack {
+    pub fn new(
+        log: Option<Arc<IntentLog>>,
+        l2: Option<Arc<L2Arc>>,
+        tunables: Arc<WriteTunables>,
+    ) -> Arc<Self> {
+        Arc::new(WriteBack {
+            inner: Mutex::new(Inner {
+                open: Txg::new(1),
+                syncing: None,
+                synced: 0,
+                done: 0,
+                want: 0,
+                unlogged: Vec::new(),
+                discards: Vec::new(),
+                retry_at: None,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+            sync_lock: Mutex::new(()),
+            backings: RwLock::new(Vec::new()),
+            log,
+            log_failed: AtomicBool::new(false),
+            l2,
+            commit: Mutex::new(CommitState::default()),
+            commit_cv: Condvar::new(),
+            tunables,
+            stats: WriteStats::default(),
+            dirty_pages: AtomicU64::new(0),
+            thread: Mutex::new(None),
+        })
+    }
+
+    pub fn log(&self) -> Option<&Arc<IntentLog>> {
+        self.log.as_ref()
+    }
+
+    fn log_usable(&self) -> Option<&Arc<IntentLog>> {
+        self.log.as_ref().filter(|_| !self.log_failed.load(Relaxed))
+    }
+
+    pub(crate) fn register(&self, vol: u16, backing: Backing) {
+        let mut b = self.backings.write();
+        if b.len() <= vol as usize {
+            b.resize(vol as usize + 1, None);
+        }
+        b[vol as usize] = Some(backing);
+    }
+
+    /// Starts the thread that syncs txgs.
+    pub fn spawn(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        let h = std::thread::Builder::new().name("txg-sync".into()).spawn(move || me.sync_loop());
+        match h {
+            Ok(h) => *self.thread.lock() = Some(h),
+            Err(e) => warn!("cannot start the txg sync thread ({e}); every FLUSH will sync"),
+        }
+    }
+
+    pub fn has_dirty(&self) -> bool {
+        self.dirty_pages.load(Relaxed) > 0
+    }
+
+    fn recount(&self, g: &Inner) {
+        let n = g.open.pages.len() + g.syncing.as_ref().map_or(0, |t| t.pages.len());
+        self.dirty_pages.store(n as u64, Relaxed);
+    }
+
+    /// Slows a writer down as dirty data grows, and makes it wait at the
+    /// limit, as OpenZFS's write throttle does. Never fails.
+    pub(crate) fn throttle(&self) {
+        let t = &self.tunables;
+        let mut g = self.inner.lock();
+        let mut waited = false;
+        loop {
+            let max = t.dirty_data_max.load(Relaxed).max(PAGE * 64);
+            let dirty = g.dirty();
+            if dirty >= max {
+                if !waited {
+                    self.stats.throttle_waits.fetch_add(1, Relaxed);
+                    waited = true;
+                }
+                g.want = g.want.max(g.open.number);
+                self.cv.notify_all();
+                self.cv.wait_for(&mut g, Duration::from_millis(50));
+                continue;
+            }
+            let min = max * t.delay_min_dirty_percent.load(Relaxed).min(100) / 100;
+            if dirty <= min {
+                return;
+            }
+            let scale = t.delay_scale_ns.load(Relaxed) as u128;
+            let ns = (scale * u128::from(dirty - min) / u128::from(max - dirty)).min(100_000_000) as u64;
+            drop(g);
+            if ns > 0 {
+                self.stats.throttle_delays.fetch_add(1, Relaxed);
+                self.stats.throttle_delay_ns.fetch_add(ns, Relaxed);
+                std::thread::sleep(Duration::from_nanos(ns));
+            }
+            return;
+        }
+    }
+
+    /// Adds written pages of export `vol` to the open txg. `records` are
+    /// the record keys the write touches; their L2 copies are dropped now
+    /// and durably before this txg reaches the backing store.
+    pub(crate) fn put(&self, vol: u16, records: &[Key], pages: Vec<(u64, Page)>) {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        let fresh: Vec<Key> = records.iter().copied().filter(|&k| g.open.records.insert(k)).collect();
+        if let Some(l2) = &self.l2 {
+            if !fresh.is_empty() {
+                let t = l2.begin_write_deferred(&fresh);
+                g.open.tickets.extend(t);
+            }
+        }
+        let number = g.open.number;
+        for (page, new) in pages {
+            let key = page_key(vol, page);
+            self.stats.written_bytes.fetch_add(u64::from(new.mask.count_ones()) * dirty::SECTOR, Relaxed);
+            match g.open.pages.get_mut(&key) {
+                Some(old) if new.mask & old.mask == old.mask => *old = Arc::new(new),
+                Some(old) => Arc::make_mut(old).merge_from(&new),
+                None => {
+                    g.open.pages.insert(key, Arc::new(new));
+                }
+            }
+            g.unlogged.push((number, key));
+        }
+        if g.open.born.is_none() {
+            g.open.born = Some(Instant::now());
+        }
+        let t = &self.tunables;
+        let threshold =
+            t.dirty_data_max.load(Relaxed) * t.dirty_data_sync_percent.load(Relaxed).clamp(1, 100) / 100;
+        if g.open.bytes() >= threshold {
+            g.want = g.want.max(g.open.number);
+            self.cv.notify_all();
+        }
+        self.recount(g);
+    }
+
+    /// The newest dirty bytes of one 512-byte sector, if any is dirty.
+    pub(crate) fn sector(&self, vol: u16, offset: u64) -> Option<[u8; 512]> {
+        let key = page_key(vol, offset / PAGE);
+        let s = ((offset % PAGE) / dirty::SECTOR) as usize;
+        let g = self.inner.lock();
+        let from_open = g.open.pages.get(&key).filter(|p| p.mask & (1 << s) != 0);
+        let page =
+            from_open.or_else(|| g.syncing.as_ref()?.pages.get(&key).filter(|p| p.mask & (1 << s) != 0))?;
+        let mut out = [0u8; 512];
+        out.copy_from_slice(&page.data[dirty::sector_range(s)]);
+        Some(out)
+    }
+
+    /// The dirty pages over bytes `range` of export `vol`, oldest first,
+    /// to lay over data read from a device. Take it before the read: a txg
+    /// that finishes meanwhile has put the same bytes on the device.
+    pub(crate) fn snapshot(&self, vol: u16, range: Range<u64>) -> Vec<(u64, Arc<Page>)> {
+        if !self.has_dirty() || range.is_empty() {
+            return Vec::new();
+        }
+        let first = range.start / PAGE;
+        let last = (range.end - 1) / PAGE;
+        let g = self.inner.lock();
+        let mut out = Vec::new();
+        for map in g.syncing.iter().map(|t| &t.pages).chain(std::iter::once(&g.open.pages)) {
+            if map.is_empty() {
+                continue;
+            }
+            if (last - first + 1) as usize > map.len() {
+                out.extend(map.iter().filter_map(|(&k, p)| {
+                    let page = key_page(k);
+                    (key_vol(k) == vol && (first..=last).contains(&page)).then(|| (page, Arc::clone(p)))
+                }));
+            } else {
+                out.extend((first..=last).filter_map(|p| Some((p, Arc::clone(map.get(&page_key(vol, p))?)))));
+            }
+        }
+        out
+    }
+
+    /// Lays a snapshot over `buf`, which holds bytes `range.start..`.
+    pub(crate) fn apply(snapshot: &[(u64, Arc<Page>)], start: u64, buf: &mut [u8]) {
+        let end = start + buf.len() as u64;
+        for (page, p) in snapshot {
+            let base = page * PAGE;
+            let from = base.max(start);
+            let to = (base + PAGE).min(end);
+            if from >= to {
+                continue;
+            }
+            p.overlay(
+                (from - base) as usize..(to - base) as usize,
+                &mut buf[(from - start) as usize..(to - start) as usize],
+            );
+        }
+    }
+
+    /// Makes every write put before this call durable: in the intent log
+    /// when there is one that works, otherwise by syncing a txg.
+    pub fn commit(&self) -> DevResult<()> {
+        self.stats.zil_commit_count.fetch_add(1, Relaxed);
+        if self.log_usable().is_none() {
+            return self.sync_now();
+        }
+        let mut c = self.commit.lock();
+        let ticket = c.started + 1;
+        loop {
+            if c.finished >= ticket {
+                return Ok(());
+            }
+            if !c.running {
+                c.running = true;
+                c.started += 1;
+                let number = c.started;
+                drop(c);
+                let res = self.commit_once();
+                c = self.commit.lock();
+                c.running = false;
+                c.finished = number;
+                self.commit_cv.notify_all();
+                if number >= ticket {
+                    return res;
+                }
+                continue;
+            }
+            self.commit_cv.wait(&mut c);
+        }
+    }
+
+    /// One group commit: every unlogged page and discard into the log.
+    fn commit_once(&self) -> DevResult<()> {
+        let Some(log) = self.log_usable() else { return self.sync_now() };
+        let (entries, pages, txg, taken) = self.collect_unlogged();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // A commit bigger than a quarter of the log is better synced.
+        let res = if IntentLog::encoded_len(&entries) > log.capacity() / 4 {
+            Err(LogError::Full)
+        } else {
+            log.append(txg, &entries)
+        };
+        match res {
+            Ok(()) => {
+                for p in &pages {
+                    p.logged.store(true, Relaxed);
+                }
+                let s = &self.stats;
+                s.zil_commit_writer_count.fetch_add(1, Relaxed);
+                s.zil_itx_count.fetch_add(entries.len() as u64, Relaxed);
+                s.zil_log_bytes.fetch_add(IntentLog::encoded_len(&entries), Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                if !matches!(e, LogError::Full) {
+                    self.stats.zil_log_errors.fetch_add(1, Relaxed);
+                    if !self.log_failed.swap(true, Relaxed) {
+                        warn!("intent log taken out of service: {e}; FLUSH now syncs a transaction group");
+                    }
+                }
+                self.give_back(taken, &entries, txg);
+                self.stats.zil_txg_fallbacks.fetch_add(1, Relaxed);
+                self.sync_now()
+            }
+        }
+    }
+
+    /// Entries for every unlogged page and discard, the page versions they
+    /// hold, the open txg, and what was taken from the queues.
+    #[allow(clippy::type_complexity)]
+    fn collect_unlogged(&self) -> (Vec<Entry>, Vec<Arc<Page>>, u64, Vec<(u64, PageKey)>) {
+        let mut g = self.inner.lock();
+        let taken = std::mem::take(&mut g.unlogged);
+        let (open, syncing) = (g.open.number, g.syncing.as_ref().map_or(0, |t| t.number));
+        let mut entries: Vec<Entry> = std::mem::take(&mut g.discards)
+            .into_iter()
+            .filter(|(t, _)| *t == open || *t == syncing)
+            .map(|(_, e)| e)
+            .collect();
+        let mut pages = Vec::new();
+        let mut seen: FxHashSet<PageKey> = FxHashSet::default();
+        for &(txg, key) in &taken {
+            let map = if txg == g.open.number {
+                &g.open.pages
+            } else {
+                match &g.syncing {
+                    Some(t) if t.number == txg => &t.pages,
+                    _ => continue,
+                }
+            };
+            let Some(p) = map.get(&key) else { continue };
+            if p.is_logged() || !seen.insert(key) {
+                continue;
+            }
+            entries.push(Entry::Page {
+                export: key_vol(key),
+                page: key_page(key),
+                mask: p.mask,
+                data: p.packed(),
+            });
+            pages.push(Arc::clone(p));
+        }
+        (entries, pages, g.open.number, taken)
+    }
+
+    /// Puts back what a commit took when it could not log it.
+    fn give_back(&self, taken: Vec<(u64, PageKey)>, entries: &[Entry], txg: u64) {
+        let mut g = self.inner.lock();
+        let discards: Vec<(u64, Entry)> =
+            entries.iter().filter(|e| !matches!(e, Entry::Page { .. })).map(|e| (txg, e.clone())).collect();
+        let later = std::mem::replace(&mut g.discards, discards);
+        g.discards.extend(later);
+        let later = std::mem::replace(&mut g.unlogged, taken);
+        g.unlogged.extend(later);
+    }
+
+    /// Syncs every txg up to the open one and waits for it.
+    pub fn sync_now(&self) -> DevResult<()> {
+        let mut g = self.inner.lock();
+        let target = g.open.number;
+        g.want = g.want.max(target);
+        self.cv.notify_all();
+        if self.thread.lock().is_none() {
+            drop(g);
+            self.sync_one();
+            g = self.inner.lock();
+        }
+        while g.done < target {
+            self.cv.wait_for(&mut g, Duration::from_millis(100));
+        }
+        if g.synced >= target {
+            Ok(())
+        } else {
+            Err(sync_error(format!("transaction group {target} could not be written to the backing store")))
+        }
+    }
+
+    fn sync_loop(&self) {
+        loop {
+            {
+                let mut g = self.inner.lock();
+                loop {
+                    let timeout = Duration::from_secs(self.tunables.txg_timeout_secs.load(Relaxed).max(1));
+                    let aged = g.open.born.is_some_and(|b| b.elapsed() >= timeout);
+                    let retry_ok = g.retry_at.is_none_or(|t| Instant::now() >= t);
+                    let wanted = g.want >= g.open.number;
+                    if retry_ok && (wanted || aged || (g.retry_at.is_some() && !g.open.is_empty())) {
+                        break;
+                    }
+                    if g.stop {
+                        return;
+                    }
+                    self.cv.wait_for(&mut g, Duration::from_millis(100));
+                }
+            }
+            self.sync_one();
+        }
+    }
+
+    /// Writes the open txg to the backing stores, flushes them and releases
+    /// the log space it covered.
+    fn sync_one(&self) {
+        let _sync = self.sync_lock.lock();
+        let started = Instant::now();
+        let txg = {
+            let mut g = self.inner.lock();
+            let next = Txg::new(g.open.number + 1);
+            let t = Arc::new(std::mem::replace(&mut g.open, next));
+            g.syncing = Some(Arc::clone(&t));
+            t
+        };
+        if let Some(l2) = &self.l2 {
+            l2.make_durable(&txg.tickets);
+        }
+        let res = self.write_txg(&txg);
+        if let Err(e) = &res {
+            warn!(
+                "transaction group {} could not be synced: {e}; its data stays dirty and is retried",
+                txg.number
+            );
+        }
+        let mut g = self.inner.lock();
+        g.syncing = None;
+        g.done = txg.number;
+        match res {
+            Ok(bytes) => {
+                g.synced = txg.number;
+                g.discards.retain(|(t, _)| *t > txg.number);
+                g.retry_at = None;
+                let s = &self.stats;
+                s.txg_syncs.fetch_add(1, Relaxed);
+                s.txg_sync_bytes.fetch_add(bytes, Relaxed);
+                s.txg_last_sync_ms.store(started.elapsed().as_millis() as u64, Relaxed);
+            }
+            Err(_) => {
+                self.stats.txg_sync_errors.fetch_add(1, Relaxed);
+                self.merge_back(&mut g, &txg);
+                g.retry_at = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
+        self.recount(&g);
+        let synced = g.synced;
+        self.cv.notify_all();
+        drop(g);
+        if let Some(l2) = &self.l2 {
+            if synced == txg.number {
+                l2.end_write(&txg.records.iter().copied().collect::<Vec<_>>());
+            }
+        }
+        if let Some(log) = self.log_usable() {
+            if synced == txg.number {
+                if let Err(e) = log.release(synced) {
+                    self.stats.zil_log_errors.fetch_add(1, Relaxed);
+                    if !self.log_failed.swap(true, Relaxed) {
+                        warn!("intent log taken out of service: {e}; FLUSH now syncs a transaction group");
+                    }
+                    // Pages logged since this txg began live only in the
+                    // failed log now: sync them at once.
+                    let mut g = self.inner.lock();
+                    g.want = g.want.max(g.open.number);
+                    self.cv.notify_all();
+                }
+            }
+        } else if let Some(log) = &self.log {
+            // The log failed: keep trying to empty it, so its old chunks
+            // cannot be replayed over newer data after a restart.
+            if synced == txg.number && log.reset().is_ok() {
+                info!("intent log {} emptied after its failure (it stays out of service)", log.name());
+            }
+        }
+    }
+
+    /// Puts a failed txg's pages back under the open txg, below newer writes.
+    fn merge_back(&self, g: &mut Inner, failed: &Txg) {
+        let number = g.open.number;
+        for (&key, page) in &failed.pages {
+            let merged = match g.open.pages.get(&key) {
+                Some(newer) => {
+                    let mut p = Page::clone(page);
+                    p.merge_from(newer);
+                    p
+                }
+                None => Page::clone(page),
+            };
+            g.open.pages.insert(key, Arc::new(merged));
+            g.unlogged.push((number, key));
+        }
+        let mut twice = Vec::new();
+        for &k in &failed.records {
+            if !g.open.records.insert(k) {
+                twice.push(k);
+            }
+        }
+        if let (Some(l2), false) = (&self.l2, twice.is_empty()) {
+            l2.end_write(&twice);
+        }
+        g.open.tickets.extend(failed.tickets.iter().copied());
+        // Their flush may not have happened: log them with the next commit.
+        for (t, _) in g.discards.iter_mut().filter(|(t, _)| *t == failed.number) {
+            *t = number;
+        }
+        if g.open.born.is_none() {
+            g.open.born = Some(Instant::now());
+        }
+    }
+
+    /// Writes the pages of `txg` in parallel and flushes every backing
+    /// store; the bytes written.
+    fn write_txg(&self, txg: &Txg) -> DevResult<u64> {
+        let backings = self.backings.read().clone();
+        let size_of = |v: u16| backings.get(v as usize).and_then(|b| b.as_ref()).map_or(0, |b| b.size);
+        let extents = dirty::extents(&txg.pages, size_of);
+        let bytes: u64 = extents.iter().map(|e| e.data.len() as u64).sum();
+        let next = AtomicU64::new(0);
+        let first_error: Mutex<Option<DevError>> = Mutex::new(None);
+        let workers = (self.tunables.sync_writers.load(Relaxed).clamp(1, 64) as usize).min(extents.len());
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Relaxed) as usize;
+                    let Some(e) = extents.get(i) else { return };
+                    let Some(b) = backings.get(e.vol as usize).and_then(|b| b.as_ref()) else { continue };
+                    if let Err(err) = b.dev.write_at(&e.data, e.offset) {
+                        first_error.lock().get_or_insert(err);
+                        return;
+                    }
+                });
+            }
+        });
+        if let Some(e) = first_error.into_inner() {
+            return Err(e);
+        }
+        for b in backings.iter().flatten() {
+            if !b.dev.is_read_only() {
+                b.dev.flush()?;
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Runs a trim or zeroing of export `vol` against its backing store
+    /// with no txg writing meanwhile, after dropping the dirty bytes it
+    /// covers (`zero` keeps the pages and zeroes them), and queues it for
+    /// the log.
+    pub(crate) fn discard(
+        &self,
+        vol: u16,
+        records: &[Key],
+        range: Range<u64>,
+        entry: Entry,
+        op: impl FnOnce() -> DevResult<()>,
+    ) -> DevResult<()> {
+        let _sync = self.sync_lock.lock();
+        {
+            let mut g = self.inner.lock();
+            let g = &mut *g;
+            let number = g.open.number;
+            // The change is not durable before the next txg flushes the
+            // backing store: until then no L2 copy may be made of it.
+            let fresh: Vec<Key> = records.iter().copied().filter(|&k| g.open.records.insert(k)).collect();
+            if let (Some(l2), false) = (&self.l2, fresh.is_empty()) {
+                let t = l2.begin_write_deferred(&fresh);
+                g.open.tickets.extend(t);
+            }
+            if g.open.born.is_none() {
+                g.open.born = Some(Instant::now());
+            }
+            let zero = matches!(entry, Entry::Zero { .. });
+            for page in range.start / PAGE..range.end.div_ceil(PAGE) {
+                let key = page_key(vol, page);
+                let Some(p) = g.open.pages.get_mut(&key) else { continue };
+                let base = page * PAGE;
+                let p = Arc::make_mut(p);
+                for s in dirty::sectors(p.mask) {
+                    let r = dirty::sector_range(s);
+                    let (from, to) =
+                        ((base + r.start as u64).max(range.start), (base + r.end as u64).min(range.end));
+                    if from >= to {
+                        continue;
+                    }
+                    if from == base + r.start as u64 && to == base + r.end as u64 {
+                        p.mask &= !(1 << s);
+                    } else if zero {
+                        p.data[(from - base) as usize..(to - base) as usize].fill(0);
+                    }
+                }
+                p.logged.store(false, Relaxed);
+                if p.mask == 0 {
+                    g.open.pages.remove(&key);
+                } else {
+                    g.unlogged.push((number, key));
+                }
+            }
+            if self.log_usable().is_some() {
+                g.discards.push((number, entry));
+            }
+            self.recount(g);
+        }
+        op()
+    }
+
+    /// Syncs everything dirty, with a progress line, and stops the thread.
+    /// The log is emptied when all went well.
+    pub fn shutdown(&self) -> DevResult<()> {
+        let mut result = Ok(());
+        for attempt in 0..3 {
+            let dirty = self.inner.lock().dirty();
+            if dirty == 0 && attempt > 0 {
+                break;
+            }
+            if dirty > 0 {
+                info!(
+                    "syncing {:.1} MiB of dirty data to the backing stores",
+                    dirty as f64 / (1 << 20) as f64
+                );
+            }
+            result = self.sync_now();
+            if result.is_ok() {
+                break;
+            }
+        }
+        {
+            let mut g = self.inner.lock();
+            g.stop = true;
+            self.cv.notify_all();
+        }
+        if let Some(h) = self.thread.lock().take() {
+            let _ = h.join();
+        }
+        if result.is_ok() {
+            if let Some(log) = self.log_usable() {
+                if let Err(e) = log.reset() {
+                    warn!("emptying the intent log at stop: {e} (it will be replayed at the next start)");
+                }
+            }
+        }
+        result
+    }
+
+    /// Applies the intent log found at start to the backing stores through
+    /// the write-through path (which drops L2 copies durably first), flushes
+    /// them and empties the log. `vols` pairs each export as the log names
+    /// it now with its volume; a log naming another export is refused.
+    pub fn replay(&self, vols: &[(LogExport, Arc<Volume>)]) -> Result<ReplayStats, LogError> {
+        let Some(log) = &self.log else { return Ok(ReplayStats::default()) };
+        if !log.needs_replay() {
+            return Ok(ReplayStats::default());
+        }
+        let find = |x: &LogExport| {
+            vols.iter()
+                .find(|(e, _)| e.name == x.name && e.identity == x.identity && e.size == x.size)
+                .map(|(_, v)| v)
+        };
+        let started = Instant::now();
+        let stats = log.replay(&|x| find(x).is_some(), &mut |x, entry| {
+            let vol = find(x).ok_or("export vanished")?;
+            apply_entry(vol, entry).map_err(|e| format!("replaying into export {:?}: {e}", x.name))
+        })?;
+        for (_, v) in vols {
+            if !v.read_only() {
+                v.flush_backing().map_err(|e| LogError::Io(v.name().to_string(), e))?;
+            }
+        }
+        log.reset()?;
+        self.stats.zil_replay_records.fetch_add(stats.pages + stats.discards, Relaxed);
+        self.stats.zil_replay_bytes.fetch_add(stats.bytes, Relaxed);
+        if stats.chunks > 0 {
+            info!(
+                "intent log replayed: {} chunks, {} pages ({:.1} MiB), {} trims/zeroings in {:.2} s",
+                stats.chunks,
+                stats.pages,
+                stats.bytes as f64 / (1 << 20) as f64,
+                stats.discards,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(stats)
+    }
+
+    pub fn view(&self) -> WriteView {
+        let g = self.inner.lock();
+        let s = &self.stats;
+        WriteView {
+            dirty_bytes: g.dirty(),
+            dirty_max: self.tunables.dirty_data_max.load(Relaxed),
+            txg_open: g.open.number,
+            txg_syncing: g.syncing.as_ref().map_or(0, |t| t.number),
+            txg_synced: g.synced,
+            txg_age_ms: g.open.born.map_or(0, |b| b.elapsed().as_millis() as u64),
+            txg_syncs: s.txg_syncs.load(Relaxed),
+            txg_sync_bytes: s.txg_sync_bytes.load(Relaxed),
+            txg_sync_errors: s.txg_sync_errors.load(Relaxed),
+            txg_last_sync_ms: s.txg_last_sync_ms.load(Relaxed),
+            zil_present: u64::from(self.log.is_some()),
+            zil_degraded: u64::from(self.log_failed.load(Relaxed)),
+            zil_commit_count: s.zil_commit_count.load(Relaxed),
+            zil_commit_writer_count: s.zil_commit_writer_count.load(Relaxed),
+            zil_itx_count: s.zil_itx_count.load(Relaxed),
+            zil_log_bytes: s.zil_log_bytes.load(Relaxed),
+            zil_log_errors: s.zil_log_errors.load(Relaxed),
+            zil_txg_fallbacks: s.zil_txg_fallbacks.load(Relaxed),
+            zil_log_used: self.log.as_ref().map_or(0, |l| l.used()),
+            zil_log_capacity: self.log.as_ref().map_or(0, |l| l.capacity()),
+            zil_replay_records: s.zil_replay_records.load(Relaxed),
+            zil_replay_bytes: s.zil_replay_bytes.load(Relaxed),
+            throttle_delays: s.throttle_delays.load(Relaxed),
+            throttle_delay_ms: s.throttle_delay_ns.load(Relaxed) / 1_000_000,
+            throttle_waits: s.throttle_waits.load(Relaxed),
+            write_bytes: s.written_bytes.load(Relaxed),
+        }
+    }
+}
+
+/// One replayed log entry, written through to the backing store.
+fn apply_entry(vol: &Volume, entry: &Entry) -> DevResult<()> {
+    match entry {
+        Entry::Page { page, mask, data, .. } => {
+            let mut packed = data.chunks(dirty::SECTOR as usize);
+            let mut run: Option<(u64, Vec<u8>)> = None;
+            for s in dirty::sectors(*mask) {
+                let at = page * PAGE + s as u64 * dirty::SECTOR;
+                let bytes = packed.next().unwrap_or(&[]);
+                match &mut run {
+                    Some((start, buf)) if *start + buf.len() as u64 == at => buf.extend_from_slice(bytes),
+                    _ => {
+                        if let Some((start, buf)) = run.take() {
+                            write_clipped(vol, start, &buf)?;
+                        }
+                        run = Some((at, bytes.to_vec()));
+                    }
+                }
+            }
+            match run {
+                Some((start, buf)) => write_clipped(vol, start, &buf),
+                None => Ok(()),
+            }
+        }
+        Entry::Zero { offset, len, .. } => vol.write_zeroes_through(*offset, *len),
+        Entry::Trim { offset, len, .. } => vol.trim_through(*offset, *len),
+    }
+}
+
+/// The last page of an export may reach past its end.
+fn write_clipped(vol: &Volume, start: u64, buf: &[u8]) -> DevResult<()> {
+    let n = vol.size().saturating_sub(start).min(buf.len() as u64) as usize;
+    if n == 0 {
+        return Ok(());
+    }
+    vol.write_through(start, &buf[..n], false)
+}
