@@ -36,6 +36,8 @@ pub struct ExportFile {
     pub read_only: Option<bool>,
     pub direct: Option<bool>,
     pub secondarycache: Option<String>,
+    /// standard, always or disabled; default: the `sync` tunable.
+    pub sync: Option<String>,
 }
 
 /// The config file as written.
@@ -54,6 +56,8 @@ pub struct ConfigFile {
     /// L2 devices, `PATH[:SIZE]` as with `--l2`.
     #[serde(default)]
     pub l2: Vec<String>,
+    /// The intent log device, `PATH[:SIZE]` as with `--log`.
+    pub log: Option<String>,
     pub secondarycache: Option<String>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
@@ -80,6 +84,8 @@ pub struct ExportSpec {
     pub direct: bool,
     /// `secondarycache=all` (true) or `none`.
     pub secondarycache: bool,
+    /// The export's own `sync` (0 standard, 1 always, 2 disabled), if set.
+    pub sync: Option<u64>,
 }
 
 /// An L2 device to open (and create with `size` if it is missing).
@@ -149,6 +155,8 @@ pub struct ServeSettings {
     pub tunables: Tunables,
     pub workers: usize,
     pub l2: Vec<L2Spec>,
+    /// The intent log device, `--log PATH[:SIZE]` (or an NBD URI).
+    pub log: Option<L2Spec>,
 }
 
 /// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not

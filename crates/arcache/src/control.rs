@@ -17,9 +17,16 @@ use tracing::warn;
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     Stat,
-    Get { name: String },
+    Get {
+        name: String,
+    },
     GetAll,
-    Set { name: String, value: String },
+    Set {
+        name: String,
+        value: String,
+    },
+    /// Sync a transaction group now and wait for it.
+    Flush,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -243,12 +243,14 @@ pub fn run(a: &DemoArgs) -> Result<()> {
             read_only: true,
             direct: false,
             secondarycache: true,
+            sync: None,
         }],
         listen: vec![Listen::Unix(sock.clone())],
         control: dir.path().join("control.sock"),
         tunables,
         workers: 32,
         l2: Vec::new(),
+        log: None,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

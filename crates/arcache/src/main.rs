@@ -6,6 +6,7 @@ mod control;
 mod demo;
 mod exports;
 mod l2cmd;
+mod logcmd;
 mod serve;
 mod simcmd;
 mod size;
@@ -54,6 +55,10 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Inspect (`l2 dump PATH [-v|-vv]`) or empty (`l2 forget PATH`) an L2 cache device.
     L2(l2cmd::L2Args),
+    /// Inspect (`log dump PATH [-v]`) or empty (`log forget PATH`) an intent log device.
+    Log(logcmd::LogArgs),
+    /// Sync a transaction group of a running server now: all dirty data to the backing stores.
+    Flush(logcmd::FlushArgs),
 }
 
 fn init_logging(default_level: &str) {
@@ -80,7 +85,7 @@ fn main() -> ExitCode {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     let cli = Cli::parse();
     // The demo talks to a person; its server's log lines would only interrupt.
-    init_logging(if matches!(cli.cmd, Cmd::Demo(_) | Cmd::L2(_)) { "warn" } else { "info" });
+    init_logging(if matches!(cli.cmd, Cmd::Demo(_) | Cmd::L2(_) | Cmd::Log(_)) { "warn" } else { "info" });
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Stat(a) => statcmd::stat(&a),
@@ -90,6 +95,8 @@ fn main() -> ExitCode {
         Cmd::Sim(a) => simcmd::run(&a),
         Cmd::Demo(a) => demo::run(&a),
         Cmd::L2(a) => l2cmd::run(&a),
+        Cmd::Log(a) => logcmd::run(&a),
+        Cmd::Flush(a) => logcmd::flush(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use arcache_engine::{
-    Cache, CacheConfig, Feed, FeedStats, FeedTunables, Volume, VolumeConfig, ZfetchTunables, MAX_EXPORTS,
+    Cache, CacheConfig, Feed, FeedStats, FeedTunables, SyncMode, Volume, VolumeConfig, WriteBack,
+    WriteTunables, ZfetchTunables, MAX_EXPORTS,
 };
 use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions};
 use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
@@ -18,6 +19,7 @@ use nbd::{NbdUri, Server, ServerConfig};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tracing::{info, warn};
+use zil::{IntentLog, LogExport};
 
 use crate::config::{
     apply_sets, check_recordsize, default_control_path, runtime_dir, split_export, toml_value_text,
@@ -73,6 +75,12 @@ pub struct ServeArgs {
     /// Whether records of every export may go to L2: all or none (default all).
     #[arg(long, value_name = "all|none")]
     pub secondarycache: Option<String>,
+    /// The intent log (like a ZFS SLOG): a file (created with SIZE if
+    /// missing), a block device or an NBD URI on fast storage. Sync writes
+    /// and FLUSHes are made durable there; without it they sync a
+    /// transaction group to the backing store.
+    #[arg(long = "log", value_name = "PATH[:SIZE]")]
+    pub log: Option<String>,
 }
 
 /// `PATH[:SIZE]` of an L2 device.
@@ -92,6 +100,10 @@ fn parse_secondarycache(s: &str) -> Result<bool> {
         "metadata" => bail!("secondarycache=metadata: block exports have no metadata; use all or none"),
         other => bail!("bad secondarycache {other:?}: use all or none"),
     }
+}
+
+fn parse_sync(s: &str) -> Result<u64> {
+    tunables::parse_value("sync", s).with_context(|| format!("bad sync {s:?}"))
 }
 
 fn split_set(s: &str) -> Result<(String, String)> {
@@ -165,6 +177,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
                 Some(v) => parse_secondarycache(v)?,
                 None => all_secondary,
             },
+            sync: e.sync.as_deref().map(parse_sync).transpose()?,
         };
         if exports.insert(e.name.clone(), spec).is_some() {
             bail!("export {:?} is defined twice in the config file", e.name);
@@ -183,12 +196,19 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
             read_only: all_ro,
             direct,
             secondarycache: all_secondary,
+            sync: None,
         };
         if from_flags.insert(name.clone(), spec).is_some() {
             bail!("export {name:?} is given twice");
         }
     }
     exports.extend(from_flags);
+    // `--set sync=...` at start applies to every export, over the config file.
+    if args.sets.iter().any(|s| split_set(s).is_ok_and(|(n, _)| n == "sync")) {
+        for e in exports.values_mut() {
+            e.sync = None;
+        }
+    }
     if exports.is_empty() {
         bail!(
             "nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)"
@@ -206,6 +226,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         tunables: t,
         workers: args.workers.or(file.workers).unwrap_or(32),
         l2: args.l2.iter().chain(file.l2.iter()).map(|s| parse_l2(s)).collect::<Result<Vec<_>>>()?,
+        log: args.log.as_ref().or(file.log.as_ref()).map(|s| parse_l2(s)).transpose()?,
     })
 }
 
@@ -227,10 +248,80 @@ fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
     Ok(Arc::new(dev))
 }
 
+/// Opens the intent log device: an NBD URI, or a file (created with its
+/// size if missing) or block device.
+fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
+    let text = spec.path.display().to_string();
+    if NbdUri::is_nbd_uri(&text) {
+        let uri = NbdUri::parse(&text)?;
+        return Ok(Arc::new(NbdDev::connect(uri).with_context(|| format!("connecting to log {text}"))?));
+    }
+    let p = &spec.path;
+    if !p.exists() && spec.size.is_none() {
+        bail!("log device {text} does not exist; give its size to create it: --log {text}:SIZE");
+    }
+    let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size };
+    let dev = FileDev::open(p, opts).with_context(|| format!("opening log device {text}"))?;
+    Ok(Arc::new(dev))
+}
+
+fn log_exports(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Result<Vec<LogExport>> {
+    let descs = export_descs(settings, devices)?;
+    Ok(descs
+        .into_iter()
+        .map(|d| LogExport { id: d.id, name: d.name, identity: d.identity, size: d.size })
+        .collect())
+}
+
+fn write_tunables(t: &Tunables, w: &WriteTunables) {
+    let cells = [
+        (&w.txg_timeout_secs, "zfs_txg_timeout"),
+        (&w.dirty_data_max, "zfs_dirty_data_max"),
+        (&w.dirty_data_sync_percent, "zfs_dirty_data_sync_percent"),
+        (&w.delay_min_dirty_percent, "zfs_delay_min_dirty_percent"),
+        (&w.delay_scale_ns, "zfs_delay_scale"),
+        (&w.sync_writers, "zfs_vdev_async_write_max_active"),
+    ];
+    for (cell, name) in cells {
+        cell.store(t.value(name), Ordering::Relaxed);
+    }
+}
+
+fn sync_mode(v: u64) -> SyncMode {
+    match v {
+        1 => SyncMode::Always,
+        2 => SyncMode::Disabled,
+        _ => SyncMode::Standard,
+    }
+}
+
+/// Write-back for every export, with the intent log when there is one.
+fn start_writeback(
+    settings: &ServeSettings,
+    devices: &[Arc<dyn BlockDev>],
+    cache: &Arc<Cache>,
+) -> Result<Arc<WriteBack>> {
+    let tun = Arc::new(WriteTunables::default());
+    write_tunables(&settings.tunables, &tun);
+    let log = match &settings.log {
+        Some(spec) => {
+            let dev = open_log_dev(spec)?;
+            let log = IntentLog::open(dev, log_exports(settings, devices)?)?;
+            info!("intent log {}: {} bytes", log.name(), log.capacity());
+            Some(Arc::new(log))
+        }
+        None => None,
+    };
+    let wb = WriteBack::new(log, cache.l2().cloned(), tun);
+    cache.set_writeback(Arc::clone(&wb));
+    Ok(wb)
+}
+
 /// A running server and what it needs to stop cleanly.
 pub struct Running {
     pub server: Arc<Server>,
     pub cache: Arc<Cache>,
+    pub writeback: Arc<WriteBack>,
     pub volumes: Vec<Arc<Volume>>,
     /// One URI per export and listener, for clients.
     pub uris: Vec<String>,
@@ -241,11 +332,15 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops taking requests, answers those in flight, stops the feed,
-    /// syncs the backing stores.
+    /// Stops taking requests, answers those in flight, writes all dirty
+    /// data, stops the feed, syncs the backing stores.
     pub fn stop(mut self) -> Result<()> {
         if !self.server.shutdown(Duration::from_secs(30)) {
             warn!("some clients were still connected after 30 s");
+        }
+        let mut result = self.writeback.shutdown().context("writing dirty data at shutdown");
+        if let Err(e) = &result {
+            warn!("{e:#}");
         }
         for (stop, handle) in self.rebuild.take().into_iter().chain(self.feed.take()) {
             stop.store(true, Ordering::Relaxed);
@@ -254,12 +349,11 @@ impl Running {
         if let Some(l2) = self.cache.l2() {
             l2.sync_logs();
         }
-        let mut result = Ok(());
         for v in &self.volumes {
             if v.read_only() {
                 continue;
             }
-            if let Err(e) = v.flush() {
+            if let Err(e) = v.flush_backing() {
                 warn!("flushing export {:?}: {e}", v.name());
                 result = Err(e).context("flushing at shutdown");
             }
@@ -353,6 +447,8 @@ pub fn start_on(
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
     }
+    let writeback = start_writeback(settings, &devices, &cache)?;
+    let log_descs = log_exports(settings, &devices)?;
     let mut volumes = Vec::new();
     let mut table = ExportTable::default();
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
@@ -372,9 +468,17 @@ pub fn start_on(
             spec.recordsize,
             if vol.read_only() { ", read-only" } else { "" }
         );
+        vol.set_sync_mode(sync_mode(spec.sync.unwrap_or(t.value("sync"))));
         table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone()));
         volumes.push(vol);
     }
+    // Before anything else reads or caches: the log's writes are the newest.
+    let pairs: Vec<(LogExport, Arc<Volume>)> = log_descs.into_iter().zip(volumes.iter().cloned()).collect();
+    let replayed = writeback.replay(&pairs).context("replaying the intent log")?;
+    if replayed.chunks > 0 {
+        info!("intent log: {} writes replayed into the backing stores", replayed.pages + replayed.discards);
+    }
+    writeback.spawn();
     let feed_tun = Arc::new(FeedTunables::default());
     feed_tunables(&t, &feed_tun);
     let rebuild = start_rebuild(&cache, t.value("zfs_arc_max") * t.value("l2arc_meta_percent") / 100);
@@ -421,6 +525,8 @@ pub fn start_on(
     let control = if with_control {
         let handler = Arc::new(ControlState {
             cache: Arc::clone(&cache),
+            writeback: Arc::clone(&writeback),
+            write_tun: Arc::clone(&writeback.tunables),
             tunables: Mutex::new(t),
             server: Arc::clone(&server),
             volumes: volumes.clone(),
@@ -433,7 +539,7 @@ pub fn start_on(
     } else {
         None
     };
-    Ok(Running { server, cache, volumes, uris, control, sockets, feed, rebuild })
+    Ok(Running { server, cache, writeback, volumes, uris, control, sockets, feed, rebuild })
 }
 
 /// The identity of each export's backing store, which its L2 records are
@@ -497,6 +603,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 /// Answers the control socket.
 struct ControlState {
     cache: Arc<Cache>,
+    writeback: Arc<WriteBack>,
+    write_tun: Arc<WriteTunables>,
     tunables: Mutex<Tunables>,
     server: Arc<Server>,
     volumes: Vec<Arc<Volume>>,
@@ -512,6 +620,12 @@ impl ControlState {
         let mut v = serde_json::to_value(self.cache.stats())?;
         let s = self.server.stats();
         let obj = v.as_object_mut().context("stats are an object")?;
+        if let Value::Object(w) = serde_json::to_value(self.writeback.view())? {
+            obj.extend(w);
+        }
+        let syncs: serde_json::Map<String, Value> =
+            self.volumes.iter().map(|v| (v.name().to_string(), json!(v.sync_mode().name()))).collect();
+        obj.insert("sync".into(), Value::Object(syncs));
         obj.insert("nbd_connections".into(), json!(s.connections.load(Relaxed)));
         obj.insert("nbd_active_connections".into(), json!(s.active_connections.load(Relaxed)));
         obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));
@@ -542,6 +656,7 @@ impl ControlState {
         self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
         feed_tunables(t, &self.feed);
         zfetch_tunables(t, &self.cache.zfetch);
+        write_tunables(t, &self.write_tun);
     }
 }
 
@@ -571,11 +686,22 @@ impl control::Handler for ControlState {
                     .collect();
                 Ok(Value::Array(rows))
             }
+            Request::Flush => {
+                let started = std::time::Instant::now();
+                self.writeback.sync_now().context("syncing a transaction group")?;
+                let w = self.writeback.view();
+                Ok(json!({ "txg": w.txg_synced, "ms": started.elapsed().as_millis() as u64 }))
+            }
             Request::Set { name, value } => {
                 let v = tunables::parse_value(&name, &value)?;
                 let mut t = self.tunables.lock();
                 t.set(&name, v)?;
                 self.apply(&t);
+                if name == "sync" {
+                    for vol in &self.volumes {
+                        vol.set_sync_mode(sync_mode(v));
+                    }
+                }
                 info!("tunable {name} set to {}", tunables::format_value(&name, v));
                 Ok(json!({ "name": name, "value": v, "text": tunables::format_value(&name, v) }))
             }

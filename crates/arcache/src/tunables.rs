@@ -21,6 +21,8 @@ pub enum Unit {
     Percent,
     /// 0, 1 or auto.
     Auto,
+    /// standard (0), always (1) or disabled (2): the ZFS `sync` property.
+    Sync,
 }
 
 /// Description of one tunable.
@@ -78,7 +80,22 @@ pub const SPECS: &[Spec] = &[
     spec("zfetch_max_distance", Unit::Bytes, 0, 1 << 30, "Farthest a stream prefetches ahead of its reader"),
     spec("zfetch_min_distance", Unit::Bytes, 0, 1 << 30, "A stream's window doubles per hit up to this, then grows only when late"),
     spec("zfetch_max_streams", Unit::Count, 1, 256, "Streams tracked per export"),
+    spec(
+        "sync",
+        Unit::Sync,
+        0,
+        2,
+        "When writes are durable, for every export: standard (on FLUSH/FUA), always (every write), disabled (never; unsafe)",
+    ),
+    spec("zfs_txg_timeout", Unit::Seconds, 1, 3600, "Longest a transaction group stays open before its dirty data is written"),
+    spec("zfs_dirty_data_max", Unit::Bytes, 1 << 20, u64::MAX, "Most dirty (unsynced) data in RAM; writers wait at this level"),
+    spec("zfs_dirty_data_sync_percent", Unit::Percent, 1, 100, "Start syncing a txg early when its dirty data passes this share of zfs_dirty_data_max"),
+    spec("zfs_delay_min_dirty_percent", Unit::Percent, 0, 100, "Writes are delayed above this share of zfs_dirty_data_max"),
+    spec("zfs_delay_scale", Unit::Count, 0, 1_000_000_000, "Write delay scale in nanoseconds (delay = scale x (dirty - min) / (max - dirty))"),
+    spec("zfs_vdev_async_write_max_active", Unit::Count, 1, 64, "Parallel backing-store writes while a txg syncs"),
 ];
+
+pub const SYNC_NAMES: [&str; 3] = ["standard", "always", "disabled"];
 
 pub fn spec_of(name: &str) -> Result<&'static Spec> {
     match SPECS.iter().find(|s| s.name == name) {
@@ -97,6 +114,10 @@ pub fn parse_value(name: &str, value: &str) -> Result<u64> {
     let v = match s.unit {
         Unit::Bytes => parse_size(text)?,
         Unit::Auto if text.eq_ignore_ascii_case("auto") => AUTO,
+        Unit::Sync => match SYNC_NAMES.iter().position(|n| text.eq_ignore_ascii_case(n)) {
+            Some(i) => i as u64,
+            None => bail!("bad value {value:?} for {name}: use standard, always or disabled"),
+        },
         Unit::Bool | Unit::Auto => match text.to_ascii_lowercase().as_str() {
             "0" | "off" | "false" | "no" => 0,
             "1" | "on" | "true" | "yes" => 1,
@@ -117,6 +138,7 @@ pub fn parse_value(name: &str, value: &str) -> Result<u64> {
 pub fn format_value(name: &str, v: u64) -> String {
     match spec_of(name).map(|s| s.unit) {
         Ok(Unit::Auto) if v == AUTO => "auto".into(),
+        Ok(Unit::Sync) => SYNC_NAMES.get(v as usize).copied().unwrap_or("?").into(),
         _ => v.to_string(),
     }
 }
@@ -157,6 +179,14 @@ impl Tunables {
                     "zfetch_max_distance" => 64 << 20,
                     "zfetch_min_distance" => 4 << 20,
                     "zfetch_max_streams" => 8,
+                    "sync" => 0,
+                    "zfs_txg_timeout" => 5,
+                    // OpenZFS: a tenth of RAM, at most 4 GiB.
+                    "zfs_dirty_data_max" => (ram / 10).clamp(64 << 20, 4 << 30),
+                    "zfs_dirty_data_sync_percent" => 20,
+                    "zfs_delay_min_dirty_percent" => 60,
+                    "zfs_delay_scale" => 500_000,
+                    "zfs_vdev_async_write_max_active" => 10,
                     other => unreachable!("no default for {other}"),
                 };
                 (s.name, v)

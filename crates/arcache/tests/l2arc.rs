@@ -126,10 +126,17 @@ fn a_vanished_l2_device_costs_speed_not_data() {
 #[test]
 fn fio_verified_writes_with_l2_and_a_tiny_arc() {
     need("fio");
-    let (s, _, _) = start(tempfile::tempdir().unwrap(), 22, &["--recordsize", "4K"]);
+    let (s, _, _) =
+        start(tempfile::tempdir().unwrap(), 22, &["--recordsize", "4K", "--set", "zfs_txg_timeout=1"]);
     fio_verified_writes(&s.uri(""), "l2verify", "20M", &["--randseed=3", "--rate=12m,12m"]);
+    // Written records reach L2 only once their txg has synced.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stat_u64(&s, "l2_write_bytes") == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let st = s.stat();
     assert!(st["l2_write_bytes"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["txg_syncs"].as_u64().unwrap() > 0, "{st}");
 }
 
 #[test]

@@ -121,12 +121,23 @@ fn clean_restart_serves_from_l2_without_reading_the_backing_store() {
     );
 }
 
-/// One block of the model: its acknowledged contents, and the contents a
-/// request in flight at the kill may or may not have left.
+/// One block of the model: its versions since the last one a FLUSH (or
+/// FUA, or `sync=always`) made durable, oldest first. After a crash it may
+/// read any of them (a later, unflushed write may have reached the disk),
+/// never anything older; what it reads becomes its only version.
 #[derive(Clone)]
 struct Block {
-    now: Vec<u8>,
-    maybe: Option<Vec<u8>>,
+    versions: Vec<Vec<u8>>,
+}
+
+impl Block {
+    fn now(&self) -> &[u8] {
+        self.versions.last().map_or(&[], |v| v.as_slice())
+    }
+    fn durable(&mut self) {
+        let last = self.versions.pop().unwrap_or_default();
+        self.versions = vec![last];
+    }
 }
 
 const BLK: usize = 4096;
@@ -137,8 +148,7 @@ fn fill(seed: u64) -> Vec<u8> {
     (0..BLK).map(|_| r.gen()).collect()
 }
 
-/// Reads every block and checks it against the model; pins blocks whose
-/// last write was uncertain to what they read.
+/// Reads every block after a restart and checks it against the model.
 fn verify(s: &Serve, model: &mut [Block], what: &str) {
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
     let mut buf = vec![0u8; 64 << 10];
@@ -146,71 +156,96 @@ fn verify(s: &Serve, model: &mut [Block], what: &str) {
         c.read((chunk * buf.len()) as u64, &mut buf).unwrap();
         for (i, got) in buf.chunks(BLK).enumerate() {
             let b = &mut model[chunk * 16 + i];
-            if got == &b.now[..] {
-                b.maybe = None;
-            } else if b.maybe.as_deref() == Some(got) {
-                b.now = b.maybe.take().unwrap_or_default();
-            } else {
-                panic!("{what}: block {} reads neither its last acknowledged contents nor an unacknowledged write", chunk * 16 + i);
+            match b.versions.iter().position(|v| v[..] == *got) {
+                Some(k) => b.versions = vec![b.versions[k].clone()],
+                None => panic!(
+                    "{what}: block {} reads neither its last durable contents nor a later write",
+                    chunk * 16 + i
+                ),
             }
         }
     }
 }
 
 #[test]
-fn sigkill_at_random_points_never_serves_an_overwritten_block() {
+fn sigkill_at_random_points_loses_no_flushed_write_in_any_sync_mode() {
     let dir = tempfile::tempdir().unwrap();
     let initial = random_file(&dir.path().join("backing.img"), CRASH_SIZE, 9);
-    let mut model: Vec<Block> = initial.chunks(BLK).map(|c| Block { now: c.to_vec(), maybe: None }).collect();
-    let extra = ["--recordsize", "16K", "--arc-max", "1M"];
+    let mut model: Vec<Block> = initial.chunks(BLK).map(|c| Block { versions: vec![c.to_vec()] }).collect();
     let mut rng = StdRng::seed_from_u64(42);
     let mut dir = dir;
-    let mut totals: HashMap<&str, u64> = HashMap::new();
+    let mut totals: HashMap<String, u64> = HashMap::new();
     let crash_points = std::env::var("ARCACHE_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     for point in 0..crash_points {
+        let mode = ["standard", "always", "disabled"][rng.gen_range(0..3)];
+        let log = dir.path().join("log.img");
+        let log_arg = format!("{}:4M", log.display());
+        let sync = format!("sync={mode}");
+        let mut extra = vec!["--recordsize", "16K", "--arc-max", "1M", "--set", &sync];
+        // The log stays once made: a restart without it would skip its replay.
+        if log.exists() || rng.gen_bool(0.7) {
+            extra.extend(["--log", &log_arg]);
+        }
         let s = serve(dir, "16M", &extra);
         verify(&s, &mut model, &format!("after crash {point}"));
         let st = s.stat();
-        *totals.entry("restored").or_default() += st["l2_rebuild_bufs"].as_u64().unwrap_or(0);
-        // Load L2 with reads, overwrite some of what is there, then die
-        // at a random moment of a mixed workload.
+        *totals.entry("restored".into()).or_default() += st["l2_rebuild_bufs"].as_u64().unwrap_or(0);
+        *totals.entry("replayed".into()).or_default() += st["zil_replay_records"].as_u64().unwrap_or(0);
+        *totals.entry(format!("mode {mode}")).or_default() += 1;
+        // Load L2 with reads, overwrite some of what is there, flush now and
+        // then, and die at a random moment of the mixed workload.
         let mut c = nbd::Client::connect(&s.target(), "").unwrap();
         let mut buf = vec![0u8; 16 << 10];
         let until = Instant::now() + Duration::from_millis(rng.gen_range(100..600));
         let mut ops = 0u64;
+        let durable = |model: &mut [Block]| model.iter_mut().for_each(Block::durable);
         while Instant::now() < until {
             let blk = rng.gen_range(0..CRASH_SIZE / BLK);
             let off = (blk * BLK) as u64;
-            match rng.gen_range(0..60) {
-                0..=56 => {
+            match rng.gen_range(0..100) {
+                0..=84 => {
                     let rec = blk / 4 * 4;
                     c.read((rec * BLK) as u64, &mut buf).unwrap();
                     for (i, got) in buf.chunks(BLK).enumerate() {
                         assert!(
-                            got == &model[rec + i].now[..],
+                            got == model[rec + i].now(),
                             "crash point {point}: block {} stale while running",
                             rec + i
                         );
                     }
                 }
-                57 => {
+                85..=92 => {
                     let new = fill(rng.gen());
-                    model[blk].maybe = Some(new.clone());
-                    c.write(off, &new, false).unwrap();
-                    model[blk] = Block { now: new, maybe: None };
-                    *totals.entry("writes").or_default() += 1;
+                    let fua = rng.gen_bool(0.2);
+                    model[blk].versions.push(new.clone());
+                    c.write(off, &new, fua).unwrap();
+                    if mode == "always" || (fua && mode == "standard") {
+                        durable(&mut model);
+                    }
+                    *totals.entry("writes".into()).or_default() += 1;
                 }
-                58 => {
-                    model[blk].maybe = Some(vec![0; BLK]);
+                93..=94 => {
+                    c.flush().unwrap();
+                    if mode != "disabled" {
+                        durable(&mut model);
+                    }
+                    *totals.entry("flushes".into()).or_default() += 1;
+                }
+                95..=96 => {
+                    model[blk].versions.push(vec![0; BLK]);
                     c.trim(off, BLK as u32).unwrap();
-                    model[blk] = Block { now: vec![0; BLK], maybe: None };
-                    *totals.entry("trims").or_default() += 1;
+                    if mode == "always" {
+                        durable(&mut model);
+                    }
+                    *totals.entry("trims".into()).or_default() += 1;
                 }
                 _ => {
-                    model[blk].maybe = Some(vec![0; BLK]);
+                    model[blk].versions.push(vec![0; BLK]);
                     c.write_zeroes(off, BLK as u32).unwrap();
-                    model[blk] = Block { now: vec![0; BLK], maybe: None };
-                    *totals.entry("zeroes").or_default() += 1;
+                    if mode == "always" {
+                        durable(&mut model);
+                    }
+                    *totals.entry("zeroes".into()).or_default() += 1;
                 }
             }
             ops += 1;
@@ -219,16 +254,18 @@ fn sigkill_at_random_points_never_serves_an_overwritten_block() {
         // send one more write without waiting for its answer.
         let blk = rng.gen_range(0..CRASH_SIZE / BLK);
         let new = fill(rng.gen());
-        model[blk].maybe = Some(new.clone());
+        model[blk].versions.push(new.clone());
         c.send_write((blk * BLK) as u64, &new).unwrap();
-        *totals.entry("ops").or_default() += ops;
+        *totals.entry("ops".into()).or_default() += ops;
         dir = s.kill9();
         drop(c);
     }
-    let s = serve(dir, "16M", &extra);
+    let log = format!("{}:4M", dir.path().join("log.img").display());
+    let s = serve(dir, "16M", &["--recordsize", "16K", "--arc-max", "1M", "--log", &log]);
     verify(&s, &mut model, "final");
     eprintln!("crash points: {crash_points}, totals: {totals:?}");
     assert!(totals["restored"] > 0, "the crashes should leave something to restore: {totals:?}");
+    assert!(totals["replayed"] > 0, "the crashes should leave log records to replay: {totals:?}");
 }
 
 #[test]

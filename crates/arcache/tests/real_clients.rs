@@ -67,6 +67,11 @@ fn nbdcopy_through_arcache_and_back_is_byte_identical() {
     run(Command::new("nbdcopy").arg(&src).arg(s.uri("")));
     run(Command::new("nbdcopy").arg(s.uri("")).arg(&back));
     assert!(std::fs::read(&back).unwrap() == data, "round trip through arcache is exact");
+    // Write-back: the data reaches the backing store with a txg; `arcache
+    // flush` forces one now.
+    let o = s.ctl(&["flush"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("synced"));
     assert!(std::fs::read(&backing).unwrap() == data, "the backing store has it too");
     drop(dir);
 }
