@@ -50,6 +50,10 @@ impl Export for NbdExport {
         self.vol.read(offset, buf).map_err(|e| errno("read", e))
     }
 
+    fn try_write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<NbdResult> {
+        self.vol.try_write_now(offset, data, fua).map(|r| r.map_err(|e| errno("write", e)))
+    }
+
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult {
         self.vol.write(offset, data, fua).map_err(|e| errno("write", e))
     }

@@ -260,8 +260,22 @@ fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
     if !p.exists() && spec.size.is_none() {
         bail!("log device {text} does not exist; give its size to create it: --log {text}:SIZE");
     }
+    let fresh = !p.exists();
     let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size };
     let dev = FileDev::open(p, opts).with_context(|| format!("opening log device {text}"))?;
+    if fresh {
+        // A sparse file makes every commit allocate blocks, and each flush
+        // then commits filesystem metadata too: measured 1.5x slower.
+        info!("intent log {text}: writing it once so commits never allocate ({} bytes)", dev.size());
+        let zeroes = vec![0u8; 8 << 20];
+        let mut at = 0;
+        while at < dev.size() {
+            let n = (dev.size() - at).min(zeroes.len() as u64) as usize;
+            dev.write_at(&zeroes[..n], at).with_context(|| format!("preparing log device {text}"))?;
+            at += n as u64;
+        }
+        dev.flush().with_context(|| format!("preparing log device {text}"))?;
+    }
     Ok(Arc::new(dev))
 }
 
@@ -631,6 +645,7 @@ impl ControlState {
         obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));
         obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
         obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
+        obj.insert("nbd_immediate_writes".into(), json!(s.immediate_writes.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
         obj.insert("uptime_secs".into(), json!(self.started.elapsed().as_secs_f64()));
         obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));

@@ -186,7 +186,8 @@ impl Tunables {
                     "zfs_dirty_data_sync_percent" => 20,
                     "zfs_delay_min_dirty_percent" => 60,
                     "zfs_delay_scale" => 500_000,
-                    "zfs_vdev_async_write_max_active" => 10,
+                    // OpenZFS: 10 per vdev; one backing store here stands for a whole pool.
+                    "zfs_vdev_async_write_max_active" => 32,
                     other => unreachable!("no default for {other}"),
                 };
                 (s.name, v)

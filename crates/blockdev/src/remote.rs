@@ -5,7 +5,7 @@ use nbd::{Client, ClientError, NbdUri};
 use crate::{check_range, BlockDev, DevError, DevResult};
 
 /// Connections kept open to a remote server that allows several.
-const MAX_CONNECTIONS: usize = 8;
+const MAX_CONNECTIONS: usize = 32;
 
 /// An export of another NBD server, used as a backing store.
 pub struct NbdDev {

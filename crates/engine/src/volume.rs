@@ -18,7 +18,7 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::cache::{Cache, Found, RecordData};
 use crate::dirty::{self, Page, PAGE, SECTOR};
 use crate::record::Record;
-use crate::writeback::{Backing, WriteBack};
+use crate::writeback::{Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
 /// The ZFS `sync` property of an export.
@@ -171,9 +171,7 @@ impl Volume {
     }
 
     fn lock_records(&self, records: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
-        let mut idx: Vec<usize> = records
-            .map(|r| (self.key(r).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % STRIPES)
-            .collect();
+        let mut idx: Vec<usize> = records.map(|r| self.stripe(r)).collect();
         idx.sort_unstable();
         idx.dedup();
         // Ascending order everywhere, so two requests never wait on each other in a cycle.
@@ -446,6 +444,9 @@ impl Volume {
         }
         self.check(offset, data.len() as u64)?;
         let Some(wb) = &self.wb else { return self.write_through(offset, data, fua) };
+        if self.sync_mode() == SyncMode::Always && !wb.has_log() {
+            return self.write_direct(wb, offset, data);
+        }
         wb.throttle();
         let s = self.span(offset, data.len() as u64);
         let mut start = s.first;
@@ -461,6 +462,76 @@ impl Volume {
             SyncMode::Standard if fua => wb.commit(),
             _ => Ok(()),
         }
+    }
+
+    /// Takes a write into dirty RAM at once when that cannot block: write-
+    /// back on, no durability wait, no throttle delay due, whole sectors,
+    /// and the record locks free. `None` leaves it to [`Volume::write`] on
+    /// a worker thread.
+    pub fn try_write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<DevResult<()>> {
+        let wb = self.wb.as_ref()?;
+        let mode = self.sync_mode();
+        let aligned = offset.is_multiple_of(SECTOR) && (data.len() as u64).is_multiple_of(SECTOR);
+        if self.read_only || (fua && mode == SyncMode::Standard) || mode == SyncMode::Always || !aligned {
+            return None;
+        }
+        self.check(offset, data.len() as u64).ok()?;
+        let s = self.span(offset, data.len() as u64);
+        if s.end - s.first > MAX_RECORDS_PER_IO || wb.would_throttle() {
+            return None;
+        }
+        let _locks = self.try_lock_records(s.first..s.end)?;
+        let keys: Vec<Key> = (s.first..s.end).map(|r| self.key(r)).collect();
+        Some(self.build_pages(wb, offset, data).map(|pages| {
+            wb.put(self.id, &keys, pages);
+            self.patch_cache(s.first..s.end, offset, data);
+        }))
+    }
+
+    fn try_lock_records(&self, records: Range<u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
+        let mut idx: Vec<usize> = records.map(|r| self.stripe(r)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.stripes[i].try_lock()).collect()
+    }
+
+    fn stripe(&self, record: u64) -> usize {
+        (self.key(record).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % STRIPES
+    }
+
+    /// Write-through for `sync=always` without a log: each write goes to
+    /// the backing store and is flushed before it is acknowledged, in
+    /// parallel with other writes, and replaces any dirty bytes it covers.
+    fn write_direct(&self, wb: &WriteBack, offset: u64, data: &[u8]) -> DevResult<()> {
+        let s = self.span(offset, data.len() as u64);
+        let mut start = s.first;
+        while start < s.end {
+            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
+            let lo = self.record_range(start).start.max(offset);
+            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
+            let part = &data[(lo - offset) as usize..(hi - offset) as usize];
+            let _locks = self.lock_records(start..end);
+            let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
+            self.cache.begin_write(&keys);
+            let c = &self.cache.counters;
+            c.backing_writes.fetch_add(1, Relaxed);
+            c.backing_write_bytes.fetch_add(part.len() as u64, Relaxed);
+            let res =
+                wb.discard(self.id, &keys, lo..hi, Change::Overwrite(part), || self.dev.write_at(part, lo));
+            match &res {
+                Ok(()) => self.patch_cache(start..end, lo, part),
+                Err(_) => {
+                    c.backing_errors.fetch_add(1, Relaxed);
+                    for r in start..end {
+                        self.cache.invalidate(self.key(r));
+                    }
+                }
+            }
+            self.cache.end_write(&keys);
+            res?;
+            start = end;
+        }
+        self.dev.flush()
     }
 
     fn write_dirty(&self, wb: &WriteBack, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
@@ -612,24 +683,20 @@ impl Volume {
 
     /// A zeroing straight to the backing store, for log replay.
     pub fn write_zeroes_through(&self, offset: u64, len: u64) -> DevResult<()> {
-        let entry = |o, l| zil::Entry::Zero { export: self.id, offset: o, len: l };
-        self.discard_with(None, offset, len, entry, |dev, o, l| dev.write_zeroes(o, l))
+        self.discard_with(None, offset, len, Change::Zero(()), |dev, o, l| dev.write_zeroes(o, l))
     }
 
     /// A trim straight to the backing store, for log replay.
     pub fn trim_through(&self, offset: u64, len: u64) -> DevResult<()> {
-        let entry = |o, l| zil::Entry::Trim { export: self.id, offset: o, len: l };
-        self.discard_with(None, offset, len, entry, |dev, o, l| dev.trim(o, l))
+        self.discard_with(None, offset, len, Change::Trim(()), |dev, o, l| dev.trim(o, l))
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        let entry = |o, l| zil::Entry::Trim { export: self.id, offset: o, len: l };
-        self.discard(offset, len, fua, entry, |dev, o, l| dev.trim(o, l))
+        self.discard(offset, len, fua, Change::Trim(()), |dev, o, l| dev.trim(o, l))
     }
 
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        let entry = |o, l| zil::Entry::Zero { export: self.id, offset: o, len: l };
-        self.discard(offset, len, fua, entry, |dev, o, l| dev.write_zeroes(o, l))
+        self.discard(offset, len, fua, Change::Zero(()), |dev, o, l| dev.write_zeroes(o, l))
     }
 
     /// Trim and zeroing: the device changes a range, and every cached record
@@ -640,10 +707,10 @@ impl Volume {
         offset: u64,
         len: u64,
         fua: bool,
-        entry: impl Fn(u64, u64) -> zil::Entry,
+        change: Change<'_>,
         op: impl Fn(&dyn BlockDev, u64, u64) -> DevResult<()>,
     ) -> DevResult<()> {
-        self.discard_with(self.wb.as_deref(), offset, len, entry, op)?;
+        self.discard_with(self.wb.as_deref(), offset, len, change, op)?;
         match (&self.wb, self.sync_mode()) {
             (Some(wb), SyncMode::Always) => wb.commit(),
             (Some(wb), SyncMode::Standard) if fua => wb.commit(),
@@ -657,7 +724,7 @@ impl Volume {
         wb: Option<&WriteBack>,
         offset: u64,
         len: u64,
-        entry: impl Fn(u64, u64) -> zil::Entry,
+        change: Change<'_>,
         op: impl Fn(&dyn BlockDev, u64, u64) -> DevResult<()>,
     ) -> DevResult<()> {
         if self.read_only {
@@ -674,9 +741,7 @@ impl Volume {
             let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
             self.cache.begin_write(&keys);
             let res = match wb {
-                Some(wb) => wb.discard(self.id, &keys, lo..hi, entry(lo, hi - lo), || {
-                    op(self.dev.as_ref(), lo, hi - lo)
-                }),
+                Some(wb) => wb.discard(self.id, &keys, lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo)),
                 None => op(self.dev.as_ref(), lo, hi - lo),
             };
             for &k in &keys {

@@ -46,7 +46,7 @@ impl Default for WriteTunables {
             dirty_data_sync_percent: AtomicU64::new(20),
             delay_min_dirty_percent: AtomicU64::new(60),
             delay_scale_ns: AtomicU64::new(500_000),
-            sync_writers: AtomicU64::new(10),
+            sync_writers: AtomicU64::new(32),
         }
     }
 }
@@ -63,6 +63,7 @@ pub struct WriteStats {
     pub zil_itx_count: AtomicU64,
     pub zil_log_bytes: AtomicU64,
     pub zil_log_errors: AtomicU64,
+    pub zil_log_write_ns: AtomicU64,
     pub zil_txg_fallbacks: AtomicU64,
     pub zil_replay_records: AtomicU64,
     pub zil_replay_bytes: AtomicU64,
@@ -92,6 +93,8 @@ pub struct WriteView {
     pub zil_itx_count: u64,
     pub zil_log_bytes: u64,
     pub zil_log_errors: u64,
+    /// Mean time of one log commit's write and flush, in microseconds.
+    pub zil_commit_us: u64,
     pub zil_txg_fallbacks: u64,
     pub zil_log_used: u64,
     pub zil_log_capacity: u64,
@@ -130,6 +133,28 @@ impl Inner {
     }
 }
 
+/// A change applied straight to a backing store, bypassing dirty RAM.
+#[derive(Clone, Copy)]
+pub(crate) enum Change<'a> {
+    Trim(()),
+    Zero(()),
+    /// Write-through of these bytes (`sync=always` without a log).
+    Overwrite(&'a [u8]),
+}
+
+impl Change<'_> {
+    /// What the intent log records of it: a write-through needs nothing,
+    /// being durable before it is acknowledged.
+    fn log_entry(&self, export: u16, r: &Range<u64>) -> Option<Entry> {
+        let (offset, len) = (r.start, r.end - r.start);
+        match self {
+            Change::Trim(()) => Some(Entry::Trim { export, offset, len }),
+            Change::Zero(()) => Some(Entry::Zero { export, offset, len }),
+            Change::Overwrite(_) => None,
+        }
+    }
+}
+
 /// A backing store the write path writes to, by export id.
 #[derive(Clone)]
 pub struct Backing {
@@ -137,17 +162,49 @@ pub struct Backing {
     pub size: u64,
 }
 
+/// One stage of the commit pipeline. Runs are numbered and one runs at a
+/// time; a caller needs a run that started after it arrived.
+#[derive(Default)]
+struct Stage {
+    started: u64,
+    done: u64,
+    running: bool,
+    /// The newest run that failed: its callers must not hear "durable".
+    last_failed: u64,
+}
+
+/// Log commits in two stages, so the next batch is written while the
+/// previous one is being flushed: a flush covers every write completed
+/// before it, so acknowledgements stay in order.
 #[derive(Default)]
 struct CommitState {
-    started: u64,
-    finished: u64,
-    running: bool,
+    write: Stage,
+    sync: Stage,
+}
+
+#[derive(Clone, Copy)]
+enum StageId {
+    Write,
+    Sync,
+}
+
+impl CommitState {
+    fn stage(&mut self, id: StageId) -> &mut Stage {
+        match id {
+            StageId::Write => &mut self.write,
+            StageId::Sync => &mut self.sync,
+        }
+    }
 }
 
 pub struct WriteBack {
     inner: Mutex<Inner>,
     cv: Condvar,
-    sync_lock: Mutex<()>,
+    /// Held exclusively while pages are written where they belong (a txg,
+    /// an in-place commit), shared by changes applied straight to a backing
+    /// store (trims, zeroings, write-through), which must not interleave
+    /// with those writes.
+    sync_lock: RwLock<()>,
     backings: RwLock<Vec<Option<Backing>>>,
     log: Option<Arc<IntentLog>>,
     log_failed: AtomicBool,
@@ -190,7 +247,7 @@ impl WriteBack {
                 stop: false,
             }),
             cv: Condvar::new(),
-            sync_lock: Mutex::new(()),
+            sync_lock: RwLock::new(()),
             backings: RwLock::new(Vec::new()),
             log,
             log_failed: AtomicBool::new(false),
@@ -206,6 +263,11 @@ impl WriteBack {
 
     pub fn log(&self) -> Option<&Arc<IntentLog>> {
         self.log.as_ref()
+    }
+
+    /// True when sync writes can go to a working intent log.
+    pub(crate) fn has_log(&self) -> bool {
+        self.log_usable().is_some()
     }
 
     fn log_usable(&self) -> Option<&Arc<IntentLog>> {
@@ -237,6 +299,14 @@ impl WriteBack {
     fn recount(&self, g: &Inner) {
         let n = g.open.pages.len() + g.syncing.as_ref().map_or(0, |t| t.pages.len());
         self.dirty_pages.store(n as u64, Relaxed);
+    }
+
+    /// True when a write now would be delayed or made to wait.
+    pub(crate) fn would_throttle(&self) -> bool {
+        let t = &self.tunables;
+        let max = t.dirty_data_max.load(Relaxed).max(PAGE * 64);
+        let min = max * t.delay_min_dirty_percent.load(Relaxed).min(100) / 100;
+        self.inner.lock().dirty() > min
     }
 
     /// Slows a writer down as dirty data grows, and makes it wait at the
@@ -306,8 +376,12 @@ impl WriteBack {
         let t = &self.tunables;
         let threshold =
             t.dirty_data_max.load(Relaxed) * t.dirty_data_sync_percent.load(Relaxed).clamp(1, 100) / 100;
-        if g.open.bytes() >= threshold {
-            g.want = g.want.max(g.open.number);
+        if g.open.bytes() >= threshold
+            || g.open.bytes() >= (t.dirty_data_max.load(Relaxed) / 64).max(16 << 20)
+        {
+            if g.open.bytes() >= threshold {
+                g.want = g.want.max(g.open.number);
+            }
             self.cv.notify_all();
         }
         self.recount(g);
@@ -371,83 +445,168 @@ impl WriteBack {
     }
 
     /// Makes every write put before this call durable: in the intent log
-    /// when there is one that works, otherwise by syncing a txg.
+    /// when there is one that works, otherwise by writing the pages in place
+    /// on the backing store (as a pool without SLOG writes its ZIL to its
+    /// own disks). Concurrent callers share each step (group commit).
     pub fn commit(&self) -> DevResult<()> {
         self.stats.zil_commit_count.fetch_add(1, Relaxed);
         if self.log_usable().is_none() {
-            return self.sync_now();
-        }
-        let mut c = self.commit.lock();
-        let ticket = c.started + 1;
-        loop {
-            if c.finished >= ticket {
+            if self.in_stage(StageId::Write, &|| self.commit_in_place().is_ok()) {
                 return Ok(());
             }
-            if !c.running {
-                c.running = true;
-                c.started += 1;
-                let number = c.started;
+            return Err(sync_error("writing dirty data to the backing store failed".into()));
+        }
+        if self.in_stage(StageId::Write, &|| self.log_write_once())
+            && self.in_stage(StageId::Sync, &|| self.log_sync_once())
+        {
+            return Ok(());
+        }
+        self.stats.zil_txg_fallbacks.fetch_add(1, Relaxed);
+        self.sync_now()
+    }
+
+    /// Waits for a run of stage `id` that starts after this call, running
+    /// it here when none is running; true if that run succeeded.
+    fn in_stage(&self, id: StageId, work: &dyn Fn() -> bool) -> bool {
+        let mut c = self.commit.lock();
+        let ticket = c.stage(id).started + 1;
+        loop {
+            let st = c.stage(id);
+            if st.done >= ticket {
+                return st.last_failed < ticket;
+            }
+            if !st.running {
+                st.running = true;
+                st.started += 1;
+                let number = st.started;
                 drop(c);
-                let res = self.commit_once();
+                let ok = work();
                 c = self.commit.lock();
-                c.running = false;
-                c.finished = number;
-                self.commit_cv.notify_all();
-                if number >= ticket {
-                    return res;
+                let st = c.stage(id);
+                st.running = false;
+                st.done = number;
+                if !ok {
+                    st.last_failed = number;
                 }
+                self.commit_cv.notify_all();
                 continue;
             }
             self.commit_cv.wait(&mut c);
         }
     }
 
-    /// One group commit: every unlogged page and discard into the log.
-    fn commit_once(&self) -> DevResult<()> {
-        let Some(log) = self.log_usable() else { return self.sync_now() };
-        let (entries, pages, txg, taken) = self.collect_unlogged();
+    fn fail_log(&self, e: &LogError) {
+        self.stats.zil_log_errors.fetch_add(1, Relaxed);
+        if !self.log_failed.swap(true, Relaxed) {
+            warn!("intent log taken out of service: {e}; FLUSH now syncs a transaction group");
+        }
+    }
+
+    /// Writes every unlogged page and discard to the log (not yet flushed).
+    fn log_write_once(&self) -> bool {
+        let Some(log) = self.log_usable() else { return false };
+        let (discards, pages, txg, taken) = self.collect_unlogged();
+        let mut entries = discards;
+        entries.extend(pages.iter().map(|(key, p)| Entry::Page {
+            export: key_vol(*key),
+            page: key_page(*key),
+            mask: p.mask,
+            data: p.packed(),
+        }));
         if entries.is_empty() {
-            return Ok(());
+            return true;
         }
         // A commit bigger than a quarter of the log is better synced.
         let res = if IntentLog::encoded_len(&entries) > log.capacity() / 4 {
             Err(LogError::Full)
         } else {
-            log.append(txg, &entries)
+            let started = Instant::now();
+            let r = log.write(txg, &entries);
+            self.stats.zil_log_write_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+            r
         };
         match res {
             Ok(()) => {
-                for p in &pages {
+                // Logged once the next sync completes; a failed sync sends
+                // its callers to a txg, which writes every dirty page.
+                for (_, p) in &pages {
                     p.logged.store(true, Relaxed);
                 }
                 let s = &self.stats;
                 s.zil_commit_writer_count.fetch_add(1, Relaxed);
                 s.zil_itx_count.fetch_add(entries.len() as u64, Relaxed);
                 s.zil_log_bytes.fetch_add(IntentLog::encoded_len(&entries), Relaxed);
-                Ok(())
+                true
             }
             Err(e) => {
                 if !matches!(e, LogError::Full) {
-                    self.stats.zil_log_errors.fetch_add(1, Relaxed);
-                    if !self.log_failed.swap(true, Relaxed) {
-                        warn!("intent log taken out of service: {e}; FLUSH now syncs a transaction group");
-                    }
+                    self.fail_log(&e);
                 }
                 self.give_back(taken, &entries, txg);
-                self.stats.zil_txg_fallbacks.fetch_add(1, Relaxed);
-                self.sync_now()
+                false
             }
         }
     }
 
-    /// Entries for every unlogged page and discard, the page versions they
-    /// hold, the open txg, and what was taken from the queues.
+    /// Flushes the log device: every chunk written before is durable.
+    fn log_sync_once(&self) -> bool {
+        let Some(log) = self.log_usable() else { return false };
+        let started = Instant::now();
+        let res = log.sync();
+        self.stats.zil_log_write_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        match res {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail_log(&e);
+                false
+            }
+        }
+    }
+
+    /// Without a log: the unlogged pages are written where they belong and
+    /// the backing stores flushed. No txg writes meanwhile, so an older
+    /// version of a page can never land after a newer one; the txg writes
+    /// the pages again later, which is harmless.
+    fn commit_in_place(&self) -> DevResult<()> {
+        let _sync = self.sync_lock.write();
+        let (_, pages, txg, taken) = self.collect_unlogged();
+        let map: rustc_hash::FxHashMap<PageKey, Arc<Page>> = pages.iter().cloned().collect();
+        // As before a txg: no L2 copy older than these pages may survive a
+        // crash once they are on the backing store.
+        if let Some(l2) = &self.l2 {
+            let tickets = self.inner.lock().open.tickets.clone();
+            l2.make_durable(&tickets);
+        }
+        match self.write_pages(&map) {
+            Ok(_) => {
+                // Written and flushed where they belong: unless rewritten
+                // meanwhile, these pages are clean now and leave the txg.
+                let mut g = self.inner.lock();
+                for (key, p) in &pages {
+                    p.logged.store(true, Relaxed);
+                    if g.open.pages.get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
+                        g.open.pages.remove(key);
+                    }
+                }
+                self.recount(&g);
+                self.cv.notify_all();
+                Ok(())
+            }
+            Err(e) => {
+                self.give_back(taken, &[], txg);
+                Err(e)
+            }
+        }
+    }
+
+    /// The discards and unlogged pages (newest versions) to commit, the
+    /// open txg, and what was taken from the queues.
     #[allow(clippy::type_complexity)]
-    fn collect_unlogged(&self) -> (Vec<Entry>, Vec<Arc<Page>>, u64, Vec<(u64, PageKey)>) {
+    fn collect_unlogged(&self) -> (Vec<Entry>, Vec<(PageKey, Arc<Page>)>, u64, Vec<(u64, PageKey)>) {
         let mut g = self.inner.lock();
         let taken = std::mem::take(&mut g.unlogged);
         let (open, syncing) = (g.open.number, g.syncing.as_ref().map_or(0, |t| t.number));
-        let mut entries: Vec<Entry> = std::mem::take(&mut g.discards)
+        let entries: Vec<Entry> = std::mem::take(&mut g.discards)
             .into_iter()
             .filter(|(t, _)| *t == open || *t == syncing)
             .map(|(_, e)| e)
@@ -467,13 +626,7 @@ impl WriteBack {
             if p.is_logged() || !seen.insert(key) {
                 continue;
             }
-            entries.push(Entry::Page {
-                export: key_vol(key),
-                page: key_page(key),
-                mask: p.mask,
-                data: p.packed(),
-            });
-            pages.push(Arc::clone(p));
+            pages.push((key, Arc::clone(p)));
         }
         (entries, pages, g.open.number, taken)
     }
@@ -519,7 +672,12 @@ impl WriteBack {
                     let aged = g.open.born.is_some_and(|b| b.elapsed() >= timeout);
                     let retry_ok = g.retry_at.is_none_or(|t| Instant::now() >= t);
                     let wanted = g.want >= g.open.number;
-                    if retry_ok && (wanted || aged || (g.retry_at.is_some() && !g.open.is_empty())) {
+                    // Write-behind: an idle backing store takes a txg as
+                    // soon as there is a worthwhile amount to write, so a
+                    // long stream of writes overlaps with its syncing.
+                    let behind = (self.tunables.dirty_data_max.load(Relaxed) / 64).max(16 << 20);
+                    let worth = g.syncing.is_none() && g.open.bytes() >= behind;
+                    if retry_ok && (wanted || aged || worth || (g.retry_at.is_some() && !g.open.is_empty())) {
                         break;
                     }
                     if g.stop {
@@ -535,7 +693,7 @@ impl WriteBack {
     /// Writes the open txg to the backing stores, flushes them and releases
     /// the log space it covered.
     fn sync_one(&self) {
-        let _sync = self.sync_lock.lock();
+        let _sync = self.sync_lock.write();
         let started = Instant::now();
         let txg = {
             let mut g = self.inner.lock();
@@ -547,7 +705,7 @@ impl WriteBack {
         if let Some(l2) = &self.l2 {
             l2.make_durable(&txg.tickets);
         }
-        let res = self.write_txg(&txg);
+        let res = self.write_pages(&txg.pages);
         if let Err(e) = &res {
             warn!(
                 "transaction group {} could not be synced: {e}; its data stays dirty and is retried",
@@ -585,10 +743,7 @@ impl WriteBack {
         if let Some(log) = self.log_usable() {
             if synced == txg.number {
                 if let Err(e) = log.release(synced) {
-                    self.stats.zil_log_errors.fetch_add(1, Relaxed);
-                    if !self.log_failed.swap(true, Relaxed) {
-                        warn!("intent log taken out of service: {e}; FLUSH now syncs a transaction group");
-                    }
+                    self.fail_log(&e);
                     // Pages logged since this txg began live only in the
                     // failed log now: sync them at once.
                     let mut g = self.inner.lock();
@@ -639,12 +794,12 @@ impl WriteBack {
         }
     }
 
-    /// Writes the pages of `txg` in parallel and flushes every backing
-    /// store; the bytes written.
-    fn write_txg(&self, txg: &Txg) -> DevResult<u64> {
+    /// Writes `pages` in parallel and flushes every backing store; the
+    /// bytes written.
+    fn write_pages(&self, pages: &rustc_hash::FxHashMap<PageKey, Arc<Page>>) -> DevResult<u64> {
         let backings = self.backings.read().clone();
         let size_of = |v: u16| backings.get(v as usize).and_then(|b| b.as_ref()).map_or(0, |b| b.size);
-        let extents = dirty::extents(&txg.pages, size_of);
+        let extents = dirty::extents(pages, size_of);
         let bytes: u64 = extents.iter().map(|e| e.data.len() as u64).sum();
         let next = AtomicU64::new(0);
         let first_error: Mutex<Option<DevError>> = Mutex::new(None);
@@ -682,10 +837,10 @@ impl WriteBack {
         vol: u16,
         records: &[Key],
         range: Range<u64>,
-        entry: Entry,
+        change: Change<'_>,
         op: impl FnOnce() -> DevResult<()>,
     ) -> DevResult<()> {
-        let _sync = self.sync_lock.lock();
+        let _sync = self.sync_lock.read();
         {
             let mut g = self.inner.lock();
             let g = &mut *g;
@@ -700,7 +855,6 @@ impl WriteBack {
             if g.open.born.is_none() {
                 g.open.born = Some(Instant::now());
             }
-            let zero = matches!(entry, Entry::Zero { .. });
             for page in range.start / PAGE..range.end.div_ceil(PAGE) {
                 let key = page_key(vol, page);
                 let Some(p) = g.open.pages.get_mut(&key) else { continue };
@@ -713,10 +867,16 @@ impl WriteBack {
                     if from >= to {
                         continue;
                     }
-                    if from == base + r.start as u64 && to == base + r.end as u64 {
-                        p.mask &= !(1 << s);
-                    } else if zero {
-                        p.data[(from - base) as usize..(to - base) as usize].fill(0);
+                    let part = &mut p.data[(from - base) as usize..(to - base) as usize];
+                    match change {
+                        _ if from == base + r.start as u64 && to == base + r.end as u64 => {
+                            p.mask &= !(1 << s)
+                        }
+                        Change::Zero(_) => part.fill(0),
+                        Change::Overwrite(data) => part.copy_from_slice(
+                            &data[(from - range.start) as usize..(to - range.start) as usize],
+                        ),
+                        Change::Trim(_) => {}
                     }
                 }
                 p.logged.store(false, Relaxed);
@@ -726,7 +886,7 @@ impl WriteBack {
                     g.unlogged.push((number, key));
                 }
             }
-            if self.log_usable().is_some() {
+            if let (Some(entry), Some(_)) = (change.log_entry(vol, &range), self.log_usable()) {
                 g.discards.push((number, entry));
             }
             self.recount(g);
@@ -833,6 +993,9 @@ impl WriteBack {
             zil_itx_count: s.zil_itx_count.load(Relaxed),
             zil_log_bytes: s.zil_log_bytes.load(Relaxed),
             zil_log_errors: s.zil_log_errors.load(Relaxed),
+            zil_commit_us: s.zil_log_write_ns.load(Relaxed)
+                / 1000
+                / s.zil_commit_writer_count.load(Relaxed).max(1),
             zil_txg_fallbacks: s.zil_txg_fallbacks.load(Relaxed),
             zil_log_used: self.log.as_ref().map_or(0, |l| l.used()),
             zil_log_capacity: self.log.as_ref().map_or(0, |l| l.capacity()),

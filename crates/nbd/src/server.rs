@@ -50,6 +50,13 @@ pub trait Export: Send + Sync {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult;
+
+    /// Serves a write without blocking, or returns `None` so the server
+    /// hands it to a worker (as [`Export::try_read_now`] for reads).
+    fn try_write_now(&self, _offset: u64, _data: &[u8], _fua: bool) -> Option<NbdResult> {
+        None
+    }
+
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult;
     fn flush(&self) -> NbdResult;
     fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
@@ -97,6 +104,7 @@ pub struct ServerStats {
     pub request_errors: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub immediate_reads: AtomicU64,
+    pub immediate_writes: AtomicU64,
 }
 
 pub struct Server {
@@ -451,6 +459,13 @@ impl Server {
             }
             let fua = req.flags & CMD_FLAG_FUA != 0;
             let (off, len) = (req.offset, u64::from(req.length));
+            if let (CMD_WRITE, Some(p)) = (req.kind, payload.as_deref()) {
+                if let Some(res) = export.try_write_now(off, p, fua) {
+                    self.stats.immediate_writes.fetch_add(1, Relaxed);
+                    shared.reply_status(req, res, &self.stats);
+                    continue;
+                }
+            }
             self.dispatch(
                 shared,
                 req,

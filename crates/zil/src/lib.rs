@@ -289,6 +289,20 @@ impl IntentLog {
     /// Writes `entries` as chunks tagged with `txg` and flushes the device:
     /// when this returns Ok they survive any crash. `Full` changes nothing.
     pub fn append(&self, txg: u64, entries: &[Entry]) -> Result<(), LogError> {
+        self.write(txg, entries)?;
+        self.sync()
+    }
+
+    /// Makes every chunk written so far durable. Chunks are durable only
+    /// after this; a commit writes and then syncs, and a sync covers every
+    /// write completed before it began, so two commits can overlap.
+    pub fn sync(&self) -> Result<(), LogError> {
+        self.dev.flush().map_err(|e| self.io(e))
+    }
+
+    /// The first half of [`IntentLog::append`]: the chunks are written in
+    /// log order, not yet durable.
+    pub fn write(&self, txg: u64, entries: &[Entry]) -> Result<(), LogError> {
         let mut st = self.st.lock();
         if st.to_replay.is_some() {
             return Err(LogError::Refused(self.name.clone(), "replay it before logging".into()));
@@ -313,7 +327,7 @@ impl IntentLog {
             st.head_lpos += len;
             st.next_seq += 1;
         }
-        self.dev.flush().map_err(|e| self.io(e))
+        Ok(())
     }
 
     /// Frees the chunks of txgs up to `synced` (their data is on the
