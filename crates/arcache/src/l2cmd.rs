@@ -30,7 +30,7 @@ enum L2Cmd {
 }
 
 fn open(path: &Path, write: bool) -> Result<L2Device> {
-    let opts = FileDevOptions { direct: false, read_only: !write, create_size: None };
+    let opts = FileDevOptions { direct: false, read_only: !write, create_size: None, ..Default::default() };
     let dev = FileDev::open(path, opts).with_context(|| format!("opening {}", path.display()))?;
     L2Device::new(path.display().to_string(), Arc::new(dev)).map_err(anyhow::Error::msg)
 }

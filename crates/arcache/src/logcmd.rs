@@ -31,7 +31,7 @@ enum LogCmd {
 }
 
 fn open(path: &Path, write: bool) -> Result<Arc<dyn BlockDev>> {
-    let opts = FileDevOptions { direct: false, read_only: !write, create_size: None };
+    let opts = FileDevOptions { direct: false, read_only: !write, create_size: None, ..Default::default() };
     let dev = FileDev::open(path, opts).with_context(|| format!("opening {}", path.display()))?;
     Ok(Arc::new(dev))
 }

@@ -240,7 +240,12 @@ fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
     if !path.exists() {
         bail!("backing store {} does not exist", path.display());
     }
-    let opts = FileDevOptions { direct: spec.direct, read_only: spec.read_only, create_size: None };
+    let opts = FileDevOptions {
+        direct: spec.direct,
+        read_only: spec.read_only,
+        create_size: None,
+        ..Default::default()
+    };
     let dev = FileDev::open(&path, opts).with_context(|| format!("opening backing {}", path.display()))?;
     if dev.size() == 0 {
         bail!("backing store {} is empty (size 0)", path.display());
@@ -261,7 +266,7 @@ fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
         bail!("log device {text} does not exist; give its size to create it: --log {text}:SIZE");
     }
     let fresh = !p.exists();
-    let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size };
+    let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size, sync_writes: true };
     let dev = FileDev::open(p, opts).with_context(|| format!("opening log device {text}"))?;
     if fresh {
         // A sparse file makes every commit allocate blocks, and each flush
@@ -401,7 +406,8 @@ fn open_l2(specs: &[L2Spec], exports: &[ExportDesc], opts: &PersistOptions) -> R
                 p.display()
             );
         }
-        let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size };
+        let opts =
+            FileDevOptions { direct: true, read_only: false, create_size: spec.size, ..Default::default() };
         let dev = FileDev::open(p, opts).with_context(|| format!("opening L2 device {}", p.display()))?;
         if !dev.is_direct() {
             warn!("L2 device {}: the filesystem refuses O_DIRECT; using buffered IO", p.display());

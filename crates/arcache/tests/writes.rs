@@ -265,3 +265,46 @@ fn nix_is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+#[test]
+fn sync_is_set_per_export_and_at_run_time_and_sigterm_writes_dirty_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    random_file(&a, 4 << 20, 1);
+    random_file(&b, 4 << 20, 2);
+    let cfg = dir.path().join("arcache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[export]]\nname = \"a\"\nbacking = \"{}\"\nsync = \"always\"\n\n[[export]]\nname = \"b\"\nbacking = \"{}\"\n",
+            a.display(),
+            b.display()
+        ),
+    )
+    .unwrap();
+    let s = Serve::start(tempfile::tempdir().unwrap(), &["--config", cfg.to_str().unwrap()]);
+    let st = s.stat();
+    assert_eq!(st["sync"]["a"], "always", "{st}");
+    assert_eq!(st["sync"]["b"], "standard", "{st}");
+    let bad = s.ctl(&["set", "sync=sometimes"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("standard, always or disabled"));
+    assert!(s.ctl(&["set", "sync=disabled"]).status.success());
+    let st = s.stat();
+    assert_eq!((st["sync"]["a"].as_str(), st["sync"]["b"].as_str()), (Some("disabled"), Some("disabled")));
+    let got = s.ctl(&["get", "sync"]);
+    assert!(String::from_utf8_lossy(&got.stdout).contains("disabled"));
+    assert!(s.ctl(&["set", "sync=standard"]).status.success());
+
+    // Written, never flushed: SIGTERM must still put it on the backing store.
+    let mut c = nbd::Client::connect(&s.target(), "b").unwrap();
+    let data = block(77);
+    c.write(8192, &data, false).unwrap();
+    assert!(stat_u64(&s, "dirty_bytes") > 0, "the write is dirty in RAM");
+    drop(c);
+    let mut s = s;
+    let (status, err) = s.terminate();
+    assert!(status.success(), "{err}");
+    let disk = std::fs::read(&b).unwrap();
+    assert!(disk[8192..8192 + 4096] == data[..], "dirty data reached the backing file at stop");
+}

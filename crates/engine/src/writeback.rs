@@ -568,6 +568,12 @@ impl WriteBack {
     /// version of a page can never land after a newer one; the txg writes
     /// the pages again later, which is harmless.
     fn commit_in_place(&self) -> DevResult<()> {
+        if self.inner.lock().unlogged.is_empty() {
+            // Nothing dirty to write (write-through or all written already):
+            // a flush of every backing store is the whole commit, and it
+            // need not wait for writes in flight, which are not acknowledged.
+            return self.flush_backings();
+        }
         let _sync = self.sync_lock.write();
         let (_, pages, txg, taken) = self.collect_unlogged();
         let map: rustc_hash::FxHashMap<PageKey, Arc<Page>> = pages.iter().cloned().collect();
@@ -820,12 +826,18 @@ impl WriteBack {
         if let Some(e) = first_error.into_inner() {
             return Err(e);
         }
+        self.flush_backings()?;
+        Ok(bytes)
+    }
+
+    fn flush_backings(&self) -> DevResult<()> {
+        let backings = self.backings.read().clone();
         for b in backings.iter().flatten() {
             if !b.dev.is_read_only() {
                 b.dev.flush()?;
             }
         }
-        Ok(bytes)
+        Ok(())
     }
 
     /// Runs a trim or zeroing of export `vol` against its backing store
