@@ -170,6 +170,27 @@ impl Volume {
         start..(start + self.recordsize).min(self.size)
     }
 
+    /// Calls `f` for each piece of a write of `data` at `offset` that spans
+    /// at most `MAX_RECORDS_PER_IO` records: its records, its byte offset and
+    /// its bytes.
+    fn for_each_piece(
+        &self,
+        offset: u64,
+        data: &[u8],
+        mut f: impl FnMut(Range<u64>, u64, &[u8]) -> DevResult<()>,
+    ) -> DevResult<()> {
+        let s = self.span(offset, data.len() as u64);
+        let mut start = s.first;
+        while start < s.end {
+            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
+            let lo = self.record_range(start).start.max(offset);
+            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
+            f(start..end, lo, &data[(lo - offset) as usize..(hi - offset) as usize])?;
+            start = end;
+        }
+        Ok(())
+    }
+
     fn lock_records(&self, records: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
         let mut idx: Vec<usize> = records.map(|r| self.stripe(r)).collect();
         idx.sort_unstable();
@@ -448,15 +469,7 @@ impl Volume {
             return self.write_direct(wb, offset, data);
         }
         wb.throttle();
-        let s = self.span(offset, data.len() as u64);
-        let mut start = s.first;
-        while start < s.end {
-            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
-            let lo = self.record_range(start).start.max(offset);
-            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
-            self.write_dirty(wb, start..end, lo, &data[(lo - offset) as usize..(hi - offset) as usize])?;
-            start = end;
-        }
+        self.for_each_piece(offset, data, |rs, lo, part| self.write_dirty(wb, rs, lo, part))?;
         match self.sync_mode() {
             SyncMode::Always => wb.commit(),
             SyncMode::Standard if fua => wb.commit(),
@@ -503,21 +516,17 @@ impl Volume {
     /// the backing store and is flushed before it is acknowledged, in
     /// parallel with other writes, and replaces any dirty bytes it covers.
     fn write_direct(&self, wb: &WriteBack, offset: u64, data: &[u8]) -> DevResult<()> {
-        let s = self.span(offset, data.len() as u64);
-        let mut start = s.first;
-        while start < s.end {
-            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
-            let lo = self.record_range(start).start.max(offset);
-            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
-            let part = &data[(lo - offset) as usize..(hi - offset) as usize];
+        self.for_each_piece(offset, data, |rs, lo, part| {
+            let (start, end) = (rs.start, rs.end);
             let _locks = self.lock_records(start..end);
             let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
             self.cache.begin_write(&keys);
             let c = &self.cache.counters;
             c.backing_writes.fetch_add(1, Relaxed);
             c.backing_write_bytes.fetch_add(part.len() as u64, Relaxed);
-            let res =
-                wb.discard(self.id, &keys, lo..hi, Change::Overwrite(part), || self.dev.write_at(part, lo));
+            let res = wb.discard(self.id, &keys, lo..lo + part.len() as u64, Change::Overwrite(part), || {
+                self.dev.write_at(part, lo)
+            });
             match &res {
                 Ok(()) => self.patch_cache(start..end, lo, part),
                 Err(_) => {
@@ -528,9 +537,8 @@ impl Volume {
                 }
             }
             self.cache.end_write(&keys);
-            res?;
-            start = end;
-        }
+            res
+        })?;
         self.dev.flush()
     }
 
@@ -594,16 +602,7 @@ impl Volume {
             return Err(DevError::ReadOnly);
         }
         self.check(offset, data.len() as u64)?;
-        let s = self.span(offset, data.len() as u64);
-        let mut start = s.first;
-        while start < s.end {
-            let end = (start + MAX_RECORDS_PER_IO).min(s.end);
-            let lo = self.record_range(start).start.max(offset);
-            let hi = self.record_range(end - 1).end.min(offset + data.len() as u64);
-            let part = &data[(lo - offset) as usize..(hi - offset) as usize];
-            self.write_records(start..end, lo, part)?;
-            start = end;
-        }
+        self.for_each_piece(offset, data, |rs, lo, part| self.write_records(rs, lo, part))?;
         if fua {
             self.dev.flush()?;
         }
