@@ -38,6 +38,7 @@ pub fn run(a: &SummaryArgs) -> Result<()> {
     print_hits(&s);
     print_l2(&s);
     print_prefetch(&s);
+    print_writes(&s);
     print_tunables(tunables.as_array().context("tunables are a list")?);
     Ok(())
 }
@@ -131,6 +132,28 @@ fn print_prefetch(s: &Value) {
         "Prefetch reads issued / in flight",
         format!("{} / {}", n(s, "zfetch_io_issued"), n(s, "zfetch_io_active")),
     );
+    println!();
+}
+
+fn print_writes(s: &Value) {
+    let log = match (n(s, "zil_present"), n(s, "zil_degraded")) {
+        (0, _) => "none (FLUSH writes in place)",
+        (_, 0) => "ONLINE",
+        _ => "DEGRADED (FLUSH falls back to txgs)",
+    };
+    println!("Writes: intent log {log}");
+    row("Dirty data / limit", format!("{} / {}", n(s, "dirty_bytes"), n(s, "dirty_max")));
+    row("Open txg / age ms", format!("{} / {}", n(s, "txg_open"), n(s, "txg_age_ms")));
+    row("Txgs synced / bytes", format!("{} / {}", n(s, "txg_syncs"), n(s, "txg_sync_bytes")));
+    row("Txg sync errors", n(s, "txg_sync_errors"));
+    row(
+        "FLUSHes / log commits",
+        format!("{} / {}", n(s, "zil_commit_count"), n(s, "zil_commit_writer_count")),
+    );
+    row("Log IO per commit (us)", n(s, "zil_commit_us"));
+    row("Log used / capacity", format!("{} / {}", n(s, "zil_log_used"), n(s, "zil_log_capacity")));
+    row("Replayed at start (entries)", n(s, "zil_replay_records"));
+    row("Throttled writes / waits", format!("{} / {}", n(s, "throttle_delays"), n(s, "throttle_waits")));
     println!();
 }
 

@@ -95,6 +95,8 @@ fn a_failing_log_device_loses_nothing_and_clients_see_no_error() {
     assert!(st["zil_commit_writer_count"].as_u64().unwrap() > 0, "the log was used before it failed: {st}");
     assert!(st["zil_txg_fallbacks"].as_u64().unwrap() > 0, "FLUSHes fell back to txgs: {st}");
     assert_eq!(st["nbd_request_errors"], 0, "{st}");
+    let summary = String::from_utf8_lossy(&s.ctl(&["summary"]).stdout).to_string();
+    assert!(summary.contains("intent log DEGRADED"), "{summary}");
     let dir_back = s.kill9();
     drop(c);
 
