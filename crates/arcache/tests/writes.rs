@@ -310,3 +310,54 @@ fn sync_is_set_per_export_and_at_run_time_and_sigterm_writes_dirty_data() {
     let disk = std::fs::read(&b).unwrap();
     assert!(disk[8192..8192 + 4096] == data[..], "dirty data reached the backing file at stop");
 }
+
+#[test]
+fn a_log_for_another_backing_store_is_refused_and_can_be_dumped_and_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    random_file(&a, 4 << 20, 1);
+    random_file(&b, 4 << 20, 2);
+    let log = dir.path().join("log.img");
+    let log_arg = format!("{}:2M", log.display());
+    let s = Serve::start(
+        tempfile::tempdir().unwrap(),
+        &["--export", a.to_str().unwrap(), "--log", &log_arg, "--set", "zfs_txg_timeout=60"],
+    );
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let data = block(5);
+    c.write(4096, &data, false).unwrap();
+    c.flush().unwrap();
+    let back = s.kill9();
+    drop(c);
+
+    let dump = Command::new(BIN).args(["log", "dump"]).arg(&log).arg("-v").output().unwrap();
+    let text = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.status.success() && text.contains("PAGE") && text.contains("replayed at the next start"),
+        "{text}"
+    );
+
+    // Same export name, another backing file: its writes must not land there.
+    let out = Command::new(BIN)
+        .args(["serve", "--export", b.to_str().unwrap(), "--log", &log_arg])
+        .arg("--listen")
+        .arg(format!("unix:{}", back.path().join("x.sock").display()))
+        .arg("--control")
+        .arg(back.path().join("x.ctl"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a log for another backing store was replayed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("arcache log forget"), "the error says what to do: {err}");
+    assert!(std::fs::read(&b).unwrap()[4096..8192] != data[..], "nothing was written into b");
+
+    // With the right export it replays; a forgotten log replays nothing.
+    let s = Serve::start(back, &["--export", a.to_str().unwrap(), "--log", &log_arg]);
+    assert!(stat_u64(&s, "zil_replay_records") > 0);
+    let back = s.stop();
+    assert!(std::fs::read(&a).unwrap()[4096..8192] == data[..], "the flushed write is on a after replay");
+    let forget = Command::new(BIN).args(["log", "forget"]).arg(&log).output().unwrap();
+    assert!(forget.status.success());
+    let s = Serve::start(back, &["--export", b.to_str().unwrap(), "--log", &log_arg]);
+    assert_eq!(stat_u64(&s, "zil_replay_records"), 0);
+}
