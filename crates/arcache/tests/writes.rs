@@ -49,6 +49,21 @@ impl Drop for Nbdkit {
     }
 }
 
+/// Runs `arcache serve` expecting it to refuse to start; its stderr.
+fn serve_must_fail(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .arg("--listen")
+        .arg(format!("unix:{}", dir.join("x.sock").display()))
+        .arg("--control")
+        .arg(dir.join("x.ctl"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "arcache serve {args:?} should have refused to start");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn stat_u64(s: &Serve, k: &str) -> u64 {
     s.stat()[k].as_u64().unwrap_or_else(|| panic!("{k} missing"))
 }
@@ -102,16 +117,7 @@ fn a_failing_log_device_loses_nothing_and_clients_see_no_error() {
 
     // The log device is dead for reads too: starting with it is refused
     // with a clear message; without it, every flushed write is there.
-    let out = Command::new(BIN)
-        .args(["serve", "--export", backing.to_str().unwrap(), "--log", &log.uri()])
-        .arg("--listen")
-        .arg(format!("unix:{}", dir_back.path().join("x.sock").display()))
-        .arg("--control")
-        .arg(dir_back.path().join("x.ctl"))
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a log that cannot be read must not be skipped silently");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_must_fail(dir_back.path(), &["--export", backing.to_str().unwrap(), "--log", &log.uri()]);
     assert!(err.contains("log"), "the error names the log: {err}");
     let s = Serve::start(dir_back, &["--export", backing.to_str().unwrap()]);
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
@@ -338,16 +344,7 @@ fn a_log_for_another_backing_store_is_refused_and_can_be_dumped_and_forgotten() 
     );
 
     // Same export name, another backing file: its writes must not land there.
-    let out = Command::new(BIN)
-        .args(["serve", "--export", b.to_str().unwrap(), "--log", &log_arg])
-        .arg("--listen")
-        .arg(format!("unix:{}", back.path().join("x.sock").display()))
-        .arg("--control")
-        .arg(back.path().join("x.ctl"))
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a log for another backing store was replayed");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_must_fail(back.path(), &["--export", b.to_str().unwrap(), "--log", &log_arg]);
     assert!(err.contains("arcache log forget"), "the error says what to do: {err}");
     assert!(std::fs::read(&b).unwrap()[4096..8192] != data[..], "nothing was written into b");
 
