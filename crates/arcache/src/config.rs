@@ -58,6 +58,8 @@ pub struct ConfigFile {
     pub l2: Vec<String>,
     /// The intent log device, `PATH[:SIZE]` as with `--log`.
     pub log: Option<String>,
+    /// `HOST:PORT` for Prometheus metrics, as with `--metrics`.
+    pub metrics: Option<String>,
     pub secondarycache: Option<String>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
@@ -157,6 +159,8 @@ pub struct ServeSettings {
     pub l2: Vec<L2Spec>,
     /// The intent log device, `--log PATH[:SIZE]` (or an NBD URI).
     pub log: Option<L2Spec>,
+    /// Where to serve Prometheus metrics.
+    pub metrics: Option<String>,
 }
 
 /// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not

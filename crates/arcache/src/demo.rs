@@ -251,6 +251,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         workers: 32,
         l2: Vec::new(),
         log: None,
+        metrics: None,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

@@ -7,6 +7,7 @@ mod demo;
 mod exports;
 mod l2cmd;
 mod logcmd;
+mod metrics;
 mod serve;
 mod simcmd;
 mod size;
@@ -39,7 +40,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Serve exports over NBD through a shared ARC in RAM.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// arcstat-style columns of a running server: `stat [INTERVAL [COUNT]]`,
     /// `-f` to pick columns, `-v` to list them, `--json` for every counter.
     Stat(statcmd::StatArgs),

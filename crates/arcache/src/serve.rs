@@ -27,6 +27,7 @@ use crate::config::{
 };
 use crate::control::{self, Request};
 use crate::exports::{ExportTable, NbdExport};
+use crate::metrics;
 use crate::size::parse_size;
 use crate::tunables::{self, Tunables};
 
@@ -81,6 +82,10 @@ pub struct ServeArgs {
     /// transaction group to the backing store.
     #[arg(long = "log", value_name = "PATH[:SIZE]")]
     pub log: Option<String>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (give a
+    /// loopback address unless the network is trusted).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
 }
 
 /// `PATH[:SIZE]` of an L2 device.
@@ -227,6 +232,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         workers: args.workers.or(file.workers).unwrap_or(32),
         l2: args.l2.iter().chain(file.l2.iter()).map(|s| parse_l2(s)).collect::<Result<Vec<_>>>()?,
         log: args.log.as_ref().or(file.log.as_ref()).map(|s| parse_l2(s)).transpose()?,
+        metrics: args.metrics.clone().or(file.metrics),
     })
 }
 
@@ -555,6 +561,11 @@ pub fn start_on(
             arc_max,
             started: std::time::Instant::now(),
         });
+        if let Some(addr) = &settings.metrics {
+            let h = Arc::clone(&handler);
+            let bound = metrics::serve(addr, Arc::new(move || h.stat()))?;
+            println!("metrics http://{bound}/metrics");
+        }
         Some(control::serve(&settings.control, handler)?)
     } else {
         None
@@ -646,6 +657,26 @@ impl ControlState {
         let syncs: serde_json::Map<String, Value> =
             self.volumes.iter().map(|v| (v.name().to_string(), json!(v.sync_mode().name()))).collect();
         obj.insert("sync".into(), Value::Object(syncs));
+        let per_export: Vec<Value> = self
+            .volumes
+            .iter()
+            .map(|v| {
+                let c = v.counts();
+                json!({
+                    "name": v.name(),
+                    "size": v.size(),
+                    "sync": v.sync_mode().name(),
+                    "read_only": v.read_only(),
+                    "reads": c.reads.load(Relaxed),
+                    "read_bytes": c.read_bytes.load(Relaxed),
+                    "writes": c.writes.load(Relaxed),
+                    "write_bytes": c.write_bytes.load(Relaxed),
+                    "flushes": c.flushes.load(Relaxed),
+                    "discards": c.discards.load(Relaxed),
+                })
+            })
+            .collect();
+        obj.insert("export_stats".into(), Value::Array(per_export));
         obj.insert("nbd_connections".into(), json!(s.connections.load(Relaxed)));
         obj.insert("nbd_active_connections".into(), json!(s.active_connections.load(Relaxed)));
         obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));

@@ -16,6 +16,6 @@ pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use stats::{ArcStats, L2DeviceStats};
-pub use volume::{SyncMode, Volume, VolumeConfig};
+pub use volume::{SyncMode, Volume, VolumeConfig, VolumeCounts};
 pub use writeback::{Backing, WriteBack, WriteStats, WriteTunables, WriteView};
 pub use zfetch::{Zfetch, ZfetchStats, ZfetchTunables};

@@ -7,7 +7,7 @@
 //! a write into the cache after that write updated it.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -92,6 +92,18 @@ pub struct Volume {
     /// Write-back, when the cache has it; otherwise writes go through.
     wb: Option<Arc<WriteBack>>,
     sync: AtomicU8,
+    counts: VolumeCounts,
+}
+
+/// What clients asked of one export, for per-export metrics.
+#[derive(Debug, Default)]
+pub struct VolumeCounts {
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub discards: AtomicU64,
 }
 
 /// Records `first..last+1` and the byte range of the request within them.
@@ -123,7 +135,19 @@ impl Volume {
             this: this.clone(),
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
+            counts: VolumeCounts::default(),
         })
+    }
+
+    pub fn counts(&self) -> &VolumeCounts {
+        &self.counts
+    }
+
+    fn count(&self, n: &AtomicU64, bytes: Option<(&AtomicU64, usize)>) {
+        n.fetch_add(1, Relaxed);
+        if let Some((b, len)) = bytes {
+            b.fetch_add(len as u64, Relaxed);
+        }
     }
 
     pub fn id(&self) -> u16 {
@@ -222,6 +246,7 @@ impl Volume {
         let Some(records) = self.cache.lookup_all((s.first..s.end).map(|r| self.key(r))) else {
             return false;
         };
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
         for (i, data) in records.iter().enumerate() {
             if self.copy_out(s.first + i as u64, data, offset, buf).is_err() {
                 return false;
@@ -271,6 +296,7 @@ impl Volume {
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
         let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
         self.predict(self.span(offset, buf.len() as u64), missed);
         Ok(())
@@ -464,6 +490,7 @@ impl Volume {
             return Err(DevError::ReadOnly);
         }
         self.check(offset, data.len() as u64)?;
+        self.count(&self.counts.writes, Some((&self.counts.write_bytes, data.len())));
         let Some(wb) = &self.wb else { return self.write_through(offset, data, fua) };
         if self.sync_mode() == SyncMode::Always && !wb.has_log() {
             return self.write_direct(wb, offset, data);
@@ -495,6 +522,7 @@ impl Volume {
         }
         let _locks = self.try_lock_records(s.first..s.end)?;
         let keys: Vec<Key> = (s.first..s.end).map(|r| self.key(r)).collect();
+        self.count(&self.counts.writes, Some((&self.counts.write_bytes, data.len())));
         Some(self.build_pages(wb, offset, data).map(|pages| {
             wb.put(self.id, &keys, pages);
             self.patch_cache(s.first..s.end, offset, data);
@@ -668,6 +696,7 @@ impl Volume {
     /// Makes every write acknowledged before it durable (a no-op with
     /// `sync=disabled`).
     pub fn flush(&self) -> DevResult<()> {
+        self.count(&self.counts.flushes, None);
         match (&self.wb, self.sync_mode()) {
             (_, SyncMode::Disabled) => Ok(()),
             (Some(wb), _) => wb.commit(),
@@ -709,6 +738,7 @@ impl Volume {
         change: Change<'_>,
         op: impl Fn(&dyn BlockDev, u64, u64) -> DevResult<()>,
     ) -> DevResult<()> {
+        self.count(&self.counts.discards, None);
         self.discard_with(self.wb.as_deref(), offset, len, change, op)?;
         match (&self.wb, self.sync_mode()) {
             (Some(wb), SyncMode::Always) => wb.commit(),
