@@ -8,6 +8,8 @@ mod exports;
 mod l2cmd;
 mod logcmd;
 mod metrics;
+mod mrccmd;
+mod plot;
 mod serve;
 mod simcmd;
 mod size;

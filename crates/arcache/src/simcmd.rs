@@ -15,9 +15,25 @@ pub struct SimArgs {
     /// Policies to compare, comma-separated: arc (OpenZFS-style), arc-paper (FAST'03), lru.
     #[arg(long, value_delimiter = ',', default_value = "arc,arc-paper,lru")]
     pub policy: Vec<String>,
-    /// Cache sizes in blocks, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true, value_name = "N[,N...]")]
+    /// Cache sizes in blocks, comma-separated (with --mrc: default 20 sizes
+    /// spread on a log scale up to the trace's unique blocks).
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]")]
     pub cache_blocks: Vec<u64>,
+    /// Miss-ratio curves in one pass per policy (exact for lru, sampled
+    /// miniature simulations for the others), written to DIR/mrc.csv and
+    /// DIR/mrc.png.
+    #[arg(long, requires = "out")]
+    pub mrc: bool,
+    /// Where --mrc writes mrc.csv and mrc.png.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// With --mrc: how many sizes when --cache-blocks is not given.
+    #[arg(long, default_value_t = 20)]
+    pub points: usize,
+    /// With --mrc: smallest miniature cache, in blocks; sizes below it are
+    /// simulated in full. Larger is more exact and slower.
+    #[arg(long, default_value_t = 131072)]
+    pub sample_min: u64,
     /// Block size in bytes; each request touches blocks off/bs ..= (off+len-1)/bs.
     #[arg(long, default_value_t = 4096)]
     pub block_size: u64,
@@ -40,6 +56,12 @@ pub fn run(a: &SimArgs) -> Result<()> {
     }
     let requests = read_trace(&a.trace).with_context(|| format!("loading {}", a.trace.display()))?;
     let accesses = expand(&requests, a.block_size, a.reads_only);
+    if a.mrc {
+        return crate::mrccmd::run(a, &accesses);
+    }
+    if a.cache_blocks.is_empty() {
+        bail!("give --cache-blocks N[,N...] (or --mrc for a whole curve)");
+    }
     if !a.json {
         println!("{:<10} {:>12} {:>12} {:>12} {:>9}", "policy", "cache_blocks", "requests", "hits", "hit%");
     }

@@ -1,7 +1,9 @@
 //! Block traces and their replay through the policy core, without any IO.
 
+mod mrc;
 mod trace;
 
+pub use mrc::{log_sizes, lru_mrc, sampled_mrc, MrcPoint};
 pub use trace::{read_trace, TraceError, TraceRequest};
 
 use arc_policy::{Access, Policy};
@@ -41,18 +43,23 @@ pub struct SimResult {
     pub hit_ratio: f64,
 }
 
+/// One demand access: a hit, or a miss that inserts the block (unit size).
+pub fn step(policy: &mut dyn Policy, a: &BlockAccess, evicted: &mut Vec<u64>) -> bool {
+    let access = Access::demand(a.now_ns);
+    if policy.lookup(a.key, access).is_hit() {
+        return true;
+    }
+    policy.insert(a.key, 1, access, evicted);
+    evicted.clear();
+    false
+}
+
 /// Replays `accesses` through `policy`, each block of unit size.
 pub fn replay(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[BlockAccess]) -> SimResult {
     let mut evicted = Vec::new();
     let mut hits = 0u64;
     for a in accesses {
-        let access = Access::demand(a.now_ns);
-        if policy.lookup(a.key, access).is_hit() {
-            hits += 1;
-        } else {
-            policy.insert(a.key, 1, access, &mut evicted);
-            evicted.clear();
-        }
+        hits += u64::from(step(policy, a, &mut evicted));
     }
     let requests = accesses.len() as u64;
     SimResult {
