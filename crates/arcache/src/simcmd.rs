@@ -9,7 +9,8 @@ use clap::Args;
 
 #[derive(Debug, Args)]
 pub struct SimArgs {
-    /// A block trace: the CSV form `timestamp_us,op,offset_bytes,length_bytes[,dev]`, plain or .gz.
+    /// A block trace: the CSV form `timestamp_us,op,offset_bytes,length_bytes[,dev]`, the ARC paper's
+    /// `.lis` (512-byte blocks) or libCacheSim's `*.oracleGeneral*` binary; plain, .gz or .zst.
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
     /// Policies to compare, comma-separated: arc (OpenZFS-style), arc-paper (FAST'03), lru.

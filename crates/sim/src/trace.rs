@@ -1,5 +1,12 @@
-//! Readers for block traces. Today: the common CSV form of `shared/traces`
-//! (`timestamp_us,op,offset_bytes,length_bytes[,dev]`), plain or gzipped.
+//! Readers for block traces, chosen by file name, each plain, `.gz` or
+//! `.zst`:
+//! - the common CSV form of `shared/traces`
+//!   (`timestamp_us,op,offset_bytes,length_bytes[,dev]`);
+//! - the ARC paper's `.lis` (`start_block count ignored request_no`, 512-byte
+//!   blocks, reads only; `--block-size 512` counts in the trace's own blocks);
+//! - libCacheSim's `oracleGeneral` binary (`*.oracleGeneral*`: 24-byte
+//!   records `u32 time_s, u64 obj_id, u32 obj_size, i64 next_access`), one
+//!   4 KiB block per record, keyed by `obj_id`.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -24,17 +31,101 @@ pub enum TraceError {
     Parse { path: String, line: usize, msg: String },
 }
 
-/// Reads a whole trace; `.gz` files are decompressed on the fly.
+/// Reads a whole trace, decompressing `.gz` and `.zst` on the fly.
 pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, TraceError> {
     let shown = path.display().to_string();
     let io_err = |source| TraceError::Io { path: shown.clone(), source };
     let file = File::open(path).map_err(io_err)?;
-    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
-        Box::new(MultiGzDecoder::new(file))
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (reader, stem): (Box<dyn Read>, &str) = if let Some(stem) = name.strip_suffix(".gz") {
+        (Box::new(MultiGzDecoder::new(file)), stem)
+    } else if let Some(stem) = name.strip_suffix(".zst") {
+        let d = ruzstd::decoding::StreamingDecoder::new(file)
+            .map_err(|e| io_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())))?;
+        (Box::new(d), stem)
     } else {
-        Box::new(file)
+        (Box::new(file), name.as_str())
     };
-    parse_csv(BufReader::with_capacity(1 << 20, reader), &shown)
+    let buffered = BufReader::with_capacity(1 << 20, reader);
+    if stem.ends_with(".lis") {
+        parse_lis(buffered, &shown)
+    } else if stem.contains(".oracleGeneral") {
+        parse_oracle_general(buffered, &shown)
+    } else {
+        parse_csv(buffered, &shown)
+    }
+}
+
+/// The ARC paper's `.lis`: `start count ignored request_no` per line.
+pub fn parse_lis(reader: impl BufRead, name: &str) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut out = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line.map_err(|source| TraceError::Io { path: name.to_string(), source })?;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let err = |msg: String| TraceError::Parse { path: name.to_string(), line: i + 1, msg };
+        let mut f = line.split_whitespace();
+        let start = number(&mut f, "start block").map_err(err)?;
+        let count = number(&mut f, "block count").map_err(err)?;
+        let offset = start.checked_mul(512).ok_or_else(|| err("start block too large".into()))?;
+        let len = count.checked_mul(512).filter(|l| offset.checked_add(*l).is_some());
+        let len = len.ok_or_else(|| err("block count too large".into()))?;
+        out.push(TraceRequest { ts_us: i as u64, write: false, offset, len, dev: 0 });
+    }
+    Ok(out)
+}
+
+/// libCacheSim's oracleGeneral binary: 24-byte little-endian records.
+pub fn parse_oracle_general(mut reader: impl Read, name: &str) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut out = Vec::new();
+    let mut rec = [0u8; 24];
+    loop {
+        match read_record(&mut reader, &mut rec) {
+            Ok(true) => {}
+            Ok(false) => return Ok(out),
+            Err(source) => return Err(TraceError::Io { path: name.to_string(), source }),
+        }
+        let time = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&rec[4..12]);
+        let obj = u64::from_le_bytes(id);
+        let Some(offset) = obj.checked_mul(4096).filter(|o| o.checked_add(4096).is_some()) else {
+            return Err(TraceError::Parse {
+                path: name.to_string(),
+                line: out.len() + 1,
+                msg: format!("object id {obj} too large"),
+            });
+        };
+        out.push(TraceRequest {
+            ts_us: u64::from(time) * 1_000_000,
+            write: false,
+            offset,
+            len: 4096,
+            dev: 0,
+        });
+    }
+}
+
+/// Fills `rec`; false at a clean end of input, an error for a torn record.
+fn read_record(r: &mut impl Read, rec: &mut [u8; 24]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < rec.len() {
+        match r.read(&mut rec[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "trace ends inside a record",
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 /// Parses the CSV form; a first line that does not start with a digit is a header.
