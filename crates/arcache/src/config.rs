@@ -60,6 +60,8 @@ pub struct ConfigFile {
     pub log: Option<String>,
     /// `HOST:PORT` for Prometheus metrics, as with `--metrics`.
     pub metrics: Option<String>,
+    /// `FILE[:MAXSIZE]`, as with `--record-trace`.
+    pub record_trace: Option<String>,
     pub secondarycache: Option<String>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
@@ -161,6 +163,8 @@ pub struct ServeSettings {
     pub log: Option<L2Spec>,
     /// Where to serve Prometheus metrics.
     pub metrics: Option<String>,
+    /// Where to record the requests served, and the size bound.
+    pub record_trace: Option<String>,
 }
 
 /// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not

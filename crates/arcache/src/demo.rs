@@ -252,6 +252,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         l2: Vec::new(),
         log: None,
         metrics: None,
+        record_trace: None,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

@@ -6,16 +6,25 @@ use std::sync::Arc;
 use arcache_engine::Volume;
 use blockdev::DevError;
 use nbd::{Errno, Export, ExportInfo, ExportSet, NbdResult};
+
+use crate::recorder::Recorder;
 use tracing::warn;
 
 pub struct NbdExport {
     vol: Arc<Volume>,
     description: String,
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl NbdExport {
-    pub fn new(vol: Arc<Volume>, description: String) -> Self {
-        NbdExport { vol, description }
+    pub fn new(vol: Arc<Volume>, description: String, recorder: Option<Arc<Recorder>>) -> Self {
+        NbdExport { vol, description, recorder }
+    }
+
+    fn note(&self, write: bool, offset: u64, len: usize) {
+        if let Some(r) = &self.recorder {
+            r.record(self.vol.id(), write, offset, len as u64);
+        }
     }
 }
 
@@ -43,18 +52,26 @@ impl Export for NbdExport {
     }
 
     fn try_read_now(&self, offset: u64, buf: &mut [u8]) -> Option<NbdResult> {
-        self.vol.try_read_cached(offset, buf).then_some(Ok(()))
+        let done = self.vol.try_read_cached(offset, buf);
+        if done {
+            self.note(false, offset, buf.len());
+        }
+        done.then_some(Ok(()))
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
+        self.note(false, offset, buf.len());
         self.vol.read(offset, buf).map_err(|e| errno("read", e))
     }
 
     fn try_write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<NbdResult> {
-        self.vol.try_write_now(offset, data, fua).map(|r| r.map_err(|e| errno("write", e)))
+        let res = self.vol.try_write_now(offset, data, fua)?;
+        self.note(true, offset, data.len());
+        Some(res.map_err(|e| errno("write", e)))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult {
+        self.note(true, offset, data.len());
         self.vol.write(offset, data, fua).map_err(|e| errno("write", e))
     }
 

@@ -10,6 +10,7 @@ mod logcmd;
 mod metrics;
 mod mrccmd;
 mod plot;
+mod recorder;
 mod serve;
 mod simcmd;
 mod size;

@@ -28,6 +28,7 @@ use crate::config::{
 use crate::control::{self, Request};
 use crate::exports::{ExportTable, NbdExport};
 use crate::metrics;
+use crate::recorder::{self, Recorder};
 use crate::size::parse_size;
 use crate::tunables::{self, Tunables};
 
@@ -86,6 +87,10 @@ pub struct ServeArgs {
     /// loopback address unless the network is trusted).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+    /// Record every read and write served to FILE (the CSV form `arcache
+    /// sim --trace` reads), stopping at MAXSIZE bytes (default 1G).
+    #[arg(long, value_name = "FILE[:MAXSIZE]")]
+    pub record_trace: Option<String>,
 }
 
 /// `PATH[:SIZE]` of an L2 device.
@@ -233,6 +238,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         l2: args.l2.iter().chain(file.l2.iter()).map(|s| parse_l2(s)).collect::<Result<Vec<_>>>()?,
         log: args.log.as_ref().or(file.log.as_ref()).map(|s| parse_l2(s)).transpose()?,
         metrics: args.metrics.clone().or(file.metrics),
+        record_trace: args.record_trace.clone().or(file.record_trace),
     })
 }
 
@@ -347,6 +353,7 @@ pub struct Running {
     pub server: Arc<Server>,
     pub cache: Arc<Cache>,
     pub writeback: Arc<WriteBack>,
+    recorder: Option<Arc<Recorder>>,
     pub volumes: Vec<Arc<Volume>>,
     /// One URI per export and listener, for clients.
     pub uris: Vec<String>,
@@ -362,6 +369,9 @@ impl Running {
     pub fn stop(mut self) -> Result<()> {
         if !self.server.shutdown(Duration::from_secs(30)) {
             warn!("some clients were still connected after 30 s");
+        }
+        if let Some(r) = &self.recorder {
+            r.flush();
         }
         let mut result = self.writeback.shutdown().context("writing dirty data at shutdown");
         if let Err(e) = &result {
@@ -477,6 +487,13 @@ pub fn start_on(
     let log_descs = log_exports(settings, &devices)?;
     let mut volumes = Vec::new();
     let mut table = ExportTable::default();
+    let recorder = match &settings.record_trace {
+        Some(spec) => {
+            let (path, max) = recorder::parse(spec)?;
+            Some(Recorder::start(path, max)?)
+        }
+        None => None,
+    };
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
         cache.set_secondarycache(id, spec.secondarycache);
@@ -495,7 +512,7 @@ pub fn start_on(
             if vol.read_only() { ", read-only" } else { "" }
         );
         vol.set_sync_mode(sync_mode(spec.sync.unwrap_or(t.value("sync"))));
-        table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone()));
+        table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone(), recorder.clone()));
         volumes.push(vol);
     }
     // Before anything else reads or caches: the log's writes are the newest.
@@ -560,6 +577,7 @@ pub fn start_on(
             feed_stats: feed_stats.clone(),
             arc_max,
             started: std::time::Instant::now(),
+            recorder: recorder.clone(),
         });
         if let Some(addr) = &settings.metrics {
             let h = Arc::clone(&handler);
@@ -570,7 +588,7 @@ pub fn start_on(
     } else {
         None
     };
-    Ok(Running { server, cache, writeback, volumes, uris, control, sockets, feed, rebuild })
+    Ok(Running { server, cache, writeback, recorder, volumes, uris, control, sockets, feed, rebuild })
 }
 
 /// The identity of each export's backing store, which its L2 records are
@@ -643,6 +661,7 @@ struct ControlState {
     feed_stats: Option<Arc<FeedStats>>,
     arc_max: Arc<AtomicU64>,
     started: std::time::Instant,
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl ControlState {
@@ -686,6 +705,11 @@ impl ControlState {
         obj.insert("exports".into(), json!(self.volumes.len()));
         obj.insert("uptime_secs".into(), json!(self.started.elapsed().as_secs_f64()));
         obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));
+        if let Some(r) = &self.recorder {
+            obj.insert("trace_records".into(), json!(r.stats.recorded.load(Relaxed)));
+            obj.insert("trace_dropped".into(), json!(r.stats.dropped.load(Relaxed)));
+            obj.insert("trace_bytes".into(), json!(r.stats.bytes.load(Relaxed)));
+        }
         if let Some(f) = &self.feed_stats {
             obj.insert("l2_feed_cycles".into(), json!(f.cycles.load(Relaxed)));
             obj.insert("l2_feed_budget".into(), json!(f.last_budget.load(Relaxed)));

@@ -37,3 +37,60 @@ fn sim_mrc_writes_the_csv_and_a_png() {
     let o = Command::new(BIN).args(["sim", "--mrc", "--trace", trace]).output().unwrap();
     assert!(!o.status.success());
 }
+
+#[test]
+fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("b.img");
+    common::random_file(&backing, 64 << 20, 3);
+    let trace = dir.path().join("t.csv");
+    let arc_max: u64 = 8 << 20;
+    let s = common::Serve::start(
+        tempfile::tempdir().unwrap(),
+        &[
+            "--export",
+            backing.to_str().unwrap(),
+            "--recordsize",
+            "4K",
+            "--arc-max",
+            &arc_max.to_string(),
+            "--arc-min",
+            &arc_max.to_string(),
+            "--set",
+            "zfs_prefetch_disable=1",
+            "--record-trace",
+            trace.to_str().unwrap(),
+        ],
+    );
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..30_000 {
+        // A hot eighth of the export takes most reads; the rest is a long tail.
+        let blocks = 16_384u64;
+        let b = if rng.gen_bool(0.7) { rng.gen_range(0..blocks / 8) } else { rng.gen_range(0..blocks) };
+        c.read(b * 4096, &mut buf).unwrap();
+    }
+    drop(c);
+    let st = s.stat();
+    let n = |k: &str| st[k].as_u64().unwrap() as f64;
+    let server = (n("demand_data_hits") + n("demand_data_iohits"))
+        / (n("demand_data_hits") + n("demand_data_iohits") + n("demand_data_misses"));
+    assert_eq!(st["trace_dropped"], 0, "{st}");
+    s.stop();
+    // The ARC holds records plus a 112-byte header each (RECORD_OVERHEAD).
+    let blocks = arc_max / (4096 + 112);
+    let o = Command::new(BIN)
+        .args(["sim", "--json", "--policy", "arc", "--trace"])
+        .arg(&trace)
+        .args(["--cache-blocks", &blocks.to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["requests"], 30_000, "every read was recorded");
+    let sim = r["hit_ratio"].as_f64().unwrap();
+    eprintln!("server hit ratio {server:.4}, replay of the recorded trace {sim:.4}");
+    assert!((sim - server).abs() <= 0.01, "server {server:.4} vs replay {sim:.4}");
+}
