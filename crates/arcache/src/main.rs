@@ -1,5 +1,6 @@
 //! `arcache`: a ZFS-style ARC cache for slow block storage, served over NBD.
 
+mod advice;
 mod arcstat;
 mod config;
 mod control;

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tracing::{info, warn};
 use zil::{IntentLog, LogExport};
 
+use crate::advice;
 use crate::config::{
     apply_sets, check_recordsize, default_control_path, runtime_dir, split_export, toml_value_text,
     ConfigFile, ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
@@ -717,6 +718,11 @@ impl ControlState {
             obj.insert("l2_device_write_bw".into(), json!(f.device_write_bw.load(Relaxed)));
             obj.insert("l2_feed_prefetch".into(), json!(u64::from(f.feeds_prefetch.load(Relaxed))));
         }
+        let recordsize = self.volumes.iter().map(|v| v.recordsize()).max().unwrap_or(16 << 10);
+        let snapshot = Value::Object(obj.clone());
+        let (arc_rec, l2_rec) = advice::capacity_records(&snapshot, recordsize);
+        let view = self.cache.sizing(&advice::sizes(arc_rec + l2_rec));
+        obj.insert("sizing".into(), advice::sizing(&snapshot, &view, recordsize));
         let records = obj.get("l2_records").and_then(Value::as_u64).unwrap_or(0);
         let hdr = obj.get("l2_hdr_size").and_then(Value::as_u64).unwrap_or(0);
         if records > 0 {

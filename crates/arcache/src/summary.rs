@@ -39,6 +39,7 @@ pub fn run(a: &SummaryArgs) -> Result<()> {
     print_l2(&s);
     print_prefetch(&s);
     print_writes(&s);
+    print_sizing(&s);
     print_tunables(tunables.as_array().context("tunables are a list")?);
     Ok(())
 }
@@ -154,6 +155,27 @@ fn print_writes(s: &Value) {
     row("Log used / capacity", format!("{} / {}", n(s, "zil_log_used"), n(s, "zil_log_capacity")));
     row("Replayed at start (entries)", n(s, "zil_replay_records"));
     row("Throttled writes / waits", format!("{} / {}", n(s, "throttle_delays"), n(s, "throttle_waits")));
+    println!();
+}
+
+fn print_sizing(s: &Value) {
+    let z = &s["sizing"];
+    println!("Sizing (sampled live workload, LRU estimate)");
+    let f = |k: &str| z.get(k).and_then(Value::as_f64);
+    let show = |x: Option<f64>, suffix: &str| x.map_or("n/a".to_string(), |v| format!("{v:.2}{suffix}"));
+    row("Active data set (bytes)", n(z, "active_bytes"));
+    row("ARC + L2 capacity (bytes)", n(z, "capacity_bytes"));
+    row("Key ratio 1: active / (ARC + L2)", show(f("key_ratio_1"), "x"));
+    row("Key ratio 2: L2 / backing speed", show(f("key_ratio_2"), "x"));
+    row("Demand hit ratio now", show(f("demand_hit_ratio").map(|v| v * 100.0), "%"));
+    row("If the ARC were twice as large", show(f("hit_ratio_if_arc_doubled").map(|v| v * 100.0), "%"));
+    for p in z["lru_curve"].as_array().into_iter().flatten() {
+        let label = format!("LRU hit ratio at {}x capacity", p["of_capacity"]);
+        row(&label, format!("{:.1}%", p["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0));
+    }
+    for a in z["advice"].as_array().into_iter().flatten() {
+        println!("    * {}", a.as_str().unwrap_or(""));
+    }
     println!();
 }
 

@@ -46,23 +46,8 @@ fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
     common::random_file(&backing, 64 << 20, 3);
     let trace = dir.path().join("t.csv");
     let arc_max: u64 = 8 << 20;
-    let s = common::Serve::start(
-        tempfile::tempdir().unwrap(),
-        &[
-            "--export",
-            backing.to_str().unwrap(),
-            "--recordsize",
-            "4K",
-            "--arc-max",
-            &arc_max.to_string(),
-            "--arc-min",
-            &arc_max.to_string(),
-            "--set",
-            "zfs_prefetch_disable=1",
-            "--record-trace",
-            trace.to_str().unwrap(),
-        ],
-    );
+    let (max, trace_arg) = (arc_max.to_string(), trace.to_str().unwrap().to_string());
+    let s = serve_4k(&backing, &["--arc-max", &max, "--arc-min", &max, "--record-trace", &trace_arg]);
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut buf = vec![0u8; 4096];
@@ -93,4 +78,39 @@ fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
     let sim = r["hit_ratio"].as_f64().unwrap();
     eprintln!("server hit ratio {server:.4}, replay of the recorded trace {sim:.4}");
     assert!((sim - server).abs() <= 0.01, "server {server:.4} vs replay {sim:.4}");
+}
+
+#[test]
+fn live_sizing_sees_a_working_set_larger_than_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("b.img");
+    common::random_file(&backing, 128 << 20, 4);
+    let s = serve_4k(&backing, &["--arc-max", "16M"]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    // 96 MiB read round-robin three times: six times the ARC.
+    for _ in 0..3 {
+        for i in 0..(96u64 << 20) / buf.len() as u64 {
+            c.read(i * buf.len() as u64, &mut buf).unwrap();
+        }
+    }
+    let z = &s.stat()["sizing"];
+    let k1 = z["key_ratio_1"].as_f64().unwrap();
+    assert!((4.0..9.0).contains(&k1), "active 96 MiB over a 16 MiB ARC: {z}");
+    let curve: Vec<f64> =
+        z["lru_curve"].as_array().unwrap().iter().map(|p| p["hit_ratio"].as_f64().unwrap()).collect();
+    assert!(curve[2] < 0.1 && curve[5] > 0.5, "a loop: nothing at 1x, most at 8x: {curve:?}");
+    let advice = z["advice"].to_string();
+    assert!(advice.contains("add RAM"), "{advice}");
+    let summary = String::from_utf8_lossy(&s.ctl(&["summary"]).stdout).to_string();
+    assert!(summary.contains("Key ratio 1") && summary.contains("add RAM"), "{summary}");
+}
+
+/// A server over `backing` with 4K records and no prefetch, so its hits are
+/// the clients' own; plus `extra`.
+fn serve_4k(backing: &std::path::Path, extra: &[&str]) -> common::Serve {
+    let mut args =
+        vec!["--export", backing.to_str().unwrap(), "--recordsize", "4K", "--set", "zfs_prefetch_disable=1"];
+    args.extend_from_slice(extra);
+    common::Serve::start(tempfile::tempdir().unwrap(), &args)
 }

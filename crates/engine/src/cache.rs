@@ -105,6 +105,7 @@ pub struct Cache {
     prefetcher: std::sync::OnceLock<Prefetcher>,
     zfetch_active: Arc<AtomicU64>,
     writeback: std::sync::OnceLock<Arc<WriteBack>>,
+    sampler: crate::sizing::Sampler,
 }
 
 impl Cache {
@@ -133,6 +134,7 @@ impl Cache {
             prefetcher: std::sync::OnceLock::new(),
             zfetch_active: Arc::new(AtomicU64::new(0)),
             writeback: std::sync::OnceLock::new(),
+            sampler: crate::sizing::Sampler::default(),
         })
     }
 
@@ -143,6 +145,19 @@ impl Cache {
     /// The shared prefetch pool, started on first use.
     pub(crate) fn prefetcher(&self) -> &Prefetcher {
         self.prefetcher.get_or_init(|| Prefetcher::new(8, 256))
+    }
+
+    /// Notes demand reads of `keys` for live sizing.
+    pub(crate) fn observe(&self, keys: impl Iterator<Item = Key>) {
+        for k in keys {
+            self.sampler.observe(k);
+        }
+    }
+
+    /// The live workload's estimated LRU curve for caches of `sizes`
+    /// records, and its active data set.
+    pub fn sizing(&self, sizes: &[u64]) -> crate::sizing::SizingView {
+        self.sampler.view(sizes)
     }
 
     /// Turns on write-back for volumes created from now on.

@@ -253,6 +253,7 @@ impl Volume {
             }
         }
         self.cache.count(Found::Hit, false, records.len() as u64);
+        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.predict(s, false);
         true
     }
@@ -296,6 +297,8 @@ impl Volume {
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
+        let s = self.span(offset, buf.len() as u64);
+        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
         let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
         self.predict(self.span(offset, buf.len() as u64), missed);
