@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use arc_policy::{by_name, POLICY_NAMES};
-use arcache_sim::{expand, read_trace, replay};
+use arcache_sim::{expand, read_trace, replay, replay_l2, BlockAccess};
+
+use crate::size::parse_size;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -31,6 +33,14 @@ pub struct SimArgs {
     /// With --mrc: how many sizes when --cache-blocks is not given.
     #[arg(long, default_value_t = 20)]
     pub points: usize,
+    /// Model an L2 of this size (K/M/G suffixes) behind the ARC, fed from
+    /// blocks leaving it at --l2-feed-rate; reports ARC hits, L2 hits and misses.
+    #[arg(long, value_name = "SIZE")]
+    pub l2_size: Option<String>,
+    /// The L2 feed rate limit in bytes per second of trace time (like
+    /// l2arc_write_max; default 32M, OpenZFS 2.2.7-2.4). 0: unlimited.
+    #[arg(long, value_name = "BYTES", default_value = "32M")]
+    pub l2_feed_rate: String,
     /// With --mrc: smallest miniature cache, in blocks; sizes below it are
     /// simulated in full. Larger is more exact and slower.
     #[arg(long, default_value_t = 131072)]
@@ -63,6 +73,14 @@ pub fn run(a: &SimArgs) -> Result<()> {
     if a.cache_blocks.is_empty() {
         bail!("give --cache-blocks N[,N...] (or --mrc for a whole curve)");
     }
+    if let Some(l2) = &a.l2_size {
+        return run_l2(
+            a,
+            &accesses,
+            parse_size(l2)? / a.block_size,
+            parse_size(&a.l2_feed_rate)? / a.block_size,
+        );
+    }
     if !a.json {
         println!("{:<10} {:>12} {:>12} {:>12} {:>9}", "policy", "cache_blocks", "requests", "hits", "hit%");
     }
@@ -80,6 +98,37 @@ pub fn run(a: &SimArgs) -> Result<()> {
                     r.requests,
                     r.hits,
                     100.0 * r.hit_ratio
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--l2-size`: the two-level model for every (policy, size).
+fn run_l2(a: &SimArgs, accesses: &[BlockAccess], l2_blocks: u64, feed: u64) -> Result<()> {
+    if !a.json {
+        println!(
+            "{:<10} {:>12} {:>12} {:>9} {:>9} {:>9} {:>12}",
+            "policy", "cache_blocks", "l2_blocks", "arc_hit%", "l2_hit%", "miss%", "feed_skip"
+        );
+    }
+    for &size in &a.cache_blocks {
+        for p in &a.policy {
+            let mut policy = by_name(p, size).context("policy names were checked")?;
+            let r = replay_l2(policy.as_mut(), size, l2_blocks, feed, accesses);
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "{:<10} {:>12} {:>12} {:>8.2}% {:>8.2}% {:>8.2}% {:>12}",
+                    p,
+                    size,
+                    l2_blocks,
+                    100.0 * r.arc_hit_ratio,
+                    100.0 * r.l2_hit_ratio,
+                    100.0 * r.miss_ratio,
+                    r.feed_skipped
                 );
             }
         }

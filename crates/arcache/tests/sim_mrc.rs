@@ -114,3 +114,27 @@ fn serve_4k(backing: &std::path::Path, extra: &[&str]) -> common::Serve {
     args.extend_from_slice(extra);
     common::Serve::start(tempfile::tempdir().unwrap(), &args)
 }
+
+#[test]
+fn sim_l2_size_reports_arc_hits_l2_hits_and_misses() {
+    let trace =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/cloudphysics_io/cloudphysics_io.csv.gz");
+    let run = |rate: &str| -> serde_json::Value {
+        let o = Command::new(BIN)
+            .args(["sim", "--json", "--policy", "arc", "--cache-blocks", "10000", "--l2-size", "512M"])
+            .args(["--l2-feed-rate", rate, "--trace", trace])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (limited, free) = (run("32M"), run("0"));
+    for r in [&limited, &free] {
+        let n = |k: &str| r[k].as_u64().unwrap();
+        assert_eq!(n("arc_hits") + n("l2_hits") + n("misses"), n("requests"), "{r}");
+        assert_eq!(n("l2_blocks"), 131_072);
+    }
+    assert!(free["l2_hits"].as_u64() > limited["l2_hits"].as_u64(), "a feed limit costs L2 hits");
+    assert_eq!(free["arc_hits"], limited["arc_hits"], "the L2 does not change what the ARC holds");
+    assert!(limited["feed_skipped"].as_u64().unwrap() > 0);
+}

@@ -1,8 +1,10 @@
 //! Block traces and their replay through the policy core, without any IO.
 
+mod l2;
 mod mrc;
 mod trace;
 
+pub use l2::{replay_l2, L2SimResult};
 pub use mrc::{log_sizes, lru_mrc, sampled_mrc, MrcPoint};
 pub use trace::{read_trace, TraceError, TraceRequest};
 
