@@ -143,16 +143,19 @@ fn print_writes(s: &Value) {
         _ => "DEGRADED (FLUSH falls back to txgs)",
     };
     println!("Writes: intent log {log}");
-    row("Dirty data / limit", format!("{} / {}", n(s, "dirty_bytes"), n(s, "dirty_max")));
+    row("Dirty data / limit", format!("{} / {}", human(n(s, "dirty_bytes")), human(n(s, "dirty_max"))));
     row("Open txg / age ms", format!("{} / {}", n(s, "txg_open"), n(s, "txg_age_ms")));
-    row("Txgs synced / bytes", format!("{} / {}", n(s, "txg_syncs"), n(s, "txg_sync_bytes")));
+    row("Txgs synced / bytes", format!("{} / {}", n(s, "txg_syncs"), human(n(s, "txg_sync_bytes"))));
     row("Txg sync errors", n(s, "txg_sync_errors"));
     row(
         "FLUSHes / log commits",
         format!("{} / {}", n(s, "zil_commit_count"), n(s, "zil_commit_writer_count")),
     );
     row("Log IO per commit (us)", n(s, "zil_commit_us"));
-    row("Log used / capacity", format!("{} / {}", n(s, "zil_log_used"), n(s, "zil_log_capacity")));
+    row(
+        "Log used / capacity",
+        format!("{} / {}", human(n(s, "zil_log_used")), human(n(s, "zil_log_capacity"))),
+    );
     row("Replayed at start (entries)", n(s, "zil_replay_records"));
     row("Throttled writes / waits", format!("{} / {}", n(s, "throttle_delays"), n(s, "throttle_waits")));
     println!();
@@ -163,8 +166,8 @@ fn print_sizing(s: &Value) {
     println!("Sizing (sampled live workload, LRU estimate)");
     let f = |k: &str| z.get(k).and_then(Value::as_f64);
     let show = |x: Option<f64>, suffix: &str| x.map_or("n/a".to_string(), |v| format!("{v:.2}{suffix}"));
-    row("Active data set (bytes)", n(z, "active_bytes"));
-    row("ARC + L2 capacity (bytes)", n(z, "capacity_bytes"));
+    row("Active data set", human(n(z, "active_bytes")));
+    row("ARC + L2 capacity", human(n(z, "capacity_bytes")));
     row("Key ratio 1: active / (ARC + L2)", show(f("key_ratio_1"), "x"));
     row("Key ratio 2: L2 / backing speed", show(f("key_ratio_2"), "x"));
     row("Demand hit ratio now", show(f("demand_hit_ratio").map(|v| v * 100.0), "%"));
