@@ -112,6 +112,16 @@ fn print_l2(s: &Value) {
     );
     row("Feed: eligible bytes evicted unfed", human(n(s, "evict_l2_eligible")));
     row("Feed: cycles skipped for the header cap", n(s, "l2_abort_lowmem"));
+    let rebuild = match (n(s, "l2_rebuild_running"), n(s, "l2_rebuild_success")) {
+        (1, _) => "running",
+        (_, 0) => "none",
+        _ => "done",
+    };
+    row("Rebuild at start", rebuild);
+    row(
+        "Rebuild: records restored / log blocks / ms",
+        format!("{} / {} / {}", n(s, "l2_rebuild_bufs"), n(s, "l2_rebuild_log_blks"), n(s, "l2_rebuild_ms")),
+    );
     if let Some(devs) = s.get("l2_devices").and_then(Value::as_array) {
         for d in devs {
             let path = d.get("path").and_then(Value::as_str).unwrap_or("?");

@@ -102,6 +102,9 @@ fn clean_restart_serves_from_l2_without_reading_the_backing_store() {
     assert_eq!(st["l2_rebuild_bufs"].as_u64().unwrap(), on_l2, "every record on L2 comes back: {st}");
     assert_eq!(st["l2_rebuild_success"], 1);
     assert_eq!(st["l2_records"].as_u64().unwrap(), on_l2);
+    let summary = String::from_utf8_lossy(&s.ctl(&["summary"]).stdout).to_string();
+    let line = summary.lines().find(|l| l.contains("Rebuild: records restored")).unwrap_or_default();
+    assert!(line.contains(&format!(" {on_l2} / ")) && summary.contains("done"), "{summary}");
     let (hits0, backing0) = (n(&s, "l2_hits"), n(&s, "backing_read_bytes"));
     // Random order, so the prefetcher stays out of it.
     let mut offs: Vec<usize> = (0..SIZE).step_by(64 << 10).collect();
