@@ -6,7 +6,7 @@ mod trace;
 
 pub use l2::{replay_l2, L2SimResult};
 pub use mrc::{log_sizes, lru_mrc, sampled_mrc, MrcPoint};
-pub use trace::{read_trace, TraceError, TraceRequest};
+pub use trace::{parse_csv, parse_lis, parse_oracle_general, read_trace, TraceError, TraceRequest};
 
 use arc_policy::{Access, Policy};
 use serde::Serialize;

@@ -373,3 +373,29 @@ mod tests {
         assert_eq!(Header::decode(&[0u8; 4096]), Err(FormatError::Magic));
     }
 }
+
+#[cfg(test)]
+mod seeds {
+    /// Writes a valid chunk and header as fuzz seeds when asked
+    /// (`ARCACHE_WRITE_FUZZ_SEEDS=DIR cargo test -p zil write_fuzz_seeds`).
+    #[test]
+    fn write_fuzz_seeds() {
+        let Ok(dir) = std::env::var("ARCACHE_WRITE_FUZZ_SEEDS") else { return };
+        let seed = super::log_seed(1, 2);
+        let entries = vec![
+            super::Entry::Zero { export: 0, offset: 0, len: 4096 },
+            super::Entry::Page { export: 0, page: 3, mask: 0b11, data: vec![5; 1024] },
+        ];
+        std::fs::write(format!("{dir}/chunk"), super::encode_chunk(seed, 1, 0, 1, &entries)).unwrap();
+        let h = super::Header {
+            uuid: 1,
+            incarnation: 2,
+            header_seq: 1,
+            capacity: 1 << 20,
+            tail_lpos: 0,
+            tail_seq: 1,
+            exports: vec![super::LogExport { id: 0, name: "a".into(), identity: 1, size: 1 << 20 }],
+        };
+        std::fs::write(format!("{dir}/header"), h.encode().unwrap()).unwrap();
+    }
+}

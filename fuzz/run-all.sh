@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for SECONDS (default 30) from its seed corpus.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-30}
+for t in zil_decode l2_decode trace_parsers nbd_session; do
+  mkdir -p "fuzz/corpus/$t"
+  work=$(mktemp -d)
+  cp -r "fuzz/corpus/$t/." "$work/"
+  echo "== fuzz $t for ${secs}s"
+  cargo +nightly fuzz run "$t" "$work" -- -max_total_time="$secs" -print_final_stats=1 2>&1 \
+    | grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|ERROR|panicked|Done" || true
+  rm -rf "$work"
+  # A crash leaves fuzz/artifacts/$t/crash-*: fail loudly.
+  if ls "fuzz/artifacts/$t"/crash-* >/dev/null 2>&1; then
+    echo "fuzz target $t found a crash: fuzz/artifacts/$t" >&2
+    exit 1
+  fi
+done
