@@ -34,7 +34,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "arcache",
     version,
-    about = "A ZFS-style ARC read cache in front of slow block storage, served over NBD"
+    about = "A ZFS-style ARC and L2ARC cache with write-back, in front of slow block storage, served over NBD"
 )]
 struct Cli {
     #[command(subcommand)]

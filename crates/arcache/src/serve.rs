@@ -362,9 +362,16 @@ pub struct Running {
     sockets: Vec<PathBuf>,
     feed: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     rebuild: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    state: Option<Arc<ControlState>>,
 }
 
 impl Running {
+    /// Puts `t` in force as `arcache set` would; the names that changed,
+    /// with their new values.
+    pub fn reload(&self, t: &Tunables) -> Vec<String> {
+        self.state.as_ref().map_or_else(Vec::new, |s| s.reload(t))
+    }
+
     /// Stops taking requests, answers those in flight, writes all dirty
     /// data, stops the feed, syncs the backing stores.
     pub fn stop(mut self) -> Result<()> {
@@ -585,11 +592,13 @@ pub fn start_on(
             let bound = metrics::serve(addr, Arc::new(move || h.stat()))?;
             println!("metrics http://{bound}/metrics");
         }
-        Some(control::serve(&settings.control, handler)?)
+        let path = control::serve(&settings.control, Arc::clone(&handler) as Arc<dyn control::Handler>)?;
+        (Some(path), Some(handler))
     } else {
-        None
+        (None, None)
     };
-    Ok(Running { server, cache, writeback, recorder, volumes, uris, control, sockets, feed, rebuild })
+    let (control, state) = control;
+    Ok(Running { server, cache, writeback, recorder, volumes, uris, control, sockets, feed, rebuild, state })
 }
 
 /// The identity of each export's backing store, which its L2 records are
@@ -634,6 +643,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
     let running = start(&settings, ServerConfig::default(), true)?;
     for u in &running.uris {
         println!("serving {u}");
@@ -643,11 +654,35 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
+        if hup.swap(false, Ordering::Relaxed) {
+            reload(args, &running);
+        }
     }
     info!("stopping: answering requests in flight and syncing backing stores");
     running.stop()?;
     info!("stopped cleanly");
     Ok(())
+}
+
+/// SIGHUP: the tunables again from defaults, the config file and the
+/// command line's `--set`, as at start; a config that does not parse
+/// changes nothing.
+fn reload(args: &ServeArgs, running: &Running) {
+    let Some(path) = &args.config else {
+        info!("SIGHUP: no --config file to reload");
+        return;
+    };
+    match resolve(args) {
+        Ok(s) => {
+            let changed = running.reload(&s.tunables);
+            info!(
+                "SIGHUP: reloaded {}: {}",
+                path.display(),
+                if changed.is_empty() { "no change".into() } else { changed.join(", ") }
+            );
+        }
+        Err(e) => warn!("SIGHUP: {} not reloaded, tunables unchanged: {e:#}", path.display()),
+    }
 }
 
 /// Answers the control socket.
@@ -729,6 +764,24 @@ impl ControlState {
             obj.insert("l2_hdr_bytes_per_record".into(), json!(hdr as f64 / records as f64));
         }
         Ok(v)
+    }
+
+    fn reload(&self, new: &Tunables) -> Vec<String> {
+        let mut t = self.tunables.lock();
+        let changed: Vec<String> = tunables::SPECS
+            .iter()
+            .filter(|sp| t.value(sp.name) != new.value(sp.name))
+            .map(|sp| format!("{}={}", sp.name, tunables::format_value(sp.name, new.value(sp.name))))
+            .collect();
+        let sync_changed = t.value("sync") != new.value("sync");
+        *t = new.clone();
+        self.apply(&t);
+        if sync_changed {
+            for vol in &self.volumes {
+                vol.set_sync_mode(sync_mode(t.value("sync")));
+            }
+        }
+        changed
     }
 
     fn apply(&self, t: &Tunables) {

@@ -296,3 +296,81 @@ fn tcp_listener_defaults_to_loopback_and_serves_nbdinfo() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn sighup_reloads_the_tunables_from_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let cfg = dir.path().join("arcache.toml");
+    let write_cfg = |set: &str| {
+        std::fs::write(&cfg, format!("[[export]]\nbacking = \"{}\"\n\n[set]\n{set}\n", img.display()))
+            .unwrap()
+    };
+    write_cfg("l2arc_feed_secs = 2");
+    let s = Serve::start(tempfile::tempdir().unwrap(), &["--config", cfg.to_str().unwrap()]);
+    let get = |name: &str| {
+        let o = s.ctl(&["get", name]);
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let pid = s.child.as_ref().unwrap().id() as i32;
+    let hup = || {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGHUP) };
+    };
+    let wait_for = |name: &str, want: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !get(name).contains(want) {
+            assert!(std::time::Instant::now() < deadline, "{name} never became {want}: {}", get(name));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait_for("l2arc_feed_secs", "2");
+    write_cfg("l2arc_feed_secs = 5\nzfs_txg_timeout = 9\nsync = \"always\"");
+    hup();
+    wait_for("l2arc_feed_secs", "5");
+    assert!(get("zfs_txg_timeout").contains('9'));
+    assert_eq!(s.stat()["sync"][""], "always", "sync follows the reloaded tunable");
+    // A broken file changes nothing, and the server goes on.
+    std::fs::write(&cfg, "this is not toml [").unwrap();
+    hup();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(get("l2arc_feed_secs").contains('5'));
+    assert!(s.stat()["uptime_secs"].as_f64().is_some());
+}
+
+#[test]
+fn the_usage_page_documents_every_option_of_every_command() {
+    let usage = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/usage.md")).unwrap();
+    let cmds: [&[&str]; 14] = [
+        &["serve"],
+        &["stat"],
+        &["summary"],
+        &["get"],
+        &["set"],
+        &["flush"],
+        &["sim"],
+        &["demo"],
+        &["l2"],
+        &["log"],
+        &["l2", "dump"],
+        &["l2", "forget"],
+        &["log", "dump"],
+        &["log", "forget"],
+    ];
+    for c in cmds {
+        let o = Command::new(BIN).args(c).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&o.stdout);
+        for word in
+            help.split(|ch: char| ch.is_whitespace() || ch == ',' || ch == '[' || ch == ']' || ch == '=')
+        {
+            if word.starts_with("--")
+                && word.len() > 2
+                && word.chars().skip(2).all(|ch| ch.is_ascii_lowercase() || ch == '-')
+            {
+                assert!(usage.contains(word), "docs/usage.md lacks {word} of `arcache {}`", c.join(" "));
+            }
+        }
+        assert!(usage.contains(&format!("### arcache {}", c.join(" "))), "no section for {c:?}");
+    }
+}
