@@ -5,43 +5,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{need, random_file, Serve};
-
-struct Nbdkit(Child, std::path::PathBuf);
-
-impl Nbdkit {
-    fn start(dir: &Path, args: &[&str]) -> Nbdkit {
-        need("nbdkit");
-        let sock = dir.join("origin.sock");
-        let child = Command::new("nbdkit")
-            .args(["--foreground", "--exit-with-parent", "-U"])
-            .arg(&sock)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            assert!(Instant::now() < deadline, "nbdkit did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Nbdkit(child, sock)
-    }
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.1.display())
-    }
-}
-
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{random_file, Nbdkit, Serve};
 
 #[test]
 fn a_backing_read_error_fails_that_request_only() {
@@ -52,6 +19,7 @@ fn a_backing_read_error_fails_that_request_only() {
     let arg = format!("error-pread-file={}", inject.display());
     let origin = Nbdkit::start(
         dir.path(),
+        "origin",
         &["--filter=error", "memory", "4M", "error-pread=EIO", "error-pread-rate=100%", &arg],
     );
     let s = Serve::start(
@@ -90,6 +58,7 @@ fn a_backing_write_error_is_never_reported_as_durable() {
     let arg = format!("error-pwrite-file={}", inject.display());
     let origin = Nbdkit::start(
         dir.path(),
+        "origin",
         &["--filter=error", "memory", "4M", "error-pwrite=EIO", "error-pwrite-rate=100%", &arg],
     );
     let s = Serve::start(tempfile::tempdir().unwrap(), &["--export", &origin.uri()]);
@@ -106,7 +75,7 @@ fn a_backing_write_error_is_never_reported_as_durable() {
     std::fs::remove_file(&inject).unwrap();
     c.flush().expect("once the store takes writes again, FLUSH succeeds");
     // Now the origin itself has it.
-    let mut direct = nbd::Client::connect(&nbd::Target::Unix(origin.1.clone()), "").unwrap();
+    let mut direct = nbd::Client::connect(&nbd::Target::Unix(origin.sock.clone()), "").unwrap();
     direct.read(8192, &mut buf).unwrap();
     assert_eq!(buf, data, "the write reached the backing store");
 }

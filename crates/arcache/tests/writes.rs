@@ -5,49 +5,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{need, random_file, run, Serve, BIN};
+use common::{need, random_file, run, Nbdkit, Serve, BIN};
 use rand::{Rng, SeedableRng};
-
-/// An nbdkit server on a unix socket, killed on drop.
-struct Nbdkit {
-    child: Child,
-    sock: std::path::PathBuf,
-}
-
-impl Nbdkit {
-    fn start(dir: &Path, name: &str, args: &[&str]) -> Nbdkit {
-        need("nbdkit");
-        let sock = dir.join(format!("{name}.sock"));
-        let child = Command::new("nbdkit")
-            .args(["--foreground", "--exit-with-parent", "-U"])
-            .arg(&sock)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn nbdkit");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            assert!(Instant::now() < deadline, "nbdkit did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Nbdkit { child, sock }
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.sock.display())
-    }
-}
-
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Runs `arcache serve` expecting it to refuse to start; its stderr.
 fn serve_must_fail(dir: &Path, args: &[&str]) -> String {

@@ -185,3 +185,41 @@ pub fn fio_verified_writes(uri: &str, name: &str, size: &str, extra: &[&str]) {
         .args(extra)
         .arg(format!("--uri={uri}")));
 }
+
+/// An nbdkit server on a unix socket, killed on drop.
+pub struct Nbdkit {
+    child: Child,
+    pub sock: std::path::PathBuf,
+}
+
+impl Nbdkit {
+    pub fn start(dir: &Path, name: &str, args: &[&str]) -> Nbdkit {
+        need("nbdkit");
+        let sock = dir.join(format!("{name}.sock"));
+        let child = Command::new("nbdkit")
+            .args(["--foreground", "--exit-with-parent", "-U"])
+            .arg(&sock)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nbdkit");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            assert!(Instant::now() < deadline, "nbdkit did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nbdkit { child, sock }
+    }
+
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.sock.display())
+    }
+}
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
