@@ -368,7 +368,11 @@ fn the_usage_page_documents_every_option_of_every_command() {
                 && word.len() > 2
                 && word.chars().skip(2).all(|ch| ch.is_ascii_lowercase() || ch == '-')
             {
-                assert!(usage.contains(word), "docs/usage.md lacks {word} of `arcache {}`", c.join(" "));
+                assert!(
+                    usage.contains(word),
+                    "docs/usage.md lacks {word} of `arcache {}`: run python3 docs/gen-usage.py",
+                    c.join(" ")
+                );
             }
         }
         assert!(usage.contains(&format!("### arcache {}", c.join(" "))), "no section for {c:?}");
