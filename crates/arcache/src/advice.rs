@@ -7,6 +7,8 @@
 use arcache_engine::{SizingView, RECORD_OVERHEAD};
 use serde_json::{json, Value};
 
+use crate::size::human;
+
 /// Multiples of the present ARC + L2 capacity the curve is shown at.
 pub const MULTIPLES: [f64; 6] = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0];
 
@@ -87,7 +89,7 @@ fn advice(
     match key1 {
         Some(k) if k > 1.0 => out.push(format!(
             "The active data set is {k:.1}x what the ARC and L2 hold: add RAM (zfs_arc_max) or an L2 device of at least {} more.",
-            human(view.active_records as f64 * (1.0 - 1.0 / k) * recordsize as f64)
+            human((view.active_records as f64 * (1.0 - 1.0 / k) * recordsize as f64) as u64)
         )),
         Some(k) => out.push(format!(
             "The active data set fits: it is {:.0}% of the ARC and L2 capacity.",
@@ -117,15 +119,6 @@ fn advice(
         out.push("No change needed.".into());
     }
     out
-}
-
-fn human(bytes: f64) -> String {
-    const G: f64 = (1u64 << 30) as f64;
-    if bytes >= G {
-        format!("{:.1} GiB", bytes / G)
-    } else {
-        format!("{:.0} MiB", (bytes / (1u64 << 20) as f64).ceil())
-    }
 }
 
 #[cfg(test)]

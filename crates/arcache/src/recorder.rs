@@ -122,9 +122,7 @@ impl Recorder {
             }
         }
     }
-}
 
-impl Recorder {
     /// Writes out every record queued so far (at stop).
     pub fn flush(&self) {
         let (ack, done) = sync_channel(1);

@@ -243,11 +243,19 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
     })
 }
 
+/// The NBD export `text` names, if it is an NBD URI; `what` for errors.
+fn connect_nbd(text: &str, what: &str) -> Result<Option<Arc<dyn BlockDev>>> {
+    if !NbdUri::is_nbd_uri(text) {
+        return Ok(None);
+    }
+    let uri = NbdUri::parse(text)?;
+    let dev = NbdDev::connect(uri).with_context(|| format!("connecting to {what} {text}"))?;
+    Ok(Some(Arc::new(dev)))
+}
+
 fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
-    if NbdUri::is_nbd_uri(&spec.backing) {
-        let uri = NbdUri::parse(&spec.backing)?;
-        let dev = NbdDev::connect(uri).with_context(|| format!("connecting to backing {}", spec.backing))?;
-        return Ok(Arc::new(dev));
+    if let Some(dev) = connect_nbd(&spec.backing, "backing")? {
+        return Ok(dev);
     }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
@@ -270,9 +278,8 @@ fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
 /// size if missing) or block device.
 fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
     let text = spec.path.display().to_string();
-    if NbdUri::is_nbd_uri(&text) {
-        let uri = NbdUri::parse(&text)?;
-        return Ok(Arc::new(NbdDev::connect(uri).with_context(|| format!("connecting to log {text}"))?));
+    if let Some(dev) = connect_nbd(&text, "log")? {
+        return Ok(dev);
     }
     let p = &spec.path;
     if !p.exists() && spec.size.is_none() {
@@ -316,14 +323,6 @@ fn write_tunables(t: &Tunables, w: &WriteTunables) {
     ];
     for (cell, name) in cells {
         cell.store(t.value(name), Ordering::Relaxed);
-    }
-}
-
-fn sync_mode(v: u64) -> SyncMode {
-    match v {
-        1 => SyncMode::Always,
-        2 => SyncMode::Disabled,
-        _ => SyncMode::Standard,
     }
 }
 
@@ -519,7 +518,7 @@ pub fn start_on(
             spec.recordsize,
             if vol.read_only() { ", read-only" } else { "" }
         );
-        vol.set_sync_mode(sync_mode(spec.sync.unwrap_or(t.value("sync"))));
+        vol.set_sync_mode(SyncMode::from_index(spec.sync.unwrap_or(t.value("sync"))));
         table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone(), recorder.clone()));
         volumes.push(vol);
     }
@@ -778,7 +777,7 @@ impl ControlState {
         self.apply(&t);
         if sync_changed {
             for vol in &self.volumes {
-                vol.set_sync_mode(sync_mode(t.value("sync")));
+                vol.set_sync_mode(SyncMode::from_index(t.value("sync")));
             }
         }
         changed
@@ -834,7 +833,7 @@ impl control::Handler for ControlState {
                 self.apply(&t);
                 if name == "sync" {
                     for vol in &self.volumes {
-                        vol.set_sync_mode(sync_mode(v));
+                        vol.set_sync_mode(SyncMode::from_index(v));
                     }
                 }
                 info!("tunable {name} set to {}", tunables::format_value(&name, v));

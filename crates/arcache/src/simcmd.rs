@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use arc_policy::{by_name, POLICY_NAMES};
-use arcache_sim::{expand, read_trace, replay, replay_l2, BlockAccess};
+use arcache_sim::{expand, read_trace, replay, replay_l2};
 
 use crate::size::parse_size;
 use clap::Args;
@@ -73,56 +73,19 @@ pub fn run(a: &SimArgs) -> Result<()> {
     if a.cache_blocks.is_empty() {
         bail!("give --cache-blocks N[,N...] (or --mrc for a whole curve)");
     }
-    if let Some(l2) = &a.l2_size {
-        return run_l2(
-            a,
-            &accesses,
-            parse_size(l2)? / a.block_size,
-            parse_size(&a.l2_feed_rate)? / a.block_size,
-        );
-    }
-    if !a.json {
-        println!("{:<10} {:>12} {:>12} {:>12} {:>9}", "policy", "cache_blocks", "requests", "hits", "hit%");
-    }
-    for &size in &a.cache_blocks {
-        for p in &a.policy {
-            let mut policy = by_name(p, size).context("policy names were checked")?;
-            let r = replay(policy.as_mut(), size, &accesses);
-            if a.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "{:<10} {:>12} {:>12} {:>12} {:>8.2}%",
-                    p,
-                    size,
-                    r.requests,
-                    r.hits,
-                    100.0 * r.hit_ratio
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `--l2-size`: the two-level model for every (policy, size).
-fn run_l2(a: &SimArgs, accesses: &[BlockAccess], l2_blocks: u64, feed: u64) -> Result<()> {
-    if !a.json {
-        println!(
-            "{:<10} {:>12} {:>12} {:>9} {:>9} {:>9} {:>12}",
-            "policy", "cache_blocks", "l2_blocks", "arc_hit%", "l2_hit%", "miss%", "feed_skip"
-        );
-    }
-    for &size in &a.cache_blocks {
-        for p in &a.policy {
-            let mut policy = by_name(p, size).context("policy names were checked")?;
-            let r = replay_l2(policy.as_mut(), size, l2_blocks, feed, accesses);
-            if a.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
+    match &a.l2_size {
+        Some(l2) => {
+            let (l2_blocks, feed) =
+                (parse_size(l2)? / a.block_size, parse_size(&a.l2_feed_rate)? / a.block_size);
+            let header = format!(
+                "{:<10} {:>12} {:>12} {:>9} {:>9} {:>9} {:>12}",
+                "policy", "cache_blocks", "l2_blocks", "arc_hit%", "l2_hit%", "miss%", "feed_skip"
+            );
+            each_run(a, &header, |policy, size| {
+                let r = replay_l2(policy, size, l2_blocks, feed, &accesses);
+                let line = format!(
                     "{:<10} {:>12} {:>12} {:>8.2}% {:>8.2}% {:>8.2}% {:>12}",
-                    p,
+                    r.policy,
                     size,
                     l2_blocks,
                     100.0 * r.arc_hit_ratio,
@@ -130,7 +93,45 @@ fn run_l2(a: &SimArgs, accesses: &[BlockAccess], l2_blocks: u64, feed: u64) -> R
                     100.0 * r.miss_ratio,
                     r.feed_skipped
                 );
-            }
+                Ok((serde_json::to_string(&r)?, line))
+            })
+        }
+        None => {
+            let header = format!(
+                "{:<10} {:>12} {:>12} {:>12} {:>9}",
+                "policy", "cache_blocks", "requests", "hits", "hit%"
+            );
+            each_run(a, &header, |policy, size| {
+                let r = replay(policy, size, &accesses);
+                let line = format!(
+                    "{:<10} {:>12} {:>12} {:>12} {:>8.2}%",
+                    r.policy,
+                    size,
+                    r.requests,
+                    r.hits,
+                    100.0 * r.hit_ratio
+                );
+                Ok((serde_json::to_string(&r)?, line))
+            })
+        }
+    }
+}
+
+/// Runs `one` for every (size, policy) and prints its JSON or its table
+/// line under `header`.
+fn each_run(
+    a: &SimArgs,
+    header: &str,
+    mut one: impl FnMut(&mut dyn arc_policy::Policy, u64) -> Result<(String, String)>,
+) -> Result<()> {
+    if !a.json {
+        println!("{header}");
+    }
+    for &size in &a.cache_blocks {
+        for p in &a.policy {
+            let mut policy = by_name(p, size).context("policy names were checked")?;
+            let (json, line) = one(policy.as_mut(), size)?;
+            println!("{}", if a.json { json } else { line });
         }
     }
     Ok(())

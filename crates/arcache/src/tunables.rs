@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
+use arcache_engine::SyncMode;
 use serde::Serialize;
 
 use crate::size::parse_size;
@@ -95,8 +96,6 @@ pub const SPECS: &[Spec] = &[
     spec("zfs_vdev_async_write_max_active", Unit::Count, 1, 64, "Parallel backing-store writes while a txg syncs"),
 ];
 
-pub const SYNC_NAMES: [&str; 3] = ["standard", "always", "disabled"];
-
 pub fn spec_of(name: &str) -> Result<&'static Spec> {
     match SPECS.iter().find(|s| s.name == name) {
         Some(s) => Ok(s),
@@ -114,7 +113,7 @@ pub fn parse_value(name: &str, value: &str) -> Result<u64> {
     let v = match s.unit {
         Unit::Bytes => parse_size(text)?,
         Unit::Auto if text.eq_ignore_ascii_case("auto") => AUTO,
-        Unit::Sync => match SYNC_NAMES.iter().position(|n| text.eq_ignore_ascii_case(n)) {
+        Unit::Sync => match SyncMode::ALL.iter().position(|m| text.eq_ignore_ascii_case(m.name())) {
             Some(i) => i as u64,
             None => bail!("bad value {value:?} for {name}: use standard, always or disabled"),
         },
@@ -138,7 +137,7 @@ pub fn parse_value(name: &str, value: &str) -> Result<u64> {
 pub fn format_value(name: &str, v: u64) -> String {
     match spec_of(name).map(|s| s.unit) {
         Ok(Unit::Auto) if v == AUTO => "auto".into(),
-        Ok(Unit::Sync) => SYNC_NAMES.get(v as usize).copied().unwrap_or("?").into(),
+        Ok(Unit::Sync) => SyncMode::from_index(v).name().into(),
         _ => v.to_string(),
     }
 }

@@ -291,6 +291,16 @@ fn a_log_for_another_backing_store_is_refused_and_can_be_dumped_and_forgotten() 
         tempfile::tempdir().unwrap(),
         &["--export", a.to_str().unwrap(), "--log", &log_arg, "--set", "zfs_txg_timeout=60"],
     );
+    // A new log file is written in full when created: no holes, so commits
+    // never allocate blocks (and cannot meet a full filesystem later).
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(&log).unwrap();
+    assert!(
+        m.blocks() * 512 >= m.len(),
+        "the log file is sparse: {} blocks for {} bytes",
+        m.blocks(),
+        m.len()
+    );
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
     let data = block(5);
     c.write(4096, &data, false).unwrap();

@@ -33,16 +33,10 @@ pub enum SyncMode {
 }
 
 impl SyncMode {
-    pub fn parse(s: &str) -> Option<SyncMode> {
-        match s {
-            "standard" => Some(SyncMode::Standard),
-            "always" => Some(SyncMode::Always),
-            "disabled" => Some(SyncMode::Disabled),
-            _ => None,
-        }
-    }
+    /// In the order of their numbers (the `sync` tunable's values).
+    pub const ALL: [SyncMode; 3] = [SyncMode::Standard, SyncMode::Always, SyncMode::Disabled];
 
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             SyncMode::Standard => "standard",
             SyncMode::Always => "always",
@@ -50,12 +44,9 @@ impl SyncMode {
         }
     }
 
-    fn from_u8(v: u8) -> SyncMode {
-        match v {
-            1 => SyncMode::Always,
-            2 => SyncMode::Disabled,
-            _ => SyncMode::Standard,
-        }
+    /// The mode numbered `v`; anything unknown is `Standard`.
+    pub fn from_index(v: u64) -> SyncMode {
+        Self::ALL.get(v as usize).copied().unwrap_or(SyncMode::Standard)
     }
 }
 
@@ -155,7 +146,7 @@ impl Volume {
     }
 
     pub fn sync_mode(&self) -> SyncMode {
-        SyncMode::from_u8(self.sync.load(Relaxed))
+        SyncMode::from_index(u64::from(self.sync.load(Relaxed)))
     }
 
     pub fn set_sync_mode(&self, mode: SyncMode) {
@@ -301,7 +292,7 @@ impl Volume {
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
         let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
-        self.predict(self.span(offset, buf.len() as u64), missed);
+        self.predict(s, missed);
         Ok(())
     }
 
@@ -500,9 +491,23 @@ impl Volume {
         }
         wb.throttle();
         self.for_each_piece(offset, data, |rs, lo, part| self.write_dirty(wb, rs, lo, part))?;
+        self.finish_change(fua)
+    }
+
+    /// Whether a change must be durable before it is acknowledged.
+    fn wants_commit(&self, fua: bool) -> bool {
         match self.sync_mode() {
-            SyncMode::Always => wb.commit(),
-            SyncMode::Standard if fua => wb.commit(),
+            SyncMode::Always => true,
+            SyncMode::Standard => fua,
+            SyncMode::Disabled => false,
+        }
+    }
+
+    /// Makes a change just applied durable if its `sync` mode and FUA ask.
+    fn finish_change(&self, fua: bool) -> DevResult<()> {
+        match &self.wb {
+            Some(wb) if self.wants_commit(fua) => wb.commit(),
+            None if fua => self.dev.flush(),
             _ => Ok(()),
         }
     }
@@ -513,9 +518,8 @@ impl Volume {
     /// a worker thread.
     pub fn try_write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<DevResult<()>> {
         let wb = self.wb.as_ref()?;
-        let mode = self.sync_mode();
         let aligned = offset.is_multiple_of(SECTOR) && (data.len() as u64).is_multiple_of(SECTOR);
-        if self.read_only || (fua && mode == SyncMode::Standard) || mode == SyncMode::Always || !aligned {
+        if self.read_only || self.wants_commit(fua) || !aligned {
             return None;
         }
         self.check(offset, data.len() as u64).ok()?;
@@ -714,20 +718,20 @@ impl Volume {
 
     /// A zeroing straight to the backing store, for log replay.
     pub fn write_zeroes_through(&self, offset: u64, len: u64) -> DevResult<()> {
-        self.discard_with(None, offset, len, Change::Zero(()), |dev, o, l| dev.write_zeroes(o, l))
+        self.discard_with(None, offset, len, Change::Zero, |dev, o, l| dev.write_zeroes(o, l))
     }
 
     /// A trim straight to the backing store, for log replay.
     pub fn trim_through(&self, offset: u64, len: u64) -> DevResult<()> {
-        self.discard_with(None, offset, len, Change::Trim(()), |dev, o, l| dev.trim(o, l))
+        self.discard_with(None, offset, len, Change::Trim, |dev, o, l| dev.trim(o, l))
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.discard(offset, len, fua, Change::Trim(()), |dev, o, l| dev.trim(o, l))
+        self.discard(offset, len, fua, Change::Trim, |dev, o, l| dev.trim(o, l))
     }
 
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.discard(offset, len, fua, Change::Zero(()), |dev, o, l| dev.write_zeroes(o, l))
+        self.discard(offset, len, fua, Change::Zero, |dev, o, l| dev.write_zeroes(o, l))
     }
 
     /// Trim and zeroing: the device changes a range, and every cached record
@@ -743,12 +747,7 @@ impl Volume {
     ) -> DevResult<()> {
         self.count(&self.counts.discards, None);
         self.discard_with(self.wb.as_deref(), offset, len, change, op)?;
-        match (&self.wb, self.sync_mode()) {
-            (Some(wb), SyncMode::Always) => wb.commit(),
-            (Some(wb), SyncMode::Standard) if fua => wb.commit(),
-            (None, _) if fua => self.dev.flush(),
-            _ => Ok(()),
-        }
+        self.finish_change(fua)
     }
 
     fn discard_with(

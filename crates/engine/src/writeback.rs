@@ -1,6 +1,6 @@
 //! Write-back: writes are acknowledged once dirty in RAM; a FLUSH makes
-//! them durable in the intent log (or, without one, by syncing a
-//! transaction group); a background thread writes each txg to the backing
+//! them durable in the intent log (or, without one, by writing the dirty
+//! pages in place); a background thread writes each txg to the backing
 //! stores in sorted, coalesced writes and then releases its log space.
 //! The argument for why nothing acknowledged is lost is in
 //! `docs/intent-log.md`.
@@ -136,8 +136,8 @@ impl Inner {
 /// A change applied straight to a backing store, bypassing dirty RAM.
 #[derive(Clone, Copy)]
 pub(crate) enum Change<'a> {
-    Trim(()),
-    Zero(()),
+    Trim,
+    Zero,
     /// Write-through of these bytes (`sync=always` without a log).
     Overwrite(&'a [u8]),
 }
@@ -148,8 +148,8 @@ impl Change<'_> {
     fn log_entry(&self, export: u16, r: &Range<u64>) -> Option<Entry> {
         let (offset, len) = (r.start, r.end - r.start);
         match self {
-            Change::Trim(()) => Some(Entry::Trim { export, offset, len }),
-            Change::Zero(()) => Some(Entry::Zero { export, offset, len }),
+            Change::Trim => Some(Entry::Trim { export, offset, len }),
+            Change::Zero => Some(Entry::Zero { export, offset, len }),
             Change::Overwrite(_) => None,
         }
     }
@@ -261,10 +261,6 @@ impl WriteBack {
         })
     }
 
-    pub fn log(&self) -> Option<&Arc<IntentLog>> {
-        self.log.as_ref()
-    }
-
     /// True when sync writes can go to a working intent log.
     pub(crate) fn has_log(&self) -> bool {
         self.log_usable().is_some()
@@ -301,12 +297,22 @@ impl WriteBack {
         self.dirty_pages.store(n as u64, Relaxed);
     }
 
-    /// True when a write now would be delayed or made to wait.
-    pub(crate) fn would_throttle(&self) -> bool {
+    /// Dirty data above which writes are delayed, and the hard limit.
+    fn throttle_levels(&self) -> (u64, u64) {
         let t = &self.tunables;
         let max = t.dirty_data_max.load(Relaxed).max(PAGE * 64);
-        let min = max * t.delay_min_dirty_percent.load(Relaxed).min(100) / 100;
-        self.inner.lock().dirty() > min
+        (max * t.delay_min_dirty_percent.load(Relaxed).min(100) / 100, max)
+    }
+
+    /// Open-txg size at which an idle backing store takes a txg
+    /// (write-behind), so a long stream of writes overlaps with its syncing.
+    fn write_behind_bytes(&self) -> u64 {
+        (self.tunables.dirty_data_max.load(Relaxed) / 64).max(16 << 20)
+    }
+
+    /// True when a write now would be delayed or made to wait.
+    pub(crate) fn would_throttle(&self) -> bool {
+        self.inner.lock().dirty() > self.throttle_levels().0
     }
 
     /// Slows a writer down as dirty data grows, and makes it wait at the
@@ -316,7 +322,7 @@ impl WriteBack {
         let mut g = self.inner.lock();
         let mut waited = false;
         loop {
-            let max = t.dirty_data_max.load(Relaxed).max(PAGE * 64);
+            let (min, max) = self.throttle_levels();
             let dirty = g.dirty();
             if dirty >= max {
                 if !waited {
@@ -328,7 +334,6 @@ impl WriteBack {
                 self.cv.wait_for(&mut g, Duration::from_millis(50));
                 continue;
             }
-            let min = max * t.delay_min_dirty_percent.load(Relaxed).min(100) / 100;
             if dirty <= min {
                 return;
             }
@@ -376,12 +381,10 @@ impl WriteBack {
         let t = &self.tunables;
         let threshold =
             t.dirty_data_max.load(Relaxed) * t.dirty_data_sync_percent.load(Relaxed).clamp(1, 100) / 100;
-        if g.open.bytes() >= threshold
-            || g.open.bytes() >= (t.dirty_data_max.load(Relaxed) / 64).max(16 << 20)
-        {
-            if g.open.bytes() >= threshold {
-                g.want = g.want.max(g.open.number);
-            }
+        if g.open.bytes() >= threshold {
+            g.want = g.want.max(g.open.number);
+        }
+        if g.open.bytes() >= threshold.min(self.write_behind_bytes()) {
             self.cv.notify_all();
         }
         self.recount(g);
@@ -498,7 +501,7 @@ impl WriteBack {
     fn fail_log(&self, e: &LogError) {
         self.stats.zil_log_errors.fetch_add(1, Relaxed);
         if !self.log_failed.swap(true, Relaxed) {
-            warn!("intent log taken out of service: {e}; FLUSH now syncs a transaction group");
+            warn!("intent log taken out of service: {e}; FLUSH now writes dirty data in place");
         }
     }
 
@@ -517,7 +520,8 @@ impl WriteBack {
             return true;
         }
         // A commit bigger than a quarter of the log is better synced.
-        let res = if IntentLog::encoded_len(&entries) > log.capacity() / 4 {
+        let encoded = IntentLog::encoded_len(&entries);
+        let res = if encoded > log.capacity() / 4 {
             Err(LogError::Full)
         } else {
             let started = Instant::now();
@@ -535,7 +539,7 @@ impl WriteBack {
                 let s = &self.stats;
                 s.zil_commit_writer_count.fetch_add(1, Relaxed);
                 s.zil_itx_count.fetch_add(entries.len() as u64, Relaxed);
-                s.zil_log_bytes.fetch_add(IntentLog::encoded_len(&entries), Relaxed);
+                s.zil_log_bytes.fetch_add(encoded, Relaxed);
                 true
             }
             Err(e) => {
@@ -564,9 +568,9 @@ impl WriteBack {
     }
 
     /// Without a log: the unlogged pages are written where they belong and
-    /// the backing stores flushed. No txg writes meanwhile, so an older
-    /// version of a page can never land after a newer one; the txg writes
-    /// the pages again later, which is harmless.
+    /// the backing stores flushed, under the sync lock so no txg writes an
+    /// older version of a page after them; pages not rewritten meanwhile
+    /// then leave the open txg, being clean.
     fn commit_in_place(&self) -> DevResult<()> {
         if self.inner.lock().unlogged.is_empty() {
             // Nothing dirty to write (write-through or all written already):
@@ -678,11 +682,7 @@ impl WriteBack {
                     let aged = g.open.born.is_some_and(|b| b.elapsed() >= timeout);
                     let retry_ok = g.retry_at.is_none_or(|t| Instant::now() >= t);
                     let wanted = g.want >= g.open.number;
-                    // Write-behind: an idle backing store takes a txg as
-                    // soon as there is a worthwhile amount to write, so a
-                    // long stream of writes overlaps with its syncing.
-                    let behind = (self.tunables.dirty_data_max.load(Relaxed) / 64).max(16 << 20);
-                    let worth = g.syncing.is_none() && g.open.bytes() >= behind;
+                    let worth = g.syncing.is_none() && g.open.bytes() >= self.write_behind_bytes();
                     if retry_ok && (wanted || aged || worth || (g.retry_at.is_some() && !g.open.is_empty())) {
                         break;
                     }
@@ -884,11 +884,11 @@ impl WriteBack {
                         _ if from == base + r.start as u64 && to == base + r.end as u64 => {
                             p.mask &= !(1 << s)
                         }
-                        Change::Zero(_) => part.fill(0),
+                        Change::Zero => part.fill(0),
                         Change::Overwrite(data) => part.copy_from_slice(
                             &data[(from - range.start) as usize..(to - range.start) as usize],
                         ),
-                        Change::Trim(_) => {}
+                        Change::Trim => {}
                     }
                 }
                 p.logged.store(false, Relaxed);

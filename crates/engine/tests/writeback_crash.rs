@@ -70,12 +70,6 @@ fn boot(d: &Disks, mode: SyncMode, with_log: bool) -> Boot {
         Some(Arc::clone(&l2)),
     );
     let log_dev = Arc::new(FaultyDev::new(Arc::clone(&d.log), 1));
-    if std::env::var("WB_TRACE").is_ok() {
-        eprintln!("boot: log header {:?}", zil::read_header(log_dev.as_ref()));
-        let mut b = vec![0u8; 64];
-        log_dev.read_at(&mut b, 8192).unwrap();
-        eprintln!("boot: first chunk head {:?}", &b[..40]);
-    }
     let lx = LogExport { id: 0, name: "t".into(), identity: 7, size: SIZE };
     let log = with_log.then(|| {
         Arc::new(IntentLog::open(Arc::clone(&log_dev) as Arc<dyn BlockDev>, vec![lx.clone()]).unwrap())
@@ -88,16 +82,10 @@ fn boot(d: &Disks, mode: SyncMode, with_log: bool) -> Boot {
         Arc::clone(&d.backing) as Arc<dyn BlockDev>,
         Arc::clone(&cache),
     );
-    let st = wb.replay(&[(lx, Arc::clone(&vol))]).unwrap();
-    if std::env::var("WB_TRACE").is_ok() {
-        eprintln!("boot: replayed {st:?}");
-    }
+    wb.replay(&[(lx, Arc::clone(&vol))]).unwrap();
     let c = Arc::clone(&cache);
     l2.rebuild(1 << 20, &|keys: &[u64]| c.count_cached(keys), &AtomicBool::new(false));
     vol.set_sync_mode(mode);
-    if std::env::var("WB_TRACE").is_ok() {
-        eprintln!("boot: l2 holds record 26: {}", l2.contains(26));
-    }
     let tun = Arc::new(FeedTunables::default());
     tun.dwpd_limit.store(0, Relaxed);
     let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(128 << 10))).unwrap();
@@ -181,16 +169,13 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let mut model = Model::new();
     for round in 0..4 {
         let mode = [SyncMode::Standard, SyncMode::Always, SyncMode::Disabled][rng.gen_range(0..3)];
-        let with_log = rng.gen_bool(0.75) && std::env::var("WB_NOLOG").is_err();
+        let with_log = rng.gen_bool(0.75);
         let b = boot(&disks, mode, with_log);
         let fail_log_at = if with_log && rng.gen_bool(0.2) { rng.gen_range(0..60) } else { usize::MAX };
         let mut log_failed = false;
         for step in 0..rng.gen_range(10..80) {
             if step == fail_log_at {
                 log_failed = true;
-                if std::env::var("WB_TRACE").is_ok() {
-                    eprintln!("r{round} s{step} log fails");
-                }
                 b.log_dev.set_plan(FaultPlan {
                     fail_writes: std::iter::once(0..u64::MAX).collect(),
                     fail_flush: true,
@@ -226,9 +211,6 @@ fn run_seed(seed: u64) -> Result<(), String> {
                         model.versions[s as usize].push(id);
                     }
                     let fua = rng.gen_bool(0.1);
-                    if std::env::var("WB_TRACE").is_ok() {
-                        eprintln!("r{round} s{step} write id {id} sectors {first}..{} fua {fua} mode {mode:?} log {with_log}", first + n);
-                    }
                     b.vol.write(first * 512, &data, fua).map_err(|e| format!("write: {e}"))?;
                     if mode == SyncMode::Always || (fua && mode == SyncMode::Standard) {
                         // Durable once acknowledged; earlier writes too.
@@ -236,9 +218,6 @@ fn run_seed(seed: u64) -> Result<(), String> {
                     }
                 }
                 55..=64 => {
-                    if std::env::var("WB_TRACE").is_ok() {
-                        eprintln!("r{round} s{step} flush");
-                    }
                     b.vol.flush().map_err(|e| format!("flush: {e}"))?;
                     if mode != SyncMode::Disabled {
                         model.flush_all();
@@ -247,9 +226,6 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 65..=69 => {
                     let first = rng.gen_range(0..SECTORS);
                     let n = rng.gen_range(1..=128).min(SECTORS - first);
-                    if std::env::var("WB_TRACE").is_ok() {
-                        eprintln!("r{round} s{step} zero sectors {first}..{}", first + n);
-                    }
                     b.vol.write_zeroes(first * 512, n * 512, false).map_err(|e| format!("zero: {e}"))?;
                     for s in first..first + n {
                         model.versions[s as usize].push(0);
@@ -259,16 +235,10 @@ fn run_seed(seed: u64) -> Result<(), String> {
                     }
                 }
                 70..=79 => {
-                    if std::env::var("WB_TRACE").is_ok() {
-                        eprintln!("r{round} s{step} sync");
-                    }
                     b.wb.sync_now().map_err(|e| format!("sync: {e}"))?;
                 }
-                80..=89 if std::env::var("WB_NOFEED").is_err() => {
-                    let fed = b.feed.cycle_once();
-                    if std::env::var("WB_TRACE").is_ok() {
-                        eprintln!("r{round} s{step} feed {fed:?}");
-                    }
+                80..=89 => {
+                    b.feed.cycle_once();
                 }
                 _ => {
                     let got = read_all(&b.vol);
@@ -286,9 +256,6 @@ fn run_seed(seed: u64) -> Result<(), String> {
         }
         // Crash: kill -9 or power cut; the old process's state is dropped.
         let power_cut = rng.gen_bool(0.5);
-        if std::env::var("WB_TRACE").is_ok() {
-            eprintln!("r{round} crash power_cut {power_cut} view {:?}", b.wb.view());
-        }
         disks = disks.crash(&mut rng, power_cut);
         if log_failed {
             // The log device died: it is replaced by an empty one, as
@@ -322,8 +289,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
 fn flushed_writes_survive_crashes_in_every_sync_mode() {
     let seeds: u64 = std::env::var("ARCACHE_WB_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let mut failures = Vec::new();
-    let only: Option<u64> = std::env::var("WB_SEED").ok().and_then(|s| s.parse().ok());
-    for seed in (0..seeds).filter(|s| only.is_none_or(|o| o == *s)) {
+    for seed in 0..seeds {
         if let Err(e) = run_seed(seed) {
             failures.push(format!("seed {seed}: {e}"));
         }

@@ -37,7 +37,6 @@ struct LiveChunk {
 
 struct State {
     hdr: Header,
-    seed: u64,
     head_lpos: u64,
     next_seq: u64,
     live: VecDeque<LiveChunk>,
@@ -88,21 +87,15 @@ impl IntentLog {
         let found = read_header(dev.as_ref()).map_err(|e| LogError::Io(name.clone(), e))?;
         let fresh = Header {
             uuid: found.as_ref().map_or_else(random_u128, |h| h.uuid),
-            incarnation: found.as_ref().map_or(1, |h| h.incarnation + 1),
-            header_seq: found.as_ref().map_or(0, |h| h.header_seq + 1),
+            // `reset` moves both on before anything is written.
+            incarnation: found.as_ref().map_or(0, |h| h.incarnation),
+            header_seq: found.as_ref().map_or(0, |h| h.header_seq),
             capacity,
             tail_lpos: 0,
             tail_seq: 1,
             exports: exports.clone(),
         };
-        let st = State {
-            seed: format::log_seed(fresh.uuid, fresh.incarnation),
-            hdr: fresh,
-            head_lpos: 0,
-            next_seq: 1,
-            live: VecDeque::new(),
-            to_replay: found,
-        };
+        let st = State { hdr: fresh, head_lpos: 0, next_seq: 1, live: VecDeque::new(), to_replay: found };
         let log = IntentLog { dev, name, exports, st: Mutex::new(st) };
         if log.st.lock().to_replay.is_none() {
             log.reset()?;
@@ -259,7 +252,6 @@ impl IntentLog {
         st.hdr.tail_lpos = 0;
         st.hdr.tail_seq = 1;
         st.hdr.exports = self.exports.clone();
-        st.seed = format::log_seed(st.hdr.uuid, st.hdr.incarnation);
         st.head_lpos = 0;
         st.next_seq = 1;
         st.live.clear();
@@ -320,7 +312,8 @@ impl IntentLog {
             let len = chunk_len(g);
             st.head_lpos = place(st.head_lpos, len, cap);
             let (lpos, seq) = (st.head_lpos, st.next_seq);
-            let bytes = format::encode_chunk(st.seed, seq, lpos, txg, g);
+            let seed = format::log_seed(st.hdr.uuid, st.hdr.incarnation);
+            let bytes = format::encode_chunk(seed, seq, lpos, txg, g);
             debug_assert_eq!(bytes.len() as u64, len);
             self.dev.write_at(&bytes, DATA_START + lpos % cap).map_err(|e| self.io(e))?;
             st.live.push_back(LiveChunk { lpos, seq, txg });
