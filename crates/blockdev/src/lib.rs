@@ -7,6 +7,7 @@ mod crash;
 mod error;
 mod faulty;
 mod file;
+pub mod le;
 mod mem;
 mod remote;
 mod slow;

@@ -2,6 +2,7 @@
 //! Decoders take untrusted bytes: they check lengths and checksums and
 //! return errors, never panic.
 
+use blockdev::le::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
 
 pub const VERSION: u32 = 1;
@@ -60,29 +61,6 @@ pub fn log_seed(uuid: u128, incarnation: u64) -> u64 {
     b[..16].copy_from_slice(&uuid.to_le_bytes());
     b[16..].copy_from_slice(&incarnation.to_le_bytes());
     xxh3_64(&b)
-}
-
-fn get_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn get_u32(b: &[u8], at: usize) -> u32 {
-    let mut x = [0u8; 4];
-    x.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(x)
-}
-fn get_u64(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(x)
-}
-fn put_u16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
 /// Where a log block is and how to check it.

@@ -2,6 +2,7 @@
 //! `docs/intent-log.md` lays them out. Decoders trust nothing: every length
 //! and position is checked before it is used.
 
+use blockdev::le::{get_u16, get_u32, get_u64, put_bytes};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub const HEADER_SIZE: usize = 4096;
@@ -38,21 +39,6 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, FormatError> {
     Err(FormatError::Invalid(msg.into()))
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
-}
-fn put(b: &mut [u8], o: usize, v: &[u8]) {
-    b[o..o + v.len()].copy_from_slice(v);
-}
-
 /// The seed of every chunk checksum of one incarnation of one log.
 pub fn log_seed(uuid: u128, incarnation: u64) -> u64 {
     let mut b = [0u8; 24];
@@ -87,29 +73,29 @@ impl Header {
             return invalid(format!("at most {MAX_EXPORTS} exports can share an intent log"));
         }
         let mut b = vec![0u8; HEADER_SIZE];
-        put(&mut b, 0, HEADER_MAGIC);
-        put(&mut b, 8, &VERSION.to_le_bytes());
-        put(&mut b, 12, &(self.exports.len() as u32).to_le_bytes());
-        put(&mut b, 16, &self.uuid.to_le_bytes());
-        put(&mut b, 32, &self.incarnation.to_le_bytes());
-        put(&mut b, 40, &self.header_seq.to_le_bytes());
-        put(&mut b, 48, &self.capacity.to_le_bytes());
-        put(&mut b, 56, &self.tail_lpos.to_le_bytes());
-        put(&mut b, 64, &self.tail_seq.to_le_bytes());
+        put_bytes(&mut b, 0, HEADER_MAGIC);
+        put_bytes(&mut b, 8, &VERSION.to_le_bytes());
+        put_bytes(&mut b, 12, &(self.exports.len() as u32).to_le_bytes());
+        put_bytes(&mut b, 16, &self.uuid.to_le_bytes());
+        put_bytes(&mut b, 32, &self.incarnation.to_le_bytes());
+        put_bytes(&mut b, 40, &self.header_seq.to_le_bytes());
+        put_bytes(&mut b, 48, &self.capacity.to_le_bytes());
+        put_bytes(&mut b, 56, &self.tail_lpos.to_le_bytes());
+        put_bytes(&mut b, 64, &self.tail_seq.to_le_bytes());
         for (i, e) in self.exports.iter().enumerate() {
             let o = EXPORT_TABLE + i * EXPORT_ENTRY;
             let name = e.name.as_bytes();
             if name.len() > NAME_MAX {
                 return invalid(format!("export name {:?} is longer than {NAME_MAX} bytes", e.name));
             }
-            put(&mut b, o, &e.id.to_le_bytes());
+            put_bytes(&mut b, o, &e.id.to_le_bytes());
             b[o + 2] = name.len() as u8;
-            put(&mut b, o + 8, &e.identity.to_le_bytes());
-            put(&mut b, o + 16, &e.size.to_le_bytes());
-            put(&mut b, o + 32, name);
+            put_bytes(&mut b, o + 8, &e.identity.to_le_bytes());
+            put_bytes(&mut b, o + 16, &e.size.to_le_bytes());
+            put_bytes(&mut b, o + 32, name);
         }
         let sum = xxh3_64_with_seed(&b[..HEADER_SIZE - 8], HEADER_SEED);
-        put(&mut b, HEADER_SIZE - 8, &sum.to_le_bytes());
+        put_bytes(&mut b, HEADER_SIZE - 8, &sum.to_le_bytes());
         Ok(b)
     }
 
@@ -120,14 +106,14 @@ impl Header {
         if &b[..8] != HEADER_MAGIC {
             return Err(FormatError::Magic);
         }
-        if xxh3_64_with_seed(&b[..HEADER_SIZE - 8], HEADER_SEED) != u64_at(b, HEADER_SIZE - 8) {
+        if xxh3_64_with_seed(&b[..HEADER_SIZE - 8], HEADER_SEED) != get_u64(b, HEADER_SIZE - 8) {
             return Err(FormatError::Checksum);
         }
-        let version = u32_at(b, 8);
+        let version = get_u32(b, 8);
         if version != VERSION {
             return Err(FormatError::Version(version));
         }
-        let n = u32_at(b, 12) as usize;
+        let n = get_u32(b, 12) as usize;
         if n > MAX_EXPORTS {
             return invalid(format!("{n} exports in the header"));
         }
@@ -141,19 +127,19 @@ impl Header {
             let name = std::str::from_utf8(&b[o + 32..o + 32 + len])
                 .map_err(|_| FormatError::Invalid("export name is not UTF-8".into()))?;
             exports.push(LogExport {
-                id: u16_at(b, o),
+                id: get_u16(b, o),
                 name: name.to_string(),
-                identity: u64_at(b, o + 8),
-                size: u64_at(b, o + 16),
+                identity: get_u64(b, o + 8),
+                size: get_u64(b, o + 16),
             });
         }
         let h = Header {
             uuid: u128::from_le_bytes(b[16..32].try_into().map_err(|_| FormatError::Invalid("uuid".into()))?),
-            incarnation: u64_at(b, 32),
-            header_seq: u64_at(b, 40),
-            capacity: u64_at(b, 48),
-            tail_lpos: u64_at(b, 56),
-            tail_seq: u64_at(b, 64),
+            incarnation: get_u64(b, 32),
+            header_seq: get_u64(b, 40),
+            capacity: get_u64(b, 48),
+            tail_lpos: get_u64(b, 56),
+            tail_seq: get_u64(b, 64),
             exports,
         };
         if h.capacity == 0 || !h.capacity.is_multiple_of(ALIGN) || !h.tail_lpos.is_multiple_of(ALIGN) {
@@ -216,9 +202,9 @@ impl Entry {
         };
         h[0] = kind;
         h[1] = mask;
-        put(&mut h, 2, &export.to_le_bytes());
-        put(&mut h, 8, &at.to_le_bytes());
-        put(&mut h, 16, &len.to_le_bytes());
+        put_bytes(&mut h, 2, &export.to_le_bytes());
+        put_bytes(&mut h, 8, &at.to_le_bytes());
+        put_bytes(&mut h, 16, &len.to_le_bytes());
         out.extend_from_slice(&h);
         if let Entry::Page { data, .. } = self {
             out.extend_from_slice(data);
@@ -246,16 +232,16 @@ pub fn encode_chunk(seed: u64, seq: u64, lpos: u64, txg: u64, entries: &[Entry])
         e.encode_into(&mut b);
     }
     b.resize(length, 0);
-    put(&mut b, 0, CHUNK_MAGIC);
-    put(&mut b, 8, &seq.to_le_bytes());
-    put(&mut b, 16, &lpos.to_le_bytes());
-    put(&mut b, 24, &(length as u32).to_le_bytes());
-    put(&mut b, 28, &(entries.len() as u32).to_le_bytes());
-    put(&mut b, 32, &txg.to_le_bytes());
+    put_bytes(&mut b, 0, CHUNK_MAGIC);
+    put_bytes(&mut b, 8, &seq.to_le_bytes());
+    put_bytes(&mut b, 16, &lpos.to_le_bytes());
+    put_bytes(&mut b, 24, &(length as u32).to_le_bytes());
+    put_bytes(&mut b, 28, &(entries.len() as u32).to_le_bytes());
+    put_bytes(&mut b, 32, &txg.to_le_bytes());
     let body_sum = xxh3_64_with_seed(&b[CHUNK_HEADER..], seed);
-    put(&mut b, 40, &body_sum.to_le_bytes());
+    put_bytes(&mut b, 40, &body_sum.to_le_bytes());
     let head_sum = xxh3_64_with_seed(&b[..56], seed);
-    put(&mut b, 56, &head_sum.to_le_bytes());
+    put_bytes(&mut b, 56, &head_sum.to_le_bytes());
     b
 }
 
@@ -268,11 +254,11 @@ pub fn decode_chunk_header(b: &[u8], seed: u64, seq: u64, lpos: u64) -> Result<C
     if &b[..8] != CHUNK_MAGIC {
         return Err(FormatError::Magic);
     }
-    if xxh3_64_with_seed(&b[..56], seed) != u64_at(b, 56) {
+    if xxh3_64_with_seed(&b[..56], seed) != get_u64(b, 56) {
         return Err(FormatError::Checksum);
     }
     let info =
-        ChunkInfo { seq: u64_at(b, 8), lpos: u64_at(b, 16), length: u32_at(b, 24), txg: u64_at(b, 32) };
+        ChunkInfo { seq: get_u64(b, 8), lpos: get_u64(b, 16), length: get_u32(b, 24), txg: get_u64(b, 32) };
     if info.seq != seq || info.lpos != lpos {
         return invalid(format!("chunk {}@{} where {seq}@{lpos} was expected", info.seq, info.lpos));
     }
@@ -285,21 +271,21 @@ pub fn decode_chunk_header(b: &[u8], seed: u64, seq: u64, lpos: u64) -> Result<C
 
 /// Checks the body checksum and decodes the entries of a whole chunk.
 pub fn decode_chunk_body(b: &[u8], seed: u64) -> Result<Vec<Entry>, FormatError> {
-    if b.len() < CHUNK_HEADER || b.len() != u32_at(b, 24) as usize {
+    if b.len() < CHUNK_HEADER || b.len() != get_u32(b, 24) as usize {
         return invalid("chunk length does not match its header");
     }
-    if xxh3_64_with_seed(&b[CHUNK_HEADER..], seed) != u64_at(b, 40) {
+    if xxh3_64_with_seed(&b[CHUNK_HEADER..], seed) != get_u64(b, 40) {
         return Err(FormatError::Checksum);
     }
-    let count = u32_at(b, 28) as usize;
+    let count = get_u32(b, 28) as usize;
     let mut entries = Vec::with_capacity(count.min(b.len() / ENTRY_HEADER));
     let mut o = CHUNK_HEADER;
     for _ in 0..count {
         if o + ENTRY_HEADER > b.len() {
             return invalid("entry runs past the chunk");
         }
-        let (kind, mask, export) = (b[o], b[o + 1], u16_at(b, o + 2));
-        let (at, len) = (u64_at(b, o + 8), u64_at(b, o + 16));
+        let (kind, mask, export) = (b[o], b[o + 1], get_u16(b, o + 2));
+        let (at, len) = (get_u64(b, o + 8), get_u64(b, o + 16));
         o += ENTRY_HEADER;
         let e = match kind {
             1 => {
