@@ -304,12 +304,13 @@ fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
     Ok(Arc::new(dev))
 }
 
-fn log_exports(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Result<Vec<LogExport>> {
-    let descs = export_descs(settings, devices)?;
-    Ok(descs
-        .into_iter()
-        .map(|d| LogExport { id: d.id, name: d.name, identity: d.identity, size: d.size })
-        .collect())
+/// The exports as the intent log names them: the same identities the L2
+/// binds its records to.
+fn log_exports(descs: &[ExportDesc]) -> Vec<LogExport> {
+    descs
+        .iter()
+        .map(|d| LogExport { id: d.id, name: d.name.clone(), identity: d.identity, size: d.size })
+        .collect()
 }
 
 fn write_tunables(t: &Tunables, w: &WriteTunables) {
@@ -329,7 +330,7 @@ fn write_tunables(t: &Tunables, w: &WriteTunables) {
 /// Write-back for every export, with the intent log when there is one.
 fn start_writeback(
     settings: &ServeSettings,
-    devices: &[Arc<dyn BlockDev>],
+    exports: Vec<LogExport>,
     cache: &Arc<Cache>,
 ) -> Result<Arc<WriteBack>> {
     let tun = Arc::new(WriteTunables::default());
@@ -337,7 +338,7 @@ fn start_writeback(
     let log = match &settings.log {
         Some(spec) => {
             let dev = open_log_dev(spec)?;
-            let log = IntentLog::open(dev, log_exports(settings, devices)?)?;
+            let log = IntentLog::open(dev, exports)?;
             info!("intent log {}: {} bytes", log.name(), log.capacity());
             Some(Arc::new(log))
         }
@@ -490,8 +491,8 @@ pub fn start_on(
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
     }
-    let writeback = start_writeback(settings, &devices, &cache)?;
-    let log_descs = log_exports(settings, &devices)?;
+    let log_descs = log_exports(&descs);
+    let writeback = start_writeback(settings, log_descs.clone(), &cache)?;
     let mut volumes = Vec::new();
     let mut table = ExportTable::default();
     let recorder = match &settings.record_trace {
@@ -585,6 +586,7 @@ pub fn start_on(
             arc_max,
             started: std::time::Instant::now(),
             recorder: recorder.clone(),
+            sizing_cache: Mutex::new(None),
         });
         if let Some(addr) = &settings.metrics {
             let h = Arc::clone(&handler);
@@ -697,6 +699,7 @@ struct ControlState {
     arc_max: Arc<AtomicU64>,
     started: std::time::Instant,
     recorder: Option<Arc<Recorder>>,
+    sizing_cache: Mutex<Option<(std::time::Instant, Value)>>,
 }
 
 impl ControlState {
@@ -752,17 +755,30 @@ impl ControlState {
             obj.insert("l2_device_write_bw".into(), json!(f.device_write_bw.load(Relaxed)));
             obj.insert("l2_feed_prefetch".into(), json!(u64::from(f.feeds_prefetch.load(Relaxed))));
         }
-        let recordsize = self.volumes.iter().map(|v| v.recordsize()).max().unwrap_or(16 << 10);
-        let snapshot = Value::Object(obj.clone());
-        let (arc_rec, l2_rec) = advice::capacity_records(&snapshot, recordsize);
-        let view = self.cache.sizing(&advice::sizes(arc_rec + l2_rec));
-        obj.insert("sizing".into(), advice::sizing(&snapshot, &view, recordsize));
+        obj.insert("sizing".into(), self.sizing(obj));
         let records = obj.get("l2_records").and_then(Value::as_u64).unwrap_or(0);
         let hdr = obj.get("l2_hdr_size").and_then(Value::as_u64).unwrap_or(0);
         if records > 0 {
             obj.insert("l2_hdr_bytes_per_record".into(), json!(hdr as f64 / records as f64));
         }
         Ok(v)
+    }
+
+    /// The `sizing` object. Building the sampled curve takes tens of
+    /// milliseconds with a full window, so `arcache stat 1` and metrics
+    /// scrapes reuse one for a few seconds.
+    fn sizing(&self, stat: &serde_json::Map<String, Value>) -> Value {
+        let mut cached = self.sizing_cache.lock();
+        if let Some((_, v)) = cached.as_ref().filter(|(at, _)| at.elapsed() < Duration::from_secs(5)) {
+            return v.clone();
+        }
+        let recordsize = self.volumes.iter().map(|v| v.recordsize()).max().unwrap_or(16 << 10);
+        let snapshot = Value::Object(stat.clone());
+        let (arc_rec, l2_rec) = advice::capacity_records(&snapshot, recordsize);
+        let view = self.cache.sizing(&advice::sizes(arc_rec + l2_rec));
+        let v = advice::sizing(&snapshot, &view, recordsize);
+        *cached = Some((std::time::Instant::now(), v.clone()));
+        v
     }
 
     fn reload(&self, new: &Tunables) -> Vec<String> {
