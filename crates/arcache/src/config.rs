@@ -63,6 +63,13 @@ pub struct ConfigFile {
     /// `FILE[:MAXSIZE]`, as with `--record-trace`.
     pub record_trace: Option<String>,
     pub secondarycache: Option<String>,
+    /// off, on or required, as with `--tls`.
+    pub tls: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
+    /// A group allowed to use the NBD unix sockets, as with `--socket-group`.
+    pub socket_group: Option<String>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
     pub set: BTreeMap<String, toml::Value>,
@@ -165,6 +172,42 @@ pub struct ServeSettings {
     pub metrics: Option<String>,
     /// Where to record the requests served, and the size bound.
     pub record_trace: Option<String>,
+    pub tls: Option<TlsSettings>,
+    /// The group given read-write access to the NBD unix sockets.
+    pub socket_group: Option<String>,
+}
+
+/// TLS for NBD clients, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsSettings {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, clients must present a certificate this CA signed.
+    pub client_ca: Option<PathBuf>,
+    pub required: bool,
+}
+
+/// The TLS mode, certificate, key and client CA as given; `None` when TLS
+/// is off. Certificates alone turn it on; `on`/`required` need them.
+pub fn resolve_tls(
+    mode: Option<&str>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<TlsSettings>> {
+    let required = match mode {
+        Some("off") => return Ok(None),
+        Some("on") => false,
+        Some("required" | "require") => true,
+        Some(other) => bail!("bad --tls {other:?}: use off, on or required"),
+        None if cert.is_none() && key.is_none() => return Ok(None),
+        None => false,
+    };
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsSettings { cert, key, client_ca, required })),
+        (None, _) => bail!("TLS needs a certificate: --tls-cert FILE (PEM, leaf first)"),
+        (_, None) => bail!("TLS needs the certificate's private key: --tls-key FILE (PEM)"),
+    }
 }
 
 /// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not
@@ -225,6 +268,19 @@ mod tests {
         assert_eq!(Listen::parse("tcp:[::1]:5").unwrap(), Listen::Tcp("[::1]:5".into()));
         assert_eq!(Listen::parse("unix:/x").unwrap(), Listen::Unix("/x".into()));
         assert!(Listen::parse("udp:1").is_err());
+    }
+
+    #[test]
+    fn tls_forms() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(resolve_tls(None, None, None, None).unwrap(), None);
+        assert_eq!(resolve_tls(Some("off"), p("c"), p("k"), None).unwrap(), None);
+        let on = resolve_tls(None, p("c"), p("k"), None).unwrap().unwrap();
+        assert!(!on.required);
+        assert!(resolve_tls(Some("required"), p("c"), p("k"), p("ca")).unwrap().unwrap().required);
+        assert!(resolve_tls(Some("on"), None, p("k"), None).is_err());
+        assert!(resolve_tls(Some("required"), p("c"), None, None).is_err());
+        assert!(resolve_tls(Some("maybe"), p("c"), p("k"), None).is_err());
     }
 
     #[test]

@@ -87,6 +87,35 @@ pub fn bind_private(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// Opens a socket from [`bind_private`] to `group` too (mode 0660).
+pub fn share_with_group(path: &Path, group: &str) -> Result<()> {
+    let gid = group_id(group)?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a valid NUL-terminated path; uid -1 leaves the owner as is.
+    if unsafe { libc::chown(c_path.as_ptr(), u32::MAX, gid) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("giving {} to group {group}: {e}", path.display());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(())
+}
+
+/// A group's id, by name or as a number.
+pub fn group_id(group: &str) -> Result<libc::gid_t> {
+    if let Ok(gid) = group.parse() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group)?;
+    // SAFETY: getgrnam reads a NUL-terminated name; the record it returns
+    // is read at once, before any other call could reuse it.
+    let entry = unsafe { libc::getgrnam(name.as_ptr()) };
+    if entry.is_null() {
+        bail!("no group named {group:?}");
+    }
+    // SAFETY: non-null, so it points at a valid group record.
+    Ok(unsafe { (*entry).gr_gid })
+}
+
 fn session(stream: UnixStream, handler: &dyn Handler) -> Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut w = stream.try_clone()?;

@@ -253,6 +253,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         log: None,
         metrics: None,
         record_trace: None,
+        tls: None,
+        socket_group: None,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

@@ -69,7 +69,9 @@ enum Cmd {
 fn init_logging(default_level: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+        // rustls warns on every libnbd connection by IP (an IP as SNI is
+        // illegal but harmless); keep its errors only.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},rustls=error")));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -15,7 +15,7 @@ use arcache_engine::{
 use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions};
 use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
 use clap::Args;
-use nbd::{NbdUri, Server, ServerConfig};
+use nbd::{NbdUri, Server, ServerConfig, TlsPolicy};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tracing::{info, warn};
@@ -92,6 +92,24 @@ pub struct ServeArgs {
     /// sim --trace` reads), stopping at MAXSIZE bytes (default 1G).
     #[arg(long, value_name = "FILE[:MAXSIZE]")]
     pub record_trace: Option<String>,
+    /// NBD STARTTLS: off, on (clients choose) or required (every option
+    /// but STARTTLS is refused until TLS is up). Default: on when
+    /// --tls-cert is given, else off.
+    #[arg(long, value_name = "off|on|required")]
+    pub tls: Option<String>,
+    /// The server's certificate chain, PEM, leaf first.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Let this group use the NBD unix sockets (mode 0660); by default only
+    /// the server's user may (0600).
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
 }
 
 /// `PATH[:SIZE]` of an L2 device.
@@ -225,6 +243,10 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
             "nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)"
         );
     }
+    let socket_group = args.socket_group.clone().or(file.socket_group);
+    if let Some(g) = &socket_group {
+        control::group_id(g)?;
+    }
     let listen_src = if args.listen.is_empty() { &file.listen } else { &args.listen };
     let mut listen = listen_src.iter().map(|s| Listen::parse(s)).collect::<Result<Vec<_>>>()?;
     if listen.is_empty() {
@@ -240,7 +262,71 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         log: args.log.as_ref().or(file.log.as_ref()).map(|s| parse_l2(s)).transpose()?,
         metrics: args.metrics.clone().or(file.metrics),
         record_trace: args.record_trace.clone().or(file.record_trace),
+        tls: crate::config::resolve_tls(
+            args.tls.as_deref().or(file.tls.as_deref()),
+            args.tls_cert.clone().or(file.tls_cert),
+            args.tls_key.clone().or(file.tls_key),
+            args.tls_client_ca.clone().or(file.tls_client_ca),
+        )?,
+        socket_group,
     })
+}
+
+fn tls_policy(settings: &ServeSettings) -> Result<Option<TlsPolicy>> {
+    let Some(t) = &settings.tls else { return Ok(None) };
+    let config =
+        nbd::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()).context("setting up TLS")?;
+    info!(
+        "TLS {} for NBD clients{}",
+        if t.required { "required" } else { "offered" },
+        if t.client_ca.is_some() { ", client certificates verified" } else { "" }
+    );
+    Ok(Some(TlsPolicy { config, required: t.required }))
+}
+
+/// Binds every listener; returns the URIs clients can use and the unix
+/// socket paths (to remove at exit).
+fn listen_all(
+    settings: &ServeSettings,
+    server: &Arc<Server>,
+    volumes: &[Arc<Volume>],
+) -> Result<(Vec<String>, Vec<PathBuf>)> {
+    let mut targets = Vec::new();
+    let mut sockets = Vec::new();
+    for l in &settings.listen {
+        match l {
+            Listen::Unix(p) => {
+                let listener = control::bind_private(p)?;
+                if let Some(group) = &settings.socket_group {
+                    control::share_with_group(p, group)?;
+                }
+                server.listen_unix(listener);
+                sockets.push(p.clone());
+                targets.push(nbd::Target::Unix(p.clone()));
+            }
+            Listen::Tcp(addr) => {
+                let listener = TcpListener::bind(addr).with_context(|| format!("binding tcp {addr}"))?;
+                let local = listener.local_addr()?;
+                let tls_required = settings.tls.as_ref().is_some_and(|t| t.required);
+                if !local.ip().is_loopback() && !tls_required {
+                    warn!(
+                        "listening on {local}, reachable from other hosts without TLS (see --tls required)"
+                    );
+                }
+                server.listen_tcp(listener);
+                targets.push(nbd::Target::Tcp { host: local.ip().to_string(), port: local.port() });
+            }
+        }
+    }
+    let mut uris = Vec::new();
+    for target in targets {
+        for v in volumes {
+            let uri = NbdUri { target: target.clone(), export: v.name().to_string() }.to_string();
+            // With TLS configured, point clients at the encrypted form.
+            uris.push(if settings.tls.is_some() { uri.replacen("nbd", "nbds", 1) } else { uri });
+        }
+    }
+    Ok((uris, sockets))
 }
 
 /// The NBD export `text` names, if it is an NBD URI; `what` for errors.
@@ -543,36 +629,10 @@ pub fn start_on(
         }
         None => (None, None),
     };
-    let server = Server::new(Arc::new(table), ServerConfig { workers: settings.workers, ..nbd_cfg });
-    let mut uris = Vec::new();
-    let mut sockets = Vec::new();
-    for l in &settings.listen {
-        match l {
-            Listen::Unix(p) => {
-                let listener = control::bind_private(p)?;
-                server.listen_unix(listener);
-                sockets.push(p.clone());
-                for v in &volumes {
-                    uris.push(
-                        NbdUri { target: nbd::Target::Unix(p.clone()), export: v.name().to_string() }
-                            .to_string(),
-                    );
-                }
-            }
-            Listen::Tcp(addr) => {
-                let listener = TcpListener::bind(addr).with_context(|| format!("binding tcp {addr}"))?;
-                let local = listener.local_addr()?;
-                if !local.ip().is_loopback() {
-                    warn!("listening on {local}, reachable from other hosts (no TLS yet)");
-                }
-                server.listen_tcp(listener);
-                for v in &volumes {
-                    let target = nbd::Target::Tcp { host: local.ip().to_string(), port: local.port() };
-                    uris.push(NbdUri { target, export: v.name().to_string() }.to_string());
-                }
-            }
-        }
-    }
+    let tls = tls_policy(settings)?;
+    let server =
+        Server::with_tls(Arc::new(table), ServerConfig { workers: settings.workers, ..nbd_cfg }, tls);
+    let (uris, sockets) = listen_all(settings, &server, &volumes)?;
     let control = if with_control {
         let handler = Arc::new(ControlState {
             cache: Arc::clone(&cache),
@@ -740,6 +800,8 @@ impl ControlState {
         obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
         obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
         obj.insert("nbd_immediate_writes".into(), json!(s.immediate_writes.load(Relaxed)));
+        obj.insert("nbd_tls_sessions".into(), json!(s.tls_sessions.load(Relaxed)));
+        obj.insert("nbd_tls_handshake_errors".into(), json!(s.tls_handshake_errors.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
         obj.insert("uptime_secs".into(), json!(self.started.elapsed().as_secs_f64()));
         obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));

@@ -131,6 +131,24 @@ fn control_socket_is_private() {
 }
 
 #[test]
+fn socket_group_opens_the_nbd_socket_to_one_group_only() {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getegid cannot fail. Our own group: chown to it needs no privilege.
+    let gid = unsafe { libc::getegid() }.to_string();
+    let (s, _) = serve_one(&["--socket-group", &gid]);
+    let meta = std::fs::metadata(&s.sock).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660, "group may connect, others may not");
+    assert_eq!(meta.gid().to_string(), gid);
+    let control = std::fs::metadata(&s.control).unwrap().permissions().mode() & 0o777;
+    assert_eq!(control, 0o600, "the control socket (it can change tunables) stays private");
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--export", "/dev/null", "--socket-group", "no-such-group-here"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no group named"), "{out:?}");
+}
+
+#[test]
 fn config_file_with_flags_overriding() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("b.img");

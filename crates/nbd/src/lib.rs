@@ -7,9 +7,12 @@ pub mod conn;
 
 pub mod proto;
 pub mod server;
+mod stream;
+pub mod tls;
 pub mod uri;
 
 pub use client::{Client, ClientError};
 pub use conn::Conn;
 pub use server::{Errno, Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig};
+pub use tls::{TlsPolicy, TlsSetupError};
 pub use uri::{NbdUri, Target};

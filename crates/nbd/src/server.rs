@@ -3,7 +3,7 @@
 //! from the [`Export`] trait; nothing here knows about caching.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -13,8 +13,10 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, warn};
 
-use crate::conn::{write_all_vectored, Conn};
+use crate::conn::Conn;
 use crate::proto::*;
+use crate::stream::{Reader, Writer};
+use crate::tls::{self, TlsPolicy};
 use arcache_pool::{Job, JobQueue};
 
 /// A host errno describing why a request failed.
@@ -105,6 +107,10 @@ pub struct ServerStats {
     pub protocol_errors: AtomicU64,
     pub immediate_reads: AtomicU64,
     pub immediate_writes: AtomicU64,
+    /// TLS handshakes completed, and failed (bad or missing certificates,
+    /// clients that do not trust ours, garbage).
+    pub tls_sessions: AtomicU64,
+    pub tls_handshake_errors: AtomicU64,
 }
 
 pub struct Server {
@@ -115,16 +121,27 @@ pub struct Server {
     stopping: AtomicBool,
     live: Mutex<HashMap<u64, Conn>>,
     live_changed: Condvar,
+    tls: Option<TlsPolicy>,
 }
 
 /// Why a handshake ended without entering transmission.
 enum Negotiated {
-    Transmit { export: Arc<dyn Export>, structured: bool },
+    Transmit {
+        export: Arc<dyn Export>,
+        structured: bool,
+    },
+    /// The client asked for TLS and was told yes; haggling restarts inside it.
+    StartTls,
     Done,
 }
 
 impl Server {
     pub fn new(exports: Arc<dyn ExportSet>, cfg: ServerConfig) -> Arc<Server> {
+        Server::with_tls(exports, cfg, None)
+    }
+
+    /// A server that offers NBD STARTTLS (and may insist on it).
+    pub fn with_tls(exports: Arc<dyn ExportSet>, cfg: ServerConfig, tls: Option<TlsPolicy>) -> Arc<Server> {
         Arc::new(Server {
             exports,
             cfg,
@@ -133,6 +150,7 @@ impl Server {
             stopping: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
             live_changed: Condvar::new(),
+            tls,
         })
     }
 
@@ -223,30 +241,49 @@ impl Server {
         true
     }
 
-    fn session(self: &Arc<Self>, mut conn: Conn) -> io::Result<()> {
+    fn session(self: &Arc<Self>, conn: Conn) -> io::Result<()> {
         conn.set_read_timeout(Some(self.cfg.handshake_timeout))?;
-        let mut rd = BufReader::with_capacity(64 << 10, conn.try_clone()?);
-        let negotiated = self.handshake(&mut rd, &mut conn)?;
-        let Negotiated::Transmit { export, structured } = negotiated else {
-            return Ok(());
+        let mut wr = Writer::Plain(conn.try_clone()?);
+        let mut rd = BufReader::with_capacity(64 << 10, Reader::Plain(conn.try_clone()?));
+        let no_zeroes = greet(&mut rd, &mut wr)?;
+        let mut secure = false;
+        let (export, structured) = loop {
+            match self.haggle(&mut rd, &mut wr, no_zeroes, secure)? {
+                Negotiated::Transmit { export, structured } => break (export, structured),
+                Negotiated::Done => {
+                    wr.close();
+                    return Ok(());
+                }
+                Negotiated::StartTls => {
+                    let config = self.tls.as_ref().map(|t| Arc::clone(&t.config));
+                    let config = config.ok_or_else(|| protocol_error("STARTTLS without TLS".into()))?;
+                    let (r, w) = tls::accept(conn.try_clone()?, config).inspect_err(|e| {
+                        self.stats.tls_handshake_errors.fetch_add(1, Relaxed);
+                        debug!("TLS handshake failed: {e}");
+                    })?;
+                    self.stats.tls_sessions.fetch_add(1, Relaxed);
+                    rd = BufReader::with_capacity(64 << 10, Reader::Tls(r));
+                    wr = Writer::Tls(w);
+                    secure = true;
+                }
+            }
         };
         conn.set_read_timeout(None)?;
-        self.transmission(rd, conn, export, structured)
+        self.transmission(rd, wr, export, structured)
     }
 
     // ---------------------------------------------------------------- handshake
 
-    fn handshake(&self, rd: &mut impl Read, w: &mut Conn) -> io::Result<Negotiated> {
-        let mut hello = Vec::with_capacity(18);
-        hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
-        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-        w.write_all(&hello)?;
-        let client_flags = read_u32(rd)?;
-        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-            return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
-        }
-        let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    /// Option haggling, from the start or again inside a fresh TLS session
+    /// (where nothing negotiated before STARTTLS carries over).
+    fn haggle(
+        &self,
+        rd: &mut BufReader<Reader>,
+        w: &mut Writer,
+        no_zeroes: bool,
+        secure: bool,
+    ) -> io::Result<Negotiated> {
+        let tls_required = self.tls.as_ref().is_some_and(|t| t.required) && !secure;
         let mut structured = false;
         loop {
             let magic = read_u64(rd)?;
@@ -261,6 +298,14 @@ impl Server {
             }
             let mut data = vec![0u8; len as usize];
             rd.read_exact(&mut data)?;
+            if tls_required && !matches!(opt, OPT_STARTTLS | OPT_ABORT) {
+                if opt == OPT_EXPORT_NAME {
+                    // This option has no error reply: hanging up is the answer.
+                    return Err(protocol_error("EXPORT_NAME before STARTTLS on a TLS-only server".into()));
+                }
+                option_error(w, opt, REP_ERR_TLS_REQD, "this server requires TLS: send STARTTLS first")?;
+                continue;
+            }
             match opt {
                 OPT_EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).into_owned();
@@ -275,8 +320,13 @@ impl Server {
                     if !no_zeroes {
                         reply.extend_from_slice(&[0u8; 124]);
                     }
-                    w.write_all(&reply)?;
+                    w.send(&[&reply])?;
                     return Ok(Negotiated::Transmit { export, structured });
+                }
+                OPT_STARTTLS => {
+                    if let Some(n) = self.start_tls(rd, w, &data, secure)? {
+                        return Ok(n);
+                    }
                 }
                 OPT_ABORT => {
                     let _ = option_reply(w, opt, REP_ACK, &[]);
@@ -317,14 +367,39 @@ impl Server {
                         return Ok(Negotiated::Transmit { export, structured });
                     }
                 }
-                OPT_STARTTLS => option_error(w, opt, REP_ERR_POLICY, "TLS is not configured on this server")?,
                 _ => option_error(w, opt, REP_ERR_UNSUP, "option not supported")?,
             }
         }
     }
 
+    /// Answers STARTTLS; `Some` when the TLS handshake is to follow.
+    fn start_tls(
+        &self,
+        rd: &BufReader<Reader>,
+        w: &mut Writer,
+        data: &[u8],
+        secure: bool,
+    ) -> io::Result<Option<Negotiated>> {
+        let opt = OPT_STARTTLS;
+        if !data.is_empty() {
+            option_error(w, opt, REP_ERR_INVALID, "STARTTLS takes no data")?;
+        } else if self.tls.is_none() {
+            option_error(w, opt, REP_ERR_POLICY, "TLS is not configured on this server")?;
+        } else if secure {
+            option_error(w, opt, REP_ERR_INVALID, "TLS is already active")?;
+        } else if !rd.buffer().is_empty() {
+            // Bytes sent before our answer would be taken as if they came
+            // through TLS: the classic STARTTLS injection. Refuse them.
+            return Err(protocol_error("data pipelined after STARTTLS".into()));
+        } else {
+            option_reply(w, opt, REP_ACK, &[])?;
+            return Ok(Some(Negotiated::StartTls));
+        }
+        Ok(None)
+    }
+
     /// Answers INFO or GO; returns the export when GO succeeded.
-    fn info_or_go(&self, w: &mut Conn, opt: u32, data: &[u8]) -> io::Result<Option<Arc<dyn Export>>> {
+    fn info_or_go(&self, w: &mut Writer, opt: u32, data: &[u8]) -> io::Result<Option<Arc<dyn Export>>> {
         let Some((name, requests)) = parse_info_request(data) else {
             option_error(w, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
             return Ok(None);
@@ -378,26 +453,27 @@ impl Server {
 
     fn transmission(
         self: &Arc<Self>,
-        mut rd: BufReader<Conn>,
-        conn: Conn,
+        mut rd: BufReader<Reader>,
+        wr: Writer,
         export: Arc<dyn Export>,
         structured: bool,
     ) -> io::Result<()> {
         let info = export.info();
         let shared = Arc::new(ConnShared {
-            writer: Mutex::new(conn),
+            writer: Mutex::new(wr),
             structured,
             in_flight: Mutex::new(0),
             drained: Condvar::new(),
         });
         let result = self.request_loop(&mut rd, &shared, &export, &info);
         shared.wait_idle();
+        shared.writer.lock().close();
         result
     }
 
     fn request_loop(
         self: &Arc<Self>,
-        rd: &mut BufReader<Conn>,
+        rd: &mut BufReader<Reader>,
         shared: &Arc<ConnShared>,
         export: &Arc<dyn Export>,
         info: &ExportInfo,
@@ -552,7 +628,7 @@ impl Server {
 
 /// State one connection's reader and its in-flight jobs share.
 struct ConnShared {
-    writer: Mutex<Conn>,
+    writer: Mutex<Writer>,
     structured: bool,
     in_flight: Mutex<usize>,
     drained: Condvar,
@@ -581,7 +657,7 @@ impl ConnShared {
 
     fn send(&self, parts: &[&[u8]]) {
         let mut w = self.writer.lock();
-        if let Err(e) = write_all_vectored(&mut *w, parts) {
+        if let Err(e) = w.send(parts) {
             // The client is gone; make the reader notice too.
             debug!("reply not delivered: {e}");
             w.shutdown();
@@ -665,16 +741,31 @@ pub fn parse_info_request(data: &[u8]) -> Option<(String, Vec<u16>)> {
     Some((name, requests))
 }
 
-fn option_reply(w: &mut Conn, opt: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+/// Sends the server's greeting and reads the client's flags; returns
+/// whether the client asked to skip the 124 zero bytes after EXPORT_NAME.
+fn greet(rd: &mut impl Read, w: &mut Writer) -> io::Result<bool> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    w.send(&[&hello])?;
+    let client_flags = read_u32(rd)?;
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
+    }
+    Ok(client_flags & FLAG_C_NO_ZEROES != 0)
+}
+
+fn option_reply(w: &mut Writer, opt: u32, kind: u32, data: &[u8]) -> io::Result<()> {
     let mut h = [0u8; 20];
     h[0..8].copy_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
     h[8..12].copy_from_slice(&opt.to_be_bytes());
     h[12..16].copy_from_slice(&kind.to_be_bytes());
     h[16..20].copy_from_slice(&(data.len() as u32).to_be_bytes());
-    write_all_vectored(w, &[&h, data])
+    w.send(&[&h, data])
 }
 
-fn option_error(w: &mut Conn, opt: u32, kind: u32, msg: &str) -> io::Result<()> {
+fn option_error(w: &mut Writer, opt: u32, kind: u32, msg: &str) -> io::Result<()> {
     debug!("option {opt}: {msg}");
     option_reply(w, opt, kind, msg.as_bytes())
 }

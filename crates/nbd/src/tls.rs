@@ -1,0 +1,219 @@
+//! TLS for the server side of NBD STARTTLS, on rustls.
+//!
+//! One rustls session serves two threads: the connection's reader and the
+//! workers sending replies. The session sits behind a mutex that is never
+//! held while waiting for the client to send: the reader takes raw bytes
+//! from the socket unlocked and only then hands them to rustls.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection};
+
+use crate::conn::Conn;
+
+/// How a server offers TLS.
+#[derive(Clone)]
+pub struct TlsPolicy {
+    pub config: Arc<ServerConfig>,
+    /// Refuse every option but STARTTLS (and ABORT) until TLS is up, so a
+    /// man in the middle cannot strip it.
+    pub required: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("reading {path}: {source}")]
+    Pem { path: PathBuf, source: rustls::pki_types::pem::Error },
+    #[error("{0} holds no certificate")]
+    NoCertificate(PathBuf),
+    #[error("client CA {path}: {source}")]
+    ClientCa { path: PathBuf, source: rustls::Error },
+    #[error("client certificate verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("certificate and key: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Builds a server configuration from PEM files: the certificate chain
+/// (leaf first), its private key and, when client certificates are
+/// required, the CA that must have signed them.
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let pem_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TlsSetupError::Pem { path: path.clone(), source }
+    };
+    let chain = read_certs(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(pem_err(key))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder =
+        ServerConfig::builder_with_provider(Arc::clone(&provider)).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in read_certs(ca)? {
+                roots.add(c).map_err(|source| TlsSetupError::ClientCa { path: ca.to_path_buf(), source })?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(builder.with_single_cert(chain, key)?))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+    let pem_err = |source| TlsSetupError::Pem { path: path.to_path_buf(), source };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(pem_err)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem_err)?;
+    if certs.is_empty() {
+        return Err(TlsSetupError::NoCertificate(path.to_path_buf()));
+    }
+    Ok(certs)
+}
+
+struct Session {
+    tls: Mutex<ServerConnection>,
+    /// The socket's sending side; only used with `tls` locked.
+    sock: Mutex<Conn>,
+}
+
+impl Session {
+    /// Sends whatever rustls has queued. Called with the session locked so
+    /// records leave in the order rustls sealed them.
+    fn flush_records(&self, tls: &mut ServerConnection) -> io::Result<()> {
+        let mut sock = self.sock.lock();
+        while tls.wants_write() {
+            tls.write_tls(&mut *sock)?;
+        }
+        Ok(())
+    }
+}
+
+/// The receiving half of a TLS connection.
+pub struct TlsReader {
+    session: Arc<Session>,
+    sock: Conn,
+    inbox: Inbox,
+}
+
+/// Bytes read from the socket, and the range rustls has not taken yet.
+struct Inbox {
+    raw: Box<[u8]>,
+    pending: std::ops::Range<usize>,
+}
+
+/// The sending half of a TLS connection.
+pub struct TlsWriter {
+    session: Arc<Session>,
+}
+
+/// Runs the TLS handshake on `conn` (right after the STARTTLS reply) and
+/// splits the result into a reader and a writer.
+pub fn accept(conn: Conn, config: Arc<ServerConfig>) -> io::Result<(TlsReader, TlsWriter)> {
+    let mut tls = ServerConnection::new(config).map_err(invalid)?;
+    let mut sock = conn.try_clone()?;
+    while tls.is_handshaking() {
+        if let Err(e) = tls.complete_io(&mut sock) {
+            // Let the client see the alert that explains the failure.
+            let _ = tls.write_tls(&mut sock);
+            return Err(e);
+        }
+    }
+    while tls.wants_write() {
+        tls.write_tls(&mut sock)?;
+    }
+    let session = Arc::new(Session { tls: Mutex::new(tls), sock: Mutex::new(sock) });
+    let inbox = Inbox { raw: vec![0u8; 64 << 10].into(), pending: 0..0 };
+    let reader = TlsReader { session: Arc::clone(&session), sock: conn, inbox };
+    Ok((reader, TlsWriter { session }))
+}
+
+impl Read for TlsReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        loop {
+            {
+                let mut tls = self.session.tls.lock();
+                match tls.reader().read(out) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                if !self.inbox.pending.is_empty() {
+                    self.inbox.feed(&self.session, &mut tls)?;
+                    continue;
+                }
+            }
+            // Wait for the client without holding the session.
+            let n = self.sock.read(&mut self.inbox.raw)?;
+            self.inbox.pending = 0..n;
+            let mut tls = self.session.tls.lock();
+            if n == 0 {
+                // End of stream: rustls decides whether it was a clean close.
+                tls.read_tls(&mut io::empty())?;
+                continue;
+            }
+            self.inbox.feed(&self.session, &mut tls)?;
+        }
+    }
+}
+
+impl Inbox {
+    fn feed(&mut self, session: &Session, tls: &mut ServerConnection) -> io::Result<()> {
+        let mut slice = &self.raw[self.pending.clone()];
+        let before = slice.len();
+        tls.read_tls(&mut slice)?;
+        self.pending.start += before - slice.len();
+        let processed = tls.process_new_packets();
+        // Alerts, key updates and the like must reach the client either way.
+        let sent = session.flush_records(tls);
+        processed.map_err(invalid)?;
+        sent
+    }
+}
+
+impl TlsWriter {
+    /// Seals `parts` into records and sends them, all or nothing.
+    pub fn send(&self, parts: &[&[u8]]) -> io::Result<()> {
+        let mut tls = self.session.tls.lock();
+        for part in parts {
+            let mut rest: &[u8] = part;
+            while !rest.is_empty() {
+                let n = tls.writer().write(rest)?;
+                rest = &rest[n..];
+                if n == 0 || !rest.is_empty() {
+                    // rustls's buffer is full: make room by sending.
+                    self.session.flush_records(&mut tls)?;
+                }
+            }
+        }
+        self.session.flush_records(&mut tls)
+    }
+
+    /// Tells the client the session ends, then closes the socket.
+    pub fn close(&self) {
+        let mut tls = self.session.tls.lock();
+        tls.send_close_notify();
+        let _ = self.session.flush_records(&mut tls);
+        self.session.sock.lock().shutdown();
+    }
+
+    pub fn shutdown(&self) {
+        self.session.sock.lock().shutdown();
+    }
+}
+
+fn invalid(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
