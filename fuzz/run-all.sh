@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-for t in zil_decode l2_decode trace_parsers nbd_session engine_model; do
+for t in zil_decode l2_decode trace_parsers nbd_session config_parse engine_model; do
   mkdir -p "fuzz/corpus/$t"
   work=$(mktemp -d)
   cp -r "fuzz/corpus/$t/." "$work/"

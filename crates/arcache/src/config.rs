@@ -81,7 +81,11 @@ impl ConfigFile {
     pub fn load(path: &Path) -> Result<ConfigFile> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+        ConfigFile::parse(&text).with_context(|| format!("parsing config {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<ConfigFile> {
+        Ok(toml::from_str(text)?)
     }
 }
 

@@ -1,27 +1,8 @@
 //! `arcache`: a ZFS-style ARC cache for slow block storage, served over NBD.
 
-mod advice;
-mod arcstat;
-mod config;
-mod control;
-mod demo;
-mod exports;
-mod l2cmd;
-mod logcmd;
-mod metrics;
-mod mrccmd;
-mod plot;
-mod recorder;
-mod serve;
-mod simcmd;
-mod size;
-mod statcmd;
-mod summary;
-mod tunables;
-
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+use arcache::{demo, l2cmd, logcmd, serve, simcmd, statcmd, summary};
 use clap::{Parser, Subcommand};
 
 /// Records of 4K..1M are allocated and freed by dozens of threads; glibc's
@@ -136,19 +117,5 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
-    }
-}
-
-/// The `--control PATH` option shared by the client subcommands.
-#[derive(Debug, clap::Args, Clone)]
-pub struct ControlArg {
-    /// The server's control socket (default: the runtime directory's).
-    #[arg(long, value_name = "PATH")]
-    pub control: Option<PathBuf>,
-}
-
-impl ControlArg {
-    pub fn path(&self) -> PathBuf {
-        self.control.clone().unwrap_or_else(config::default_control_path)
     }
 }

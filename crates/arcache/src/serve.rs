@@ -148,6 +148,12 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
+    resolve_with(args, file)
+}
+
+/// [`resolve`] with the config file already read: checks every value in
+/// it and in `args` without opening any device or socket.
+pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings> {
     let mut t = Tunables::defaults();
     let mut sets: Vec<(String, String)> = Vec::new();
     if let Some(v) = &file.arc_max {
