@@ -278,6 +278,13 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
     })
 }
 
+/// Whether `e` comes from a full filesystem or an exhausted quota.
+fn is_disk_full(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+}
+
 fn tls_policy(settings: &ServeSettings) -> Result<Option<TlsPolicy>> {
     let Some(t) = &settings.tls else { return Ok(None) };
     let config =
@@ -659,8 +666,19 @@ pub fn start_on(
             let bound = metrics::serve(addr, Arc::new(move || h.stat()))?;
             println!("metrics http://{bound}/metrics");
         }
-        let path = control::serve(&settings.control, Arc::clone(&handler) as Arc<dyn control::Handler>)?;
-        (Some(path), Some(handler))
+        let path = match control::serve(&settings.control, Arc::clone(&handler) as Arc<dyn control::Handler>)
+        {
+            Ok(p) => Some(p),
+            // Clients' data matters more than our statistics: serve anyway.
+            Err(e) if is_disk_full(&e) => {
+                tracing::error!(
+                    "no control socket ({e:#}); serving without it, so stat/get/set cannot reach this server"
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        (path, Some(handler))
     } else {
         (None, None)
     };

@@ -1,6 +1,7 @@
 //! Faults of the backing store through the real binary (issue 7): a read
 //! error is that request's EIO only; a write error is never reported as
-//! durable.
+//! durable; a full disk under the L2 file, the trace or the control socket
+//! degrades that part only.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{random_file, Nbdkit, Serve};
+use common::{random_file, wait_timeout, Nbdkit, Serve, BIN};
 
 #[test]
 fn a_backing_read_error_fails_that_request_only() {
@@ -85,11 +86,12 @@ struct SmallFs(std::path::PathBuf);
 
 impl SmallFs {
     fn mount(at: &Path, size: &str) -> Option<SmallFs> {
+        SmallFs::mount_with(at, &format!("size={size}"))
+    }
+
+    fn mount_with(at: &Path, options: &str) -> Option<SmallFs> {
         std::fs::create_dir_all(at).ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status();
+        let ok = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(at).status();
         ok.ok().filter(|s| s.success()).map(|_| SmallFs(at.to_path_buf()))
     }
 }
@@ -143,4 +145,50 @@ fn a_full_disk_under_the_l2_file_or_the_trace_degrades_them_and_serving_goes_on(
     let st = s.stat();
     assert_eq!(st["nbd_request_errors"], 0, "clients saw no error: {st}");
     assert!(st["trace_records"].as_u64().unwrap() > 0, "the trace was written until the disk filled");
+}
+
+#[test]
+fn a_full_disk_for_the_control_socket_does_not_stop_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fs) = SmallFs::mount_with(&dir.path().join("full"), "size=1M,nr_inodes=8") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    // Use up every inode: binding a socket there then fails with ENOSPC.
+    let filled = (0..100).take_while(|i| std::fs::File::create(fs.0.join(format!("f{i}"))).is_ok()).count();
+    assert!(filled < 100, "the filesystem never filled");
+    let backing = dir.path().join("b.img");
+    let data = random_file(&backing, 4 << 20, 8);
+    let sock = dir.path().join("nbd.sock");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--export", backing.to_str().unwrap(), "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--control")
+        .arg(fs.0.join("control.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut c = loop {
+        if let Ok(c) = nbd::Client::connect(&nbd::Target::Unix(sock.clone()), "") {
+            break c;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the server gave up: {:?}", child.wait_with_output());
+        assert!(Instant::now() < deadline, "the server never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    c.read(1 << 20, &mut buf).unwrap();
+    assert!(buf[..] == data[1 << 20..2 << 20], "reads are served");
+    c.write(0, &[7u8; 4096], false).unwrap();
+    c.flush().unwrap();
+    drop(c);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_timeout(child, Duration::from_secs(30));
+    assert!(out.status.success(), "clean stop");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no control socket"), "the missing control socket is reported: {err}");
+    assert_eq!(std::fs::read(&backing).unwrap()[..4096], [7u8; 4096], "the write reached the backing store");
 }
