@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use arc_policy::{Access, Key, ListKind, Lookup, Policy, ZfsArc, ZfsArcConfig};
 use arcache_l2::{BlobFlags, FeedItem, L2Arc};
-use parking_lot::{Mutex, RwLock};
+use arcache_sync::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::prefetch::Prefetcher;

@@ -7,7 +7,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use arcache_sim::{lru_mrc, BlockAccess};
-use parking_lot::Mutex;
+use arcache_sync::Mutex;
 
 /// One record in this many is sampled.
 pub const SAMPLE_EVERY: u64 = 64;

@@ -12,8 +12,8 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use arc_policy::Key;
+use arcache_sync::{Mutex, MutexGuard};
 use blockdev::{BlockDev, DevError, DevResult};
-use parking_lot::{Mutex, MutexGuard};
 
 use crate::cache::{Cache, Found, RecordData};
 use crate::dirty::{self, Page, PAGE, SECTOR};
@@ -52,7 +52,7 @@ impl SyncMode {
 
 const STRIPES: usize = 1024;
 
-thread_local! {
+arcache_sync::thread_local! {
     /// Each thread's buffer for reads from the backing store: a fresh
     /// megabyte per fill would cost page faults on every miss.
     static FILL_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };

@@ -20,7 +20,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use arcache_sync::Mutex;
 
 #[derive(Debug)]
 pub struct ZfetchTunables {

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arcache_sync::Mutex;
 use blockdev::{BlockDev, DevResult};
-use parking_lot::Mutex;
 use serde::Serialize;
 
-thread_local! {
+arcache_sync::thread_local! {
     /// Each thread's aligned buffer for L2 reads.
     static READ_BUF: std::cell::RefCell<Option<blockdev::AlignedBuf>> = const { std::cell::RefCell::new(None) };
 }

@@ -16,8 +16,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arcache_sync::Mutex;
 use blockdev::AlignedBuf;
-use parking_lot::Mutex;
 use tracing::warn;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 

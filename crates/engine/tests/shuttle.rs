@@ -1,0 +1,265 @@
+//! Model-checked thread interleavings (shuttle) of the real engine: built
+//! with `--features shuttle`, every lock of the ARC wrapper, the record
+//! locks and the L2 index and ring is shuttle's, and shuttle's schedulers
+//! try thousands of orders of the threads below. Run with
+//! `cargo test -p arcache-engine --features shuttle --release --test shuttle`.
+//!
+//! Every device read or write is a point where shuttle may switch threads,
+//! as a real one is; the IO itself is atomic here (torn device reads are
+//! covered by checksums and by the fault tests).
+#![cfg(feature = "shuttle")]
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::SeqCst};
+use std::sync::Arc;
+
+use arcache_engine::{Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
+use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, HEADER_RESERVED};
+use blockdev::{BlockDev, DevResult, MemDev};
+use shuttle::thread;
+
+/// Large records: an L2 device holds at least 4 MiB, and the hand must lap
+/// it within a few feeds.
+const RS: u64 = 1 << 20;
+const RECORDS: u64 = 6;
+
+/// Record `r` at `version`: self-describing, so any read tells what it got.
+fn content(r: u64, version: u8) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..RS).map(|i| (i as u8).wrapping_mul(31) ^ version ^ (r as u8)).collect();
+    v[..8].copy_from_slice(&r.to_le_bytes());
+    v[8] = version;
+    v
+}
+
+/// The record and version a buffer holds, if it is exactly one of ours.
+fn identify(buf: &[u8]) -> Option<(u64, u8)> {
+    let r = u64::from_le_bytes(buf[..8].try_into().ok()?);
+    let version = buf[8];
+    (buf == content(r, version)).then_some((r, version))
+}
+
+/// A memory device at which other threads may run before each IO.
+struct Yielding(MemDev);
+
+impl BlockDev for Yielding {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        thread::yield_now();
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        thread::yield_now();
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.0.flush()
+    }
+    fn describe(&self) -> String {
+        "memory (yielding)".into()
+    }
+}
+
+fn device(size: u64) -> Arc<dyn BlockDev> {
+    Arc::new(Yielding(MemDev::new(size)))
+}
+
+struct Rig {
+    vol: Arc<Volume>,
+    feed: Feed,
+    cache: Arc<Cache>,
+}
+
+/// What the schedules reached, summed over every run of a test: proof that
+/// the races in question happened, not just that nothing failed.
+#[derive(Default)]
+struct Reached {
+    runs: AtomicU64,
+    l2_hits: AtomicU64,
+    hand_evictions: AtomicU64,
+    evicted_while_reading: AtomicU64,
+}
+
+impl Reached {
+    fn note(&self, l2: &L2Arc) {
+        let st = &l2.stats;
+        self.runs.fetch_add(1, SeqCst);
+        self.hand_evictions.fetch_add(st.l2_evict_hand.load(SeqCst), SeqCst);
+        self.evicted_while_reading.fetch_add(st.l2_evict_reading.load(SeqCst), SeqCst);
+    }
+
+    fn report(&self, what: &str) -> (u64, u64, u64) {
+        let (runs, hits, hand, reading) = (
+            self.runs.load(SeqCst),
+            self.l2_hits.load(SeqCst),
+            self.hand_evictions.load(SeqCst),
+            self.evicted_while_reading.load(SeqCst),
+        );
+        eprintln!("{what}: {runs} schedules, {hits} L2 hits, {hand} hand evictions, {reading} copies overwritten while being read");
+        (hits, hand, reading)
+    }
+}
+
+/// A 3-record ARC over 6 records, and an L2 of 4 records' worth, so
+/// records go to L2, come back from it, and the L2 hand overwrites them.
+fn rig() -> Rig {
+    let backing = device(RECORDS * RS);
+    for r in 0..RECORDS {
+        backing.write_at(&content(r, 0), r * RS).unwrap();
+    }
+    let l2 = L2Arc::new(vec![L2Device::new("l2".into(), device(HEADER_RESERVED + 4 * RS)).unwrap()]).unwrap();
+    let cfg = CacheConfig { arc_min: 2 * RS, arc_max: 3 * RS, min_prefetch_ms: 0, compress: false };
+    let cache = Cache::with_l2(cfg, Some(Arc::new(l2)));
+    // Prefetch runs on a pool of real threads, outside shuttle's control.
+    cache.zfetch.disable.store(true, SeqCst);
+    let tun = Arc::new(FeedTunables::default());
+    tun.dwpd_limit.store(0, SeqCst);
+    let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(std::sync::atomic::AtomicU64::new(3 * RS)))
+        .expect("an L2 device is there");
+    let vol = Volume::new(
+        0,
+        VolumeConfig { name: "t".into(), recordsize: RS, read_only: false },
+        backing,
+        Arc::clone(&cache),
+    );
+    Rig { vol, feed, cache }
+}
+
+fn read_record(vol: &Volume, r: u64) -> (u64, u8) {
+    let mut buf = vec![0u8; RS as usize];
+    vol.read(r * RS, &mut buf).expect("reads succeed");
+    identify(&buf).unwrap_or_else(|| panic!("record {r}: bytes that are no version of any record"))
+}
+
+/// Writes of record 0 race reads of it, while other reads push it out of
+/// the ARC and the feed moves records to L2 and wraps the L2 hand. A read
+/// must never return a version older than one acknowledged before it
+/// began, nor another record's bytes, nor garbage.
+fn writes_reads_feed_and_eviction(reached: &Reached) {
+    let rig = Arc::new(rig());
+    let acked = Arc::new(AtomicU8::new(0));
+    let writer = {
+        let (rig, acked) = (Arc::clone(&rig), Arc::clone(&acked));
+        thread::spawn(move || {
+            for v in 1..=2u8 {
+                rig.vol.write(0, &content(0, v), false).expect("writes succeed");
+                acked.store(v, SeqCst);
+            }
+        })
+    };
+    let reader = {
+        let (rig, acked) = (Arc::clone(&rig), Arc::clone(&acked));
+        thread::spawn(move || {
+            for _ in 0..3 {
+                let floor = acked.load(SeqCst);
+                let (r, v) = read_record(&rig.vol, 0);
+                assert_eq!(r, 0, "record 0 read back another record's bytes");
+                assert!(v >= floor, "stale read: version {v} after version {floor} was acknowledged");
+            }
+        })
+    };
+    let churn = {
+        let rig = Arc::clone(&rig);
+        thread::spawn(move || {
+            for round in 0..2 {
+                for r in 1..RECORDS {
+                    assert_eq!(read_record(&rig.vol, r), (r, 0), "round {round}");
+                }
+                rig.feed.cycle_once();
+            }
+        })
+    };
+    let feeder = {
+        let rig = Arc::clone(&rig);
+        thread::spawn(move || {
+            for _ in 0..3 {
+                rig.feed.cycle_once();
+            }
+        })
+    };
+    for t in [writer, reader, churn, feeder] {
+        t.join().expect("no thread panicked");
+    }
+    assert_eq!(read_record(&rig.vol, 0), (0, 2), "the last acknowledged write is what stays");
+    reached.l2_hits.fetch_add(rig.cache.stats().l2_hits, SeqCst);
+    reached.note(rig.cache.l2().expect("L2 is there"));
+}
+
+#[test]
+fn arc_and_l2_races_random_schedules() {
+    let reached = Arc::new(Reached::default());
+    let r = Arc::clone(&reached);
+    shuttle::check_random(move || writes_reads_feed_and_eviction(&r), 300);
+    let (hits, hand, _) = reached.report("random");
+    assert!(hits > 0 && hand > 0, "the schedules read from L2 and lapped it");
+}
+
+#[test]
+fn arc_and_l2_races_pct_schedules() {
+    // PCT favours the few-preemption orders where most races show.
+    let reached = Arc::new(Reached::default());
+    let r = Arc::clone(&reached);
+    shuttle::check_pct(move || writes_reads_feed_and_eviction(&r), 300, 3);
+    let (hits, hand, _) = reached.report("pct");
+    assert!(hits > 0 && hand > 0, "the schedules read from L2 and lapped it");
+}
+
+/// Bytes the L2 hands back for `key` are `key`'s, whole, whatever the
+/// hand and invalidations do meanwhile.
+fn l2_reads_racing_the_hand(reached: &Arc<Reached>) {
+    let dev = device(HEADER_RESERVED + 4 * RS);
+    let l2 = Arc::new(L2Arc::new(vec![L2Device::new("l2".into(), dev).unwrap()]).unwrap());
+    let flags = BlobFlags { raw: true, compressed: false, prefetch: false, mfu: false, lshift: 8 };
+    let feeder = {
+        let l2 = Arc::clone(&l2);
+        thread::spawn(move || {
+            // Two records per batch over eight keys: the hand laps the device.
+            for round in 0..4u8 {
+                let keys = [u64::from(round * 2 % 8), u64::from((round * 2 + 1) % 8)];
+                let items: Vec<FeedItem> = keys
+                    .iter()
+                    .filter(|&&k| l2.begin_feed(k))
+                    .map(|&k| FeedItem { key: k, data: Arc::new(content(k, round)), flags })
+                    .collect();
+                let _ = l2.write_batch(0, items, 0, false);
+            }
+        })
+    };
+    let invalidator = {
+        let l2 = Arc::clone(&l2);
+        thread::spawn(move || {
+            for k in [1u64, 4, 5] {
+                l2.invalidate(k);
+            }
+        })
+    };
+    let reader = {
+        let (l2, reached) = (Arc::clone(&l2), Arc::clone(reached));
+        thread::spawn(move || {
+            for _ in 0..2 {
+                for k in 0..8u64 {
+                    let Some(ptr) = l2.lookup(k) else { continue };
+                    if let Ok(bytes) = l2.read(k, ptr) {
+                        let (r, _) = identify(&bytes).expect("whole records only");
+                        assert_eq!(r, k, "key {k} read back key {r}'s bytes");
+                        reached.l2_hits.fetch_add(1, SeqCst);
+                    }
+                }
+            }
+        })
+    };
+    for t in [feeder, invalidator, reader] {
+        t.join().expect("no thread panicked");
+    }
+    reached.note(&l2);
+}
+
+#[test]
+fn l2_reads_racing_the_hand_random_schedules() {
+    let reached = Arc::new(Reached::default());
+    let r = Arc::clone(&reached);
+    shuttle::check_random(move || l2_reads_racing_the_hand(&r), 1000);
+    let (hits, hand, reading) = reached.report("L2 alone");
+    assert!(hits > 0 && hand > 0, "reads hit and the hand lapped");
+    assert!(reading > 0, "some schedule overwrote a copy while a reader had its pointer");
+}
