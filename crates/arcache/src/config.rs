@@ -70,6 +70,8 @@ pub struct ConfigFile {
     pub tls_client_ca: Option<PathBuf>,
     /// A group allowed to use the NBD unix sockets, as with `--socket-group`.
     pub socket_group: Option<String>,
+    pub max_connections: Option<usize>,
+    pub max_conn_memory: Option<SizeValue>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
     pub set: BTreeMap<String, toml::Value>,
@@ -179,6 +181,20 @@ pub struct ServeSettings {
     pub tls: Option<TlsSettings>,
     /// The group given read-write access to the NBD unix sockets.
     pub socket_group: Option<String>,
+    pub max_connections: usize,
+    /// Payload bytes one NBD connection may hold at once.
+    pub max_conn_bytes: u64,
+}
+
+impl ServeSettings {
+    /// `cfg` with these settings' bounds on connections and their memory.
+    pub fn apply_limits(&self, cfg: nbd::ServerConfig) -> nbd::ServerConfig {
+        nbd::ServerConfig {
+            max_connections: self.max_connections,
+            max_conn_bytes: self.max_conn_bytes,
+            ..cfg
+        }
+    }
 }
 
 /// TLS for NBD clients, resolved.

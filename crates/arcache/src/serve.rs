@@ -110,6 +110,14 @@ pub struct ServeArgs {
     /// the server's user may (0600).
     #[arg(long, value_name = "GROUP")]
     pub socket_group: Option<String>,
+    /// NBD connections served at once (default 128); more are closed.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Request and reply payload bytes one connection may hold at once
+    /// (default 64M, at least 32M): the bound on what one client can make
+    /// the server allocate.
+    #[arg(long, value_name = "SIZE")]
+    pub max_conn_memory: Option<String>,
 }
 
 /// `PATH[:SIZE]` of an L2 device.
@@ -275,6 +283,11 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
             args.tls_client_ca.clone().or(file.tls_client_ca),
         )?,
         socket_group,
+        max_connections: args.max_connections.or(file.max_connections).unwrap_or(128).max(1),
+        max_conn_bytes: match args.max_conn_memory.as_deref() {
+            Some(s) => parse_size(s)?,
+            None => file.max_conn_memory.as_ref().map(|v| v.bytes()).transpose()?.unwrap_or(64 << 20),
+        },
     })
 }
 
@@ -643,8 +656,11 @@ pub fn start_on(
         None => (None, None),
     };
     let tls = tls_policy(settings)?;
-    let server =
-        Server::with_tls(Arc::new(table), ServerConfig { workers: settings.workers, ..nbd_cfg }, tls);
+    let server = Server::with_tls(
+        Arc::new(table),
+        settings.apply_limits(ServerConfig { workers: settings.workers, ..nbd_cfg }),
+        tls,
+    );
     let (uris, sockets) = listen_all(settings, &server, &volumes)?;
     let control = if with_control {
         let handler = Arc::new(ControlState {
@@ -826,6 +842,8 @@ impl ControlState {
         obj.insert("nbd_immediate_writes".into(), json!(s.immediate_writes.load(Relaxed)));
         obj.insert("nbd_tls_sessions".into(), json!(s.tls_sessions.load(Relaxed)));
         obj.insert("nbd_tls_handshake_errors".into(), json!(s.tls_handshake_errors.load(Relaxed)));
+        obj.insert("nbd_refused_connections".into(), json!(s.refused_connections.load(Relaxed)));
+        obj.insert("nbd_budget_waits".into(), json!(s.budget_waits.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
         obj.insert("uptime_secs".into(), json!(self.started.elapsed().as_secs_f64()));
         obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));

@@ -225,3 +225,64 @@ fn structured_replies_carry_data_and_errors() {
     c.read_exact(&mut e).unwrap();
     assert_eq!(u32::from_be_bytes(e[0..4].try_into().unwrap()), EINVAL);
 }
+
+/// The process's peak resident memory, from /proc.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap();
+    kib.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() << 10
+}
+
+#[test]
+fn a_client_piling_up_huge_reads_it_never_collects_is_held_to_its_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("sparse.img");
+    std::fs::File::create(&backing).unwrap().set_len(1 << 30).unwrap();
+    let b = backing.to_str().unwrap();
+    let s = Serve::start(dir, &["--export", b, "--arc-max", "64M", "--max-conn-memory", "64M"]);
+    let pid = s.child.as_ref().unwrap().id();
+    let mut greedy = nbd::Client::connect(&s.target(), "").unwrap();
+    // 1 GiB of 32 MiB replies asked for, none read: without a budget every
+    // reply buffer would be allocated and filled at once.
+    for i in 0..32u64 {
+        greedy.send_read(i << 25, 32 << 20).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.stat()["nbd_budget_waits"].as_u64().unwrap_or(0) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Time for anything admitted to be read from the backing store.
+    std::thread::sleep(Duration::from_secs(2));
+    let peak = peak_rss(pid);
+    eprintln!("peak RSS with 1 GiB of replies pending: {} MiB", peak >> 20);
+    assert!(peak < 400 << 20, "peak RSS {} MiB: the 64 MiB budget did not hold", peak >> 20);
+    assert!(s.stat()["nbd_budget_waits"].as_u64() > Some(0), "the reader waited for its budget");
+    still_serves(&s);
+    drop(greedy);
+    still_serves(&s);
+}
+
+#[test]
+fn connections_beyond_max_connections_are_closed_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("b.img");
+    random_file(&backing, 1 << 20, 2);
+    let s = Serve::start(dir, &["--export", backing.to_str().unwrap(), "--max-connections", "2"]);
+    let idle = |n: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while s.stat()["nbd_active_connections"].as_u64() != Some(n) {
+            assert!(std::time::Instant::now() < deadline, "connections never settled at {n}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    idle(0); // the start-up probes are gone
+    let first = nbd::Client::connect(&s.target(), "").unwrap();
+    let _second = nbd::Client::connect(&s.target(), "").unwrap();
+    assert!(nbd::Client::connect(&s.target(), "").is_err(), "a third connection is refused");
+    assert_eq!(s.stat()["nbd_refused_connections"].as_u64(), Some(1));
+    first.disconnect().unwrap();
+    idle(1);
+    let mut again = nbd::Client::connect(&s.target(), "").expect("a freed place is taken again");
+    let mut buf = [0u8; 512];
+    again.read(0, &mut buf).unwrap();
+}

@@ -226,6 +226,12 @@ impl Client {
         self.request(CMD_WRITE, 0, offset, data.len() as u32, data).map(|_| ())
     }
 
+    /// Sends a read and does not wait for its answer (for tests of
+    /// clients that pipeline requests and never read the replies).
+    pub fn send_read(&mut self, offset: u64, len: u32) -> ClientResult<()> {
+        self.request(CMD_READ, 0, offset, len, &[]).map(|_| ())
+    }
+
     pub fn flush(&mut self) -> ClientResult<()> {
         let h = self.request(CMD_FLUSH, 0, 0, 0, &[])?;
         self.reply("flush", h)

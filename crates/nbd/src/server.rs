@@ -78,8 +78,15 @@ pub trait ExportSet: Send + Sync {
 pub struct ServerConfig {
     /// Largest READ or WRITE payload accepted (also advertised).
     pub max_request: u32,
-    /// Requests one connection may have in flight; bounds its memory.
+    /// Requests one connection may have in flight.
     pub max_in_flight: usize,
+    /// Bytes of request and reply payloads one connection may hold at
+    /// once; the reader stops taking requests beyond it, so one client
+    /// cannot make the server allocate without bound. Never below
+    /// `max_request` (a single largest request always gets in).
+    pub max_conn_bytes: u64,
+    /// Connections served at once; more are closed at accept.
+    pub max_connections: usize,
     /// Worker threads shared by every connection for blocking requests.
     pub workers: usize,
     /// A client must finish the handshake within this time.
@@ -91,6 +98,8 @@ impl Default for ServerConfig {
         ServerConfig {
             max_request: 32 << 20,
             max_in_flight: 64,
+            max_conn_bytes: 64 << 20,
+            max_connections: 128,
             workers: 32,
             handshake_timeout: Duration::from_secs(30),
         }
@@ -111,6 +120,10 @@ pub struct ServerStats {
     /// clients that do not trust ours, garbage).
     pub tls_sessions: AtomicU64,
     pub tls_handshake_errors: AtomicU64,
+    /// Connections closed at accept because `max_connections` were open.
+    pub refused_connections: AtomicU64,
+    /// Times a connection's reader waited for its payload budget.
+    pub budget_waits: AtomicU64,
 }
 
 pub struct Server {
@@ -189,6 +202,16 @@ impl Server {
     }
 
     fn spawn_connection(self: &Arc<Self>, conn: Conn) {
+        if self.live.lock().len() >= self.cfg.max_connections {
+            self.stats.refused_connections.fetch_add(1, Relaxed);
+            warn!(
+                "refusing a connection from {}: {} are open (max_connections)",
+                conn.peer(),
+                self.cfg.max_connections
+            );
+            conn.shutdown();
+            return;
+        }
         let server = Arc::clone(self);
         let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || server.handle(conn));
         if let Err(e) = spawned {
@@ -462,7 +485,7 @@ impl Server {
         let shared = Arc::new(ConnShared {
             writer: Mutex::new(wr),
             structured,
-            in_flight: Mutex::new(0),
+            in_flight: Mutex::new(InFlight::default()),
             drained: Condvar::new(),
         });
         let result = self.request_loop(&mut rd, &shared, &export, &info);
@@ -493,6 +516,8 @@ impl Server {
             if req.kind == CMD_DISC {
                 return Ok(());
             }
+            // Taken before the payload is read or a reply buffer allocated.
+            let slot = self.admit(shared, &req);
             let payload = if req.kind == CMD_WRITE {
                 match self.read_payload(rd, req.length)? {
                     Some(p) => Some(p),
@@ -523,7 +548,7 @@ impl Server {
                 }
                 let mut buf = vec![0u8; req.length as usize];
                 self.dispatch(
-                    shared,
+                    slot,
                     req,
                     move |ex| {
                         let res = ex.read(req.offset, &mut buf);
@@ -543,7 +568,7 @@ impl Server {
                 }
             }
             self.dispatch(
-                shared,
+                slot,
                 req,
                 move |ex| {
                     let res = match req.kind {
@@ -600,27 +625,45 @@ impl Server {
         }
     }
 
-    fn dispatch<F>(
-        self: &Arc<Self>,
-        shared: &Arc<ConnShared>,
-        req: Request,
-        work: F,
-        export: &Arc<dyn Export>,
-    ) where
+    /// Waits until the connection may hold `req`'s payload (its WRITE data
+    /// or its READ reply) on top of what its requests in flight hold.
+    fn admit(&self, shared: &Arc<ConnShared>, req: &Request) -> Slot {
+        let bytes = match req.kind {
+            CMD_READ | CMD_WRITE => u64::from(req.length.min(self.cfg.max_request)),
+            _ => 0,
+        };
+        let max_bytes = self.cfg.max_conn_bytes.max(u64::from(self.cfg.max_request));
+        let mut n = shared.in_flight.lock();
+        let mut waited = false;
+        while n.requests >= self.cfg.max_in_flight.max(1) || (n.bytes > 0 && n.bytes + bytes > max_bytes) {
+            if !waited {
+                // Counted as the wait begins, so a stuck connection shows.
+                self.stats.budget_waits.fetch_add(1, Relaxed);
+                waited = true;
+            }
+            shared.drained.wait(&mut n);
+        }
+        n.requests += 1;
+        n.bytes += bytes;
+        Slot { shared: Arc::clone(shared), bytes }
+    }
+
+    fn dispatch<F>(self: &Arc<Self>, slot: Slot, req: Request, work: F, export: &Arc<dyn Export>)
+    where
         F: FnOnce(&dyn Export) -> (NbdResult, Vec<u8>) + Send + 'static,
     {
-        shared.acquire(self.cfg.max_in_flight);
-        let shared = Arc::clone(shared);
         let export = Arc::clone(export);
         let server = Arc::clone(self);
         let job: Job = Box::new(move || {
+            let shared = &slot.shared;
             let (res, buf) = work(export.as_ref());
             if req.kind == CMD_READ {
                 shared.reply_read(req, res, &buf, &server.stats);
             } else {
                 shared.reply_status(req, res, &server.stats);
             }
-            shared.release();
+            // The reply is out: dropping `slot` gives its budget back.
+            drop(slot);
         });
         self.jobs.push(job);
     }
@@ -630,27 +673,37 @@ impl Server {
 struct ConnShared {
     writer: Mutex<Writer>,
     structured: bool,
-    in_flight: Mutex<usize>,
+    in_flight: Mutex<InFlight>,
     drained: Condvar,
 }
 
+#[derive(Default)]
+struct InFlight {
+    requests: usize,
+    bytes: u64,
+}
+
+/// One admitted request's share of its connection's budget, given back
+/// when dropped.
+struct Slot {
+    shared: Arc<ConnShared>,
+    bytes: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut n = self.shared.in_flight.lock();
+        n.requests -= 1;
+        n.bytes -= self.bytes;
+        drop(n);
+        self.shared.drained.notify_all();
+    }
+}
+
 impl ConnShared {
-    fn acquire(&self, max: usize) {
-        let mut n = self.in_flight.lock();
-        while *n >= max.max(1) {
-            self.drained.wait(&mut n);
-        }
-        *n += 1;
-    }
-
-    fn release(&self) {
-        *self.in_flight.lock() -= 1;
-        self.drained.notify_all();
-    }
-
     fn wait_idle(&self) {
         let mut n = self.in_flight.lock();
-        while *n > 0 {
+        while n.requests > 0 {
             self.drained.wait(&mut n);
         }
     }
