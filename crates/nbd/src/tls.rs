@@ -106,6 +106,8 @@ pub struct TlsReader {
     session: Arc<Session>,
     sock: Conn,
     inbox: Inbox,
+    /// The client closed its side; nothing more will come.
+    eof: bool,
 }
 
 /// Bytes read from the socket, and the range rustls has not taken yet.
@@ -136,7 +138,7 @@ pub fn accept(conn: Conn, config: Arc<ServerConfig>) -> io::Result<(TlsReader, T
     }
     let session = Arc::new(Session { tls: Mutex::new(tls), sock: Mutex::new(sock) });
     let inbox = Inbox { raw: vec![0u8; 64 << 10].into(), pending: 0..0 };
-    let reader = TlsReader { session: Arc::clone(&session), sock: conn, inbox };
+    let reader = TlsReader { session: Arc::clone(&session), sock: conn, inbox, eof: false };
     Ok((reader, TlsWriter { session }))
 }
 
@@ -147,6 +149,9 @@ impl Read for TlsReader {
                 let mut tls = self.session.tls.lock();
                 match tls.reader().read(out) {
                     Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.eof => {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
@@ -162,6 +167,8 @@ impl Read for TlsReader {
             if n == 0 {
                 // End of stream: rustls decides whether it was a clean close.
                 tls.read_tls(&mut io::empty())?;
+                tls.process_new_packets().map_err(invalid)?;
+                self.eof = true;
                 continue;
             }
             self.inbox.feed(&self.session, &mut tls)?;
