@@ -267,7 +267,8 @@ impl Server {
     fn session(self: &Arc<Self>, conn: Conn) -> io::Result<()> {
         conn.set_read_timeout(Some(self.cfg.handshake_timeout))?;
         let mut wr = Writer::Plain(conn.try_clone()?);
-        let mut rd = BufReader::with_capacity(64 << 10, Reader::Plain(conn.try_clone()?));
+        // The reader keeps `conn` itself: one descriptor fewer per client.
+        let mut rd = BufReader::with_capacity(64 << 10, Reader::Plain(conn));
         let no_zeroes = greet(&mut rd, &mut wr)?;
         let mut secure = false;
         let (export, structured) = loop {
@@ -280,7 +281,8 @@ impl Server {
                 Negotiated::StartTls => {
                     let config = self.tls.as_ref().map(|t| Arc::clone(&t.config));
                     let config = config.ok_or_else(|| protocol_error("STARTTLS without TLS".into()))?;
-                    let (r, w) = tls::accept(conn.try_clone()?, config).inspect_err(|e| {
+                    let sock = rd.get_ref().socket().try_clone()?;
+                    let (r, w) = tls::accept(sock, config).inspect_err(|e| {
                         self.stats.tls_handshake_errors.fetch_add(1, Relaxed);
                         debug!("TLS handshake failed: {e}");
                     })?;
@@ -291,7 +293,7 @@ impl Server {
                 }
             }
         };
-        conn.set_read_timeout(None)?;
+        rd.get_ref().socket().set_read_timeout(None)?;
         self.transmission(rd, wr, export, structured)
     }
 

@@ -11,6 +11,16 @@ pub enum Reader {
     Tls(TlsReader),
 }
 
+impl Reader {
+    /// The socket underneath, for its options.
+    pub fn socket(&self) -> &Conn {
+        match self {
+            Reader::Plain(c) => c,
+            Reader::Tls(t) => t.socket(),
+        }
+    }
+}
+
 impl Read for Reader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {

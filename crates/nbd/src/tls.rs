@@ -176,6 +176,12 @@ impl Read for TlsReader {
     }
 }
 
+impl TlsReader {
+    pub fn socket(&self) -> &Conn {
+        &self.sock
+    }
+}
+
 impl Inbox {
     fn feed(&mut self, session: &Session, tls: &mut ServerConnection) -> io::Result<()> {
         let mut slice = &self.raw[self.pending.clone()];
