@@ -1,6 +1,8 @@
 //! A whole NBD session from arbitrary client bytes: handshake, options and
 //! the request stream, against an in-memory export. The server must answer
-//! or close, never panic or hang.
+//! or close, never panic or hang. The first byte picks the server: odd, one that
+//! requires TLS, so the plaintext STARTTLS paths (refusals, the injection
+//! guard, a handshake fed garbage) are fuzzed too.
 #![no_main]
 
 use std::io::{Read, Write};
@@ -10,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use nbd::conn::Conn;
 use nbd::server::{Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig};
+use nbd::TlsPolicy;
 
 struct Mem(Mutex<Vec<u8>>);
 
@@ -60,18 +63,37 @@ impl ExportSet for Set {
     }
 }
 
+fn new_server(tls: Option<TlsPolicy>) -> Arc<Server> {
+    let mem = Arc::new(Mem(Mutex::new(vec![0; 1 << 20])));
+    let cfg = ServerConfig { workers: 2, max_request: 1 << 20, ..ServerConfig::default() };
+    Server::with_tls(Arc::new(Set(mem)), cfg, tls)
+}
+
 fn server() -> &'static Arc<Server> {
     static S: OnceLock<Arc<Server>> = OnceLock::new();
+    S.get_or_init(|| new_server(None))
+}
+
+/// A server that requires TLS, with a self-signed certificate made once.
+fn tls_server() -> &'static Arc<Server> {
+    static S: OnceLock<Arc<Server>> = OnceLock::new();
     S.get_or_init(|| {
-        let mem = Arc::new(Mem(Mutex::new(vec![0; 1 << 20])));
-        let cfg = ServerConfig { workers: 2, max_request: 1 << 20, ..ServerConfig::default() };
-        Server::new(Arc::new(Set(mem)), cfg)
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+        let dir = std::env::temp_dir().join(format!("arcache-fuzz-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        let config = nbd::tls::server_config(&c, &k, None).unwrap();
+        new_server(Some(TlsPolicy { config, required: true }))
     })
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(|input: &[u8]| {
     let (mut client, theirs) = UnixStream::pair().unwrap();
-    let srv = Arc::clone(server());
+    let Some((&pick, data)) = input.split_first() else { return };
+    let srv = Arc::clone(if pick & 1 == 1 { tls_server() } else { server() });
     let t = std::thread::spawn(move || srv.handle(Conn::Unix(theirs)));
     let _ = client.set_read_timeout(Some(std::time::Duration::from_secs(5)));
     let _ = client.write_all(data);
