@@ -125,9 +125,6 @@ struct Inner {
     /// After a failed sync, no retry before this.
     retry_at: Option<Instant>,
     stop: bool,
-    /// Counts changes put in `unlogged`/`discards`: a commit that collected
-    /// them when this read N covers every change up to N.
-    changes: u64,
 }
 
 impl Inner {
@@ -165,10 +162,6 @@ pub struct Backing {
     pub size: u64,
 }
 
-/// What a commit takes: discards, pages, the open txg, the raw list taken
-/// from `unlogged` (to give back on failure), and the change count covered.
-type Collected = (Vec<Entry>, Vec<(PageKey, Arc<Page>)>, u64, Vec<(u64, PageKey)>, u64);
-
 /// One stage of the commit pipeline. Runs are numbered and one runs at a
 /// time; a caller needs a run that started after it arrived.
 #[derive(Default)]
@@ -178,9 +171,6 @@ struct Stage {
     running: bool,
     /// The newest run that failed: its callers must not hear "durable".
     last_failed: u64,
-    /// Every change counted up to this is through this stage: written to
-    /// the log (write stage), or written and flushed (sync stage).
-    covered: u64,
 }
 
 /// Log commits in two stages, so the next batch is written while the
@@ -220,8 +210,7 @@ pub struct WriteBack {
     log_failed: AtomicBool,
     l2: Option<Arc<L2Arc>>,
     commit: Mutex<CommitState>,
-    /// One per stage, so a run's end wakes only the callers of its stage.
-    commit_cv: [Condvar; 2],
+    commit_cv: Condvar,
     pub tunables: Arc<WriteTunables>,
     pub stats: WriteStats,
     /// Page count, readable without the lock: reads skip overlays when 0.
@@ -256,7 +245,6 @@ impl WriteBack {
                 discards: Vec::new(),
                 retry_at: None,
                 stop: false,
-                changes: 0,
             }),
             cv: Condvar::new(),
             sync_lock: RwLock::new(()),
@@ -265,7 +253,7 @@ impl WriteBack {
             log_failed: AtomicBool::new(false),
             l2,
             commit: Mutex::new(CommitState::default()),
-            commit_cv: [Condvar::new(), Condvar::new()],
+            commit_cv: Condvar::new(),
             tunables,
             stats: WriteStats::default(),
             dirty_pages: AtomicU64::new(0),
@@ -387,7 +375,6 @@ impl WriteBack {
             }
             g.unlogged.push((number, key));
         }
-        g.changes += 1;
         if g.open.born.is_none() {
             g.open.born = Some(Instant::now());
         }
@@ -467,17 +454,13 @@ impl WriteBack {
     pub fn commit(&self) -> DevResult<()> {
         self.stats.zil_commit_count.fetch_add(1, Relaxed);
         if self.log_usable().is_none() {
-            if self.in_stage(StageId::Write, u64::MAX, &|_| self.commit_in_place().ok().map(|_| 0)) {
+            if self.in_stage(StageId::Write, &|| self.commit_in_place().is_ok()) {
                 return Ok(());
             }
             return Err(sync_error("writing dirty data to the backing store failed".into()));
         }
-        // A log write that collected every change made before this call
-        // serves it, even if it began before the call: a FLUSH then waits
-        // for the commit in progress rather than also for the next one.
-        let need = self.inner.lock().changes;
-        if self.in_stage(StageId::Write, need, &|_| self.log_write_once())
-            && self.in_stage(StageId::Sync, need, &|written| self.log_sync_once().then_some(written))
+        if self.in_stage(StageId::Write, &|| self.log_write_once())
+            && self.in_stage(StageId::Sync, &|| self.log_sync_once())
         {
             return Ok(());
         }
@@ -485,20 +468,13 @@ impl WriteBack {
         self.sync_now()
     }
 
-    /// Waits until stage `id` covers change `need`, or for a run of it that
-    /// starts after this call, running it here when none is running; true
-    /// if covered or that run succeeded. `work` gets what the write stage
-    /// covered when the run began and returns what the run covers, `None`
-    /// on failure.
-    fn in_stage(&self, id: StageId, need: u64, work: &dyn Fn(u64) -> Option<u64>) -> bool {
+    /// Waits for a run of stage `id` that starts after this call, running
+    /// it here when none is running; true if that run succeeded.
+    fn in_stage(&self, id: StageId, work: &dyn Fn() -> bool) -> bool {
         let mut c = self.commit.lock();
         let ticket = c.stage(id).started + 1;
         loop {
-            let written = c.write.covered;
             let st = c.stage(id);
-            if st.covered >= need {
-                return true;
-            }
             if st.done >= ticket {
                 return st.last_failed < ticket;
             }
@@ -507,19 +483,18 @@ impl WriteBack {
                 st.started += 1;
                 let number = st.started;
                 drop(c);
-                let res = work(written);
+                let ok = work();
                 c = self.commit.lock();
                 let st = c.stage(id);
                 st.running = false;
                 st.done = number;
-                match res {
-                    Some(covered) => st.covered = st.covered.max(covered),
-                    None => st.last_failed = number,
+                if !ok {
+                    st.last_failed = number;
                 }
-                self.commit_cv[id as usize].notify_all();
+                self.commit_cv.notify_all();
                 continue;
             }
-            self.commit_cv[id as usize].wait(&mut c);
+            self.commit_cv.wait(&mut c);
         }
     }
 
@@ -530,11 +505,10 @@ impl WriteBack {
         }
     }
 
-    /// Writes every unlogged page and discard to the log (not yet flushed);
-    /// returns the change count it covers.
-    fn log_write_once(&self) -> Option<u64> {
-        let log = self.log_usable()?;
-        let (discards, pages, txg, taken, covered) = self.collect_unlogged();
+    /// Writes every unlogged page and discard to the log (not yet flushed).
+    fn log_write_once(&self) -> bool {
+        let Some(log) = self.log_usable() else { return false };
+        let (discards, pages, txg, taken) = self.collect_unlogged();
         let mut entries = discards;
         entries.extend(pages.iter().map(|(key, p)| Entry::Page {
             export: key_vol(*key),
@@ -543,7 +517,7 @@ impl WriteBack {
             data: p.packed(),
         }));
         if entries.is_empty() {
-            return Some(covered);
+            return true;
         }
         // A commit bigger than a quarter of the log is better synced.
         let encoded = IntentLog::encoded_len(&entries);
@@ -566,14 +540,14 @@ impl WriteBack {
                 s.zil_commit_writer_count.fetch_add(1, Relaxed);
                 s.zil_itx_count.fetch_add(entries.len() as u64, Relaxed);
                 s.zil_log_bytes.fetch_add(encoded, Relaxed);
-                Some(covered)
+                true
             }
             Err(e) => {
                 if !matches!(e, LogError::Full) {
                     self.fail_log(&e);
                 }
                 self.give_back(taken, &entries, txg);
-                None
+                false
             }
         }
     }
@@ -605,7 +579,7 @@ impl WriteBack {
             return self.flush_backings();
         }
         let _sync = self.sync_lock.write();
-        let (_, pages, txg, taken, _) = self.collect_unlogged();
+        let (_, pages, txg, taken) = self.collect_unlogged();
         let map: rustc_hash::FxHashMap<PageKey, Arc<Page>> = pages.iter().cloned().collect();
         // As before a txg: no L2 copy older than these pages may survive a
         // crash once they are on the backing store.
@@ -636,9 +610,9 @@ impl WriteBack {
     }
 
     /// The discards and unlogged pages (newest versions) to commit, the
-    /// open txg, what was taken from the queues, and the change count that
-    /// everything collected covers.
-    fn collect_unlogged(&self) -> Collected {
+    /// open txg, and what was taken from the queues.
+    #[allow(clippy::type_complexity)]
+    fn collect_unlogged(&self) -> (Vec<Entry>, Vec<(PageKey, Arc<Page>)>, u64, Vec<(u64, PageKey)>) {
         let mut g = self.inner.lock();
         let taken = std::mem::take(&mut g.unlogged);
         let (open, syncing) = (g.open.number, g.syncing.as_ref().map_or(0, |t| t.number));
@@ -664,7 +638,7 @@ impl WriteBack {
             }
             pages.push((key, Arc::clone(p)));
         }
-        (entries, pages, g.open.number, taken, g.changes)
+        (entries, pages, g.open.number, taken)
     }
 
     /// Puts back what a commit took when it could not log it.
@@ -807,7 +781,6 @@ impl WriteBack {
             g.open.pages.insert(key, Arc::new(merged));
             g.unlogged.push((number, key));
         }
-        g.changes += 1;
         let mut twice = Vec::new();
         for &k in &failed.records {
             if !g.open.records.insert(k) {
@@ -928,7 +901,6 @@ impl WriteBack {
             if let (Some(entry), Some(_)) = (change.log_entry(vol, &range), self.log_usable()) {
                 g.discards.push((number, entry));
             }
-            g.changes += 1;
             self.recount(g);
         }
         op()
