@@ -36,7 +36,8 @@ use crate::tunables::{self, Tunables};
 #[derive(Debug, Args, Default, Clone)]
 pub struct ServeArgs {
     /// An export: [NAME=]BACKING, where BACKING is a file, a block device or
-    /// an NBD URI (nbd://host[:port]/name, nbd+unix:///name?socket=PATH).
+    /// an NBD URI (nbd://host[:port]/name, nbd+unix:///name?socket=PATH, or
+    /// nbds://... and nbds+unix://... with tls-certificates=DIR for TLS).
     /// Repeatable; no NAME means the default export "".
     #[arg(long = "export", value_name = "[NAME=]BACKING")]
     pub exports: Vec<String>,
@@ -347,9 +348,9 @@ fn listen_all(
     let mut uris = Vec::new();
     for target in targets {
         for v in volumes {
-            let uri = NbdUri { target: target.clone(), export: v.name().to_string() }.to_string();
             // With TLS configured, point clients at the encrypted form.
-            uris.push(if settings.tls.is_some() { uri.replacen("nbd", "nbds", 1) } else { uri });
+            let tls = settings.tls.as_ref().map(|_| nbd::uri::ClientTls::default());
+            uris.push(NbdUri { target: target.clone(), export: v.name().to_string(), tls }.to_string());
         }
     }
     Ok((uris, sockets))

@@ -278,3 +278,56 @@ fn tls_settings_are_checked_at_start() {
         assert!(err.contains(expect), "{args:?}: error should mention {expect:?}: {err}");
     }
 }
+
+// ------------------------------------------------------------ nbds backing stores
+
+#[test]
+fn an_nbds_backing_store_is_reached_over_tls_and_its_certificate_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path());
+    // nbdkit reads ca-cert.pem, server-cert.pem and server-key.pem from one directory.
+    let kit_dir = dir.path().join("kit");
+    std::fs::create_dir(&kit_dir).unwrap();
+    for (from, to) in
+        [(&pki.ca, "ca-cert.pem"), (&pki.server_cert, "server-cert.pem"), (&pki.server_key, "server-key.pem")]
+    {
+        std::fs::copy(from, kit_dir.join(to)).unwrap();
+    }
+    let tls_dir = format!("--tls-certificates={}", kit_dir.display());
+    let kit = Nbdkit::start(dir.path(), "origin", &["--tls=require", &tls_dir, "memory", "8M"]);
+    let backing = |certs: &Path| {
+        format!("nbds+unix:///?socket={}&tls-certificates={}", kit.sock.display(), certs.display())
+    };
+
+    // A CA that did not sign nbdkit's certificate: refused at start, clearly.
+    let (stranger, _) = new_ca("a stranger");
+    let wrong = dir.path().join("wrong-ca");
+    std::fs::create_dir(&wrong).unwrap();
+    write(&wrong.join("ca-cert.pem"), &stranger.pem());
+    let out = Command::new(BIN)
+        .args(["serve", "--export", &backing(&wrong), "--listen"])
+        .arg(format!("unix:{}", dir.path().join("x.sock").display()))
+        .arg("--control")
+        .arg(dir.path().join("x.ctl"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("TLS"), "an untrusted server is refused: {err}");
+
+    let s = Serve::start(tempfile::tempdir().unwrap(), &["--export", &backing(&pki.anonymous)]);
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 3) as u8).collect();
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    c.write(1 << 20, &data, false).unwrap();
+    c.flush().unwrap();
+    let mut back = vec![0u8; data.len()];
+    c.read(1 << 20, &mut back).unwrap();
+    assert!(back == data, "read back through arcache");
+    drop(c);
+    drop(s.stop());
+    // What nbdkit itself holds, read over TLS by libnbd.
+    need("nbdcopy");
+    let copy = dir.path().join("origin-copy.img");
+    run(Command::new("nbdcopy").arg(backing(&pki.anonymous)).arg(&copy));
+    let origin = std::fs::read(&copy).unwrap();
+    assert!(origin[1 << 20..2 << 20] == data[..], "the write reached the TLS-only origin");
+}

@@ -26,7 +26,7 @@ fn remote_err(uri: &NbdUri, e: ClientError) -> DevError {
 
 impl NbdDev {
     pub fn connect(uri: NbdUri) -> DevResult<NbdDev> {
-        let first = Client::connect(&uri.target, &uri.export).map_err(|e| remote_err(&uri, e))?;
+        let first = Client::connect_uri(&uri).map_err(|e| remote_err(&uri, e))?;
         let max_connections = if first.can_multi_conn() { MAX_CONNECTIONS } else { 1 };
         Ok(NbdDev {
             size: first.size(),
@@ -74,7 +74,7 @@ impl NbdDev {
                 if *open < self.max_connections {
                     *open += 1;
                     drop(open);
-                    return Client::connect(&self.uri.target, &self.uri.export).map_err(|e| {
+                    return Client::connect_uri(&self.uri).map_err(|e| {
                         *self.open.lock() -= 1;
                         remote_err(&self.uri, e)
                     });

@@ -1,12 +1,12 @@
 //! A small blocking NBD client: fixed newstyle, OPT_GO, simple replies, one
-//! request at a time per connection. Used to put arcache in front of a
-//! remote export, by the demo and by tests.
+//! request at a time per connection, optionally over TLS (STARTTLS). Used
+//! to put arcache in front of a remote export, by the demo and by tests.
 
 use std::io::{self, BufReader, Read, Write};
 
 use crate::conn::{write_all_vectored, Conn};
 use crate::proto::*;
-use crate::uri::Target;
+use crate::uri::{NbdUri, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -16,6 +16,8 @@ pub enum ClientError {
     Handshake(String),
     #[error("server answered {op} with errno {errno}")]
     Request { op: &'static str, errno: u32 },
+    #[error("NBD TLS: {0}")]
+    Tls(String),
 }
 
 impl ClientError {
@@ -30,9 +32,57 @@ impl ClientError {
 
 pub type ClientResult<T> = Result<T, ClientError>;
 
+/// The connection, plain or TLS; one request at a time uses it both ways.
+enum Stream {
+    Plain(Conn),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, Conn>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(c) => c.read(buf),
+            Stream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(c) => c.write(buf),
+            Stream::Tls(t) => t.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(c) => c.write_vectored(bufs),
+            Stream::Tls(t) => t.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(c) => c.flush(),
+            Stream::Tls(t) => t.flush(),
+        }
+    }
+}
+
+impl Stream {
+    fn shutdown(&mut self) {
+        match self {
+            Stream::Plain(c) => c.shutdown(),
+            Stream::Tls(t) => {
+                t.conn.send_close_notify();
+                let _ = t.flush();
+                t.sock.shutdown();
+            }
+        }
+    }
+}
+
 pub struct Client {
-    rd: BufReader<Conn>,
-    wr: Conn,
+    io: BufReader<Stream>,
     size: u64,
     flags: u16,
     next_handle: u64,
@@ -50,13 +100,56 @@ impl Client {
         Ok(c)
     }
 
+    /// Connects to what `uri` names, negotiating TLS for `nbds` URIs.
+    pub fn connect_uri(uri: &NbdUri) -> ClientResult<Client> {
+        let mut c = Client::greeted(&uri.target)?;
+        if let Some(tls) = &uri.tls {
+            let config = crate::tls::client_config(tls).map_err(|e| ClientError::Tls(e.to_string()))?;
+            let name = tls.hostname.clone().unwrap_or_else(|| match &uri.target {
+                Target::Tcp { host, .. } => host.clone(),
+                Target::Unix(_) => "localhost".to_string(),
+            });
+            c.start_tls(config, name)?;
+        }
+        c.go(&uri.export)?;
+        Ok(c)
+    }
+
     /// A connection that has finished the greeting and may send options.
     fn greeted(target: &Target) -> ClientResult<Client> {
-        let wr = Conn::connect(target)?;
-        let rd = BufReader::new(wr.try_clone()?);
-        let mut c = Client { rd, wr, size: 0, flags: 0, next_handle: 1 };
+        let conn = Conn::connect(target)?;
+        let mut c = Client { io: BufReader::new(Stream::Plain(conn)), size: 0, flags: 0, next_handle: 1 };
         c.greet()?;
         Ok(c)
+    }
+
+    /// NBD_OPT_STARTTLS, then the TLS handshake; options go on inside it.
+    fn start_tls(&mut self, config: std::sync::Arc<rustls::ClientConfig>, name: String) -> ClientResult<()> {
+        self.send_option(OPT_STARTTLS, &[])?;
+        let (kind, msg) = self.option_reply(OPT_STARTTLS)?;
+        if kind != REP_ACK {
+            return Err(ClientError::Tls(format!(
+                "the server refused STARTTLS ({kind:#x}): {}",
+                String::from_utf8_lossy(&msg)
+            )));
+        }
+        if !self.io.buffer().is_empty() {
+            return Err(ClientError::Tls("the server sent data before the TLS handshake".into()));
+        }
+        let Stream::Plain(conn) = self.io.get_ref() else {
+            return Err(ClientError::Tls("TLS is already on".into()));
+        };
+        let sock = conn.try_clone()?;
+        let server = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|_| ClientError::Tls(format!("{name:?} is not a valid TLS server name")))?;
+        let mut tls =
+            rustls::ClientConnection::new(config, server).map_err(|e| ClientError::Tls(e.to_string()))?;
+        let mut raw = sock.try_clone()?;
+        while tls.is_handshaking() {
+            tls.complete_io(&mut raw).map_err(|e| ClientError::Tls(format!("handshake with {name}: {e}")))?;
+        }
+        self.io = BufReader::new(Stream::Tls(Box::new(rustls::StreamOwned::new(tls, sock))));
+        Ok(())
     }
 
     /// Lists the server's exports with OPT_LIST, then aborts.
@@ -98,7 +191,7 @@ impl Client {
 
     fn greet(&mut self) -> ClientResult<()> {
         let mut b = [0u8; 18];
-        self.rd.read_exact(&mut b)?;
+        self.io.read_exact(&mut b)?;
         if b[0..8] != NBDMAGIC.to_be_bytes() || b[8..16] != IHAVEOPT.to_be_bytes() {
             return Err(handshake_err("not a fixed-newstyle NBD server"));
         }
@@ -110,7 +203,7 @@ impl Client {
         if hs & FLAG_NO_ZEROES != 0 {
             cf |= FLAG_C_NO_ZEROES;
         }
-        self.wr.write_all(&cf.to_be_bytes())?;
+        self.io.get_mut().write_all(&cf.to_be_bytes())?;
         Ok(())
     }
 
@@ -119,13 +212,13 @@ impl Client {
         h[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
         h[8..12].copy_from_slice(&opt.to_be_bytes());
         h[12..16].copy_from_slice(&(data.len() as u32).to_be_bytes());
-        write_all_vectored(&mut self.wr, &[&h, data])?;
+        write_all_vectored(self.io.get_mut(), &[&h, data])?;
         Ok(())
     }
 
     fn option_reply(&mut self, opt: u32) -> ClientResult<(u32, Vec<u8>)> {
         let mut h = [0u8; 20];
-        self.rd.read_exact(&mut h)?;
+        self.io.read_exact(&mut h)?;
         if h[0..8] != OPTION_REPLY_MAGIC.to_be_bytes() {
             return Err(handshake_err("bad option reply magic"));
         }
@@ -139,7 +232,7 @@ impl Client {
             return Err(handshake_err("oversized option reply"));
         }
         let mut data = vec![0u8; len as usize];
-        self.rd.read_exact(&mut data)?;
+        self.io.read_exact(&mut data)?;
         Ok((kind, data))
     }
 
@@ -162,6 +255,9 @@ impl Client {
                     got_export = true;
                 }
                 REP_INFO => {}
+                REP_ERR_TLS_REQD => {
+                    return Err(handshake_err("the server requires TLS: use an nbds:// or nbds+unix:// URI"))
+                }
                 err if err & REP_FLAG_ERROR != 0 => {
                     return Err(handshake_err(format!(
                         "export {export:?} refused ({err:#x}): {}",
@@ -184,13 +280,13 @@ impl Client {
         let handle = self.next_handle;
         self.next_handle += 1;
         let req = Request { flags, kind, handle, offset, length };
-        write_all_vectored(&mut self.wr, &[&req.encode(), payload])?;
+        write_all_vectored(self.io.get_mut(), &[&req.encode(), payload])?;
         Ok(handle)
     }
 
     fn reply(&mut self, op: &'static str, handle: u64) -> ClientResult<()> {
         let mut h = [0u8; 16];
-        self.rd.read_exact(&mut h)?;
+        self.io.read_exact(&mut h)?;
         if h[0..4] != SIMPLE_REPLY_MAGIC.to_be_bytes() {
             return Err(ClientError::Io(io::Error::new(io::ErrorKind::InvalidData, "bad reply magic")));
         }
@@ -210,7 +306,7 @@ impl Client {
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> ClientResult<()> {
         let h = self.request(CMD_READ, 0, offset, buf.len() as u32, &[])?;
         self.reply("read", h)?;
-        self.rd.read_exact(buf)?;
+        self.io.read_exact(buf)?;
         Ok(())
     }
 
@@ -255,8 +351,8 @@ impl Client {
     /// Sends NBD_CMD_DISC and closes.
     pub fn disconnect(mut self) -> ClientResult<()> {
         self.request(CMD_DISC, 0, 0, 0, &[])?;
-        self.wr.flush()?;
-        self.wr.shutdown();
+        self.io.get_mut().flush()?;
+        self.io.get_mut().shutdown();
         Ok(())
     }
 }

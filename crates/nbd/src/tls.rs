@@ -32,6 +32,8 @@ pub enum TlsSetupError {
     Pem { path: PathBuf, source: rustls::pki_types::pem::Error },
     #[error("{0} holds no certificate")]
     NoCertificate(PathBuf),
+    #[error("an nbds URI needs tls-certificates=DIR (with ca-cert.pem); none was given and no libnbd default directory has one")]
+    NoCertificateDir,
     #[error("client CA {path}: {source}")]
     ClientCa { path: PathBuf, source: rustls::Error },
     #[error("client certificate verifier: {0}")]
@@ -69,6 +71,47 @@ pub fn server_config(
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(builder.with_single_cert(chain, key)?))
+}
+
+/// A client configuration from a libnbd-style certificate directory:
+/// `ca-cert.pem` (the CA the server's certificate must chain to) and, when
+/// both are there, `client-cert.pem` and `client-key.pem`. Without a
+/// directory, libnbd's defaults: `/etc/pki/libnbd` for root, else
+/// `$HOME/.pki/libnbd` or `$HOME/.config/pki/libnbd`.
+pub fn client_config(tls: &crate::uri::ClientTls) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
+    let dir = match &tls.certificates {
+        Some(d) => d.clone(),
+        None => default_certificate_dir().ok_or(TlsSetupError::NoCertificateDir)?,
+    };
+    let mut roots = RootCertStore::empty();
+    let ca = dir.join("ca-cert.pem");
+    for c in read_certs(&ca)? {
+        roots.add(c).map_err(|source| TlsSetupError::ClientCa { path: ca.clone(), source })?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+    let config = if cert.exists() && key.exists() {
+        let k =
+            PrivateKeyDer::from_pem_file(&key).map_err(|source| TlsSetupError::Pem { path: key, source })?;
+        builder.with_client_auth_cert(read_certs(&cert)?, k)?
+    } else {
+        builder.with_no_client_auth()
+    };
+    Ok(Arc::new(config))
+}
+
+fn default_certificate_dir() -> Option<PathBuf> {
+    // SAFETY: geteuid cannot fail.
+    let candidates: Vec<PathBuf> = if unsafe { libc::geteuid() } == 0 {
+        vec![PathBuf::from("/etc/pki/libnbd")]
+    } else {
+        let home = PathBuf::from(std::env::var_os("HOME")?);
+        vec![home.join(".pki/libnbd"), home.join(".config/pki/libnbd")]
+    };
+    candidates.into_iter().find(|d| d.join("ca-cert.pem").exists())
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {

@@ -1,5 +1,6 @@
-//! NBD URIs, as far as arcache needs them: `nbd://host[:port]/export` and
-//! `nbd+unix:///export?socket=PATH`.
+//! NBD URIs, as far as arcache needs them: `nbd://host[:port]/export`,
+//! `nbd+unix:///export?socket=PATH`, and their TLS forms `nbds://` and
+//! `nbds+unix://` with libnbd's `tls-certificates=DIR` and `tls-hostname=`.
 
 use std::path::PathBuf;
 
@@ -16,6 +17,19 @@ pub enum Target {
 pub struct NbdUri {
     pub target: Target,
     pub export: String,
+    /// `Some` for `nbds` URIs: the client must negotiate TLS.
+    pub tls: Option<ClientTls>,
+}
+
+/// How a client checks the server (and proves itself) over TLS.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// A directory as libnbd reads it: `ca-cert.pem`, and for a client
+    /// certificate `client-cert.pem` and `client-key.pem`.
+    pub certificates: Option<PathBuf>,
+    /// The name the server's certificate must carry; default the host
+    /// (or `localhost` over a unix socket).
+    pub hostname: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -45,7 +59,9 @@ fn unescape(s: &str) -> Option<String> {
 
 impl NbdUri {
     pub fn is_nbd_uri(s: &str) -> bool {
-        s.starts_with("nbd://") || s.starts_with("nbd+unix://") || s.starts_with("nbd+tcp://")
+        ["nbd://", "nbd+unix://", "nbd+tcp://", "nbds://", "nbds+unix://", "nbds+tcp://"]
+            .iter()
+            .any(|p| s.starts_with(p))
     }
 
     pub fn parse(uri: &str) -> Result<NbdUri, UriError> {
@@ -60,7 +76,25 @@ impl NbdUri {
             None => (rest, ""),
         };
         let export = unescape(path).ok_or(err("bad escape in export name"))?;
-        let target = match scheme {
+        let param = |name: &str| -> Result<Option<String>, UriError> {
+            let prefix = format!("{name}=");
+            match query.into_iter().flat_map(|q| q.split('&')).find_map(|kv| kv.strip_prefix(prefix.as_str()))
+            {
+                Some(v) => unescape(v).map(Some).ok_or(err("bad escape in a query parameter")),
+                None => Ok(None),
+            }
+        };
+        let (base, tls) = match scheme {
+            "nbds" | "nbds+tcp" | "nbds+unix" => {
+                let tls = ClientTls {
+                    certificates: param("tls-certificates")?.map(PathBuf::from),
+                    hostname: param("tls-hostname")?,
+                };
+                (scheme.replacen("nbds", "nbd", 1), Some(tls))
+            }
+            other => (other.to_string(), None),
+        };
+        let target = match base.as_str() {
             "nbd" | "nbd+tcp" => {
                 if authority.is_empty() {
                     return Err(err("missing host"));
@@ -84,29 +118,37 @@ impl NbdUri {
                 if !authority.is_empty() {
                     return Err(err("nbd+unix takes no host"));
                 }
-                let socket = query
-                    .into_iter()
-                    .flat_map(|q| q.split('&'))
-                    .find_map(|kv| kv.strip_prefix("socket="))
-                    .ok_or(err("nbd+unix needs ?socket=PATH"))?;
-                Target::Unix(PathBuf::from(unescape(socket).ok_or(err("bad escape in socket"))?))
+                let socket = param("socket")?.ok_or(err("nbd+unix needs ?socket=PATH"))?;
+                Target::Unix(PathBuf::from(socket))
             }
-            "nbds" | "nbds+unix" => return Err(err("TLS URIs are not supported yet")),
             _ => return Err(err("unknown scheme")),
         };
-        Ok(NbdUri { target, export })
+        Ok(NbdUri { target, export, tls })
     }
 }
 
 impl std::fmt::Display for NbdUri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.tls.is_some() { "s" } else { "" };
+        let mut query: Vec<String> = Vec::new();
         match &self.target {
             Target::Tcp { host, port } if host.contains(':') => {
-                write!(f, "nbd://[{host}]:{port}/{}", self.export)
+                write!(f, "nbd{s}://[{host}]:{port}/{}", self.export)?
             }
-            Target::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{}", self.export),
-            Target::Unix(p) => write!(f, "nbd+unix:///{}?socket={}", self.export, p.display()),
+            Target::Tcp { host, port } => write!(f, "nbd{s}://{host}:{port}/{}", self.export)?,
+            Target::Unix(p) => {
+                write!(f, "nbd{s}+unix:///{}", self.export)?;
+                query.push(format!("socket={}", p.display()));
+            }
         }
+        if let Some(t) = &self.tls {
+            query.extend(t.certificates.as_ref().map(|d| format!("tls-certificates={}", d.display())));
+            query.extend(t.hostname.as_ref().map(|h| format!("tls-hostname={h}")));
+        }
+        if !query.is_empty() {
+            write!(f, "?{}", query.join("&"))?;
+        }
+        Ok(())
     }
 }
 
@@ -135,6 +177,19 @@ mod tests {
         assert!(NbdUri::parse("nbd+unix:///disk").is_err());
         assert!(NbdUri::parse("nbd://host:notaport/").is_err());
         assert!(NbdUri::parse("http://x/").is_err());
-        assert!(NbdUri::parse("nbds://x/").is_err());
+    }
+
+    #[test]
+    fn tls_forms() {
+        let u = NbdUri::parse("nbds://nas:99/vol?tls-certificates=/etc/pki/x").unwrap();
+        assert_eq!(u.target, Target::Tcp { host: "nas".into(), port: 99 });
+        assert_eq!(u.tls.as_ref().unwrap().certificates, Some("/etc/pki/x".into()));
+        assert_eq!(u.to_string(), "nbds://nas:99/vol?tls-certificates=/etc/pki/x");
+        let u = NbdUri::parse("nbds+unix:///e?socket=/s&tls-hostname=h.example").unwrap();
+        assert_eq!(u.target, Target::Unix("/s".into()));
+        assert_eq!(u.tls.as_ref().unwrap().hostname.as_deref(), Some("h.example"));
+        assert!(NbdUri::is_nbd_uri("nbds+unix:///e?socket=/s"));
+        assert!(NbdUri::parse("nbd://h/").unwrap().tls.is_none());
+        assert!(NbdUri::parse("nbds+unix:///e").is_err(), "a socket is still needed");
     }
 }
