@@ -179,8 +179,8 @@ pub struct ServeSettings {
     /// Where to record the requests served, and the size bound.
     pub record_trace: Option<String>,
     pub tls: Option<TlsSettings>,
-    /// The group given read-write access to the NBD unix sockets.
-    pub socket_group: Option<String>,
+    /// The group (id) given read-write access to the NBD unix sockets.
+    pub socket_group: Option<libc::gid_t>,
     pub max_connections: usize,
     /// Payload bytes one NBD connection may hold at once.
     pub max_conn_bytes: u64,

@@ -87,14 +87,13 @@ pub fn bind_private(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Opens a socket from [`bind_private`] to `group` too (mode 0660).
-pub fn share_with_group(path: &Path, group: &str) -> Result<()> {
-    let gid = group_id(group)?;
+/// Opens a socket from [`bind_private`] to group `gid` too (mode 0660).
+pub fn share_with_group(path: &Path, gid: libc::gid_t) -> Result<()> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
     // SAFETY: a valid NUL-terminated path; uid -1 leaves the owner as is.
     if unsafe { libc::chown(c_path.as_ptr(), u32::MAX, gid) } != 0 {
         let e = std::io::Error::last_os_error();
-        bail!("giving {} to group {group}: {e}", path.display());
+        bail!("giving {} to group {gid}: {e}", path.display());
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     Ok(())

@@ -255,8 +255,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         record_trace: None,
         tls: None,
         socket_group: None,
-        max_connections: 128,
-        max_conn_bytes: 64 << 20,
+        max_connections: ServerConfig::default().max_connections,
+        max_conn_bytes: ServerConfig::default().max_conn_bytes,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

@@ -258,10 +258,13 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
             "nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)"
         );
     }
-    let socket_group = args.socket_group.clone().or(file.socket_group);
-    if let Some(g) = &socket_group {
-        control::group_id(g)?;
-    }
+    let socket_group = args
+        .socket_group
+        .as_ref()
+        .or(file.socket_group.as_ref())
+        .map(|g| control::group_id(g))
+        .transpose()?;
+    let nbd_defaults = ServerConfig::default();
     let listen_src = if args.listen.is_empty() { &file.listen } else { &args.listen };
     let mut listen = listen_src.iter().map(|s| Listen::parse(s)).collect::<Result<Vec<_>>>()?;
     if listen.is_empty() {
@@ -284,10 +287,19 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
             args.tls_client_ca.clone().or(file.tls_client_ca),
         )?,
         socket_group,
-        max_connections: args.max_connections.or(file.max_connections).unwrap_or(128).max(1),
+        max_connections: args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(nbd_defaults.max_connections)
+            .max(1),
         max_conn_bytes: match args.max_conn_memory.as_deref() {
             Some(s) => parse_size(s)?,
-            None => file.max_conn_memory.as_ref().map(|v| v.bytes()).transpose()?.unwrap_or(64 << 20),
+            None => file
+                .max_conn_memory
+                .as_ref()
+                .map(|v| v.bytes())
+                .transpose()?
+                .unwrap_or(nbd_defaults.max_conn_bytes),
         },
     })
 }
@@ -324,8 +336,8 @@ fn listen_all(
         match l {
             Listen::Unix(p) => {
                 let listener = control::bind_private(p)?;
-                if let Some(group) = &settings.socket_group {
-                    control::share_with_group(p, group)?;
+                if let Some(gid) = settings.socket_group {
+                    control::share_with_group(p, gid)?;
                 }
                 server.listen_unix(listener);
                 sockets.push(p.clone());

@@ -139,14 +139,14 @@ impl Client {
         let Stream::Plain(conn) = self.io.get_ref() else {
             return Err(ClientError::Tls("TLS is already on".into()));
         };
-        let sock = conn.try_clone()?;
+        let mut sock = conn.try_clone()?;
         let server = rustls::pki_types::ServerName::try_from(name.clone())
             .map_err(|_| ClientError::Tls(format!("{name:?} is not a valid TLS server name")))?;
         let mut tls =
             rustls::ClientConnection::new(config, server).map_err(|e| ClientError::Tls(e.to_string()))?;
-        let mut raw = sock.try_clone()?;
         while tls.is_handshaking() {
-            tls.complete_io(&mut raw).map_err(|e| ClientError::Tls(format!("handshake with {name}: {e}")))?;
+            tls.complete_io(&mut sock)
+                .map_err(|e| ClientError::Tls(format!("handshake with {name}: {e}")))?;
         }
         self.io = BufReader::new(Stream::Tls(Box::new(rustls::StreamOwned::new(tls, sock))));
         Ok(())

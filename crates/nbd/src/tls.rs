@@ -34,8 +34,8 @@ pub enum TlsSetupError {
     NoCertificate(PathBuf),
     #[error("an nbds URI needs tls-certificates=DIR (with ca-cert.pem); none was given and no libnbd default directory has one")]
     NoCertificateDir,
-    #[error("client CA {path}: {source}")]
-    ClientCa { path: PathBuf, source: rustls::Error },
+    #[error("CA certificate {path}: {source}")]
+    Ca { path: PathBuf, source: rustls::Error },
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
     #[error("certificate and key: {0}")]
@@ -50,22 +50,15 @@ pub fn server_config(
     key: &Path,
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, TlsSetupError> {
-    let pem_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| TlsSetupError::Pem { path: path.clone(), source }
-    };
     let chain = read_certs(cert)?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(pem_err(key))?;
+    let key = read_key(key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder =
         ServerConfig::builder_with_provider(Arc::clone(&provider)).with_safe_default_protocol_versions()?;
     let builder = match client_ca {
         Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for c in read_certs(ca)? {
-                roots.add(c).map_err(|source| TlsSetupError::ClientCa { path: ca.to_path_buf(), source })?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(read_roots(ca)?), provider).build()?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -83,20 +76,13 @@ pub fn client_config(tls: &crate::uri::ClientTls) -> Result<Arc<rustls::ClientCo
         Some(d) => d.clone(),
         None => default_certificate_dir().ok_or(TlsSetupError::NoCertificateDir)?,
     };
-    let mut roots = RootCertStore::empty();
-    let ca = dir.join("ca-cert.pem");
-    for c in read_certs(&ca)? {
-        roots.add(c).map_err(|source| TlsSetupError::ClientCa { path: ca.clone(), source })?;
-    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots);
+        .with_root_certificates(read_roots(&dir.join("ca-cert.pem"))?);
     let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
     let config = if cert.exists() && key.exists() {
-        let k =
-            PrivateKeyDer::from_pem_file(&key).map_err(|source| TlsSetupError::Pem { path: key, source })?;
-        builder.with_client_auth_cert(read_certs(&cert)?, k)?
+        builder.with_client_auth_cert(read_certs(&cert)?, read_key(&key)?)?
     } else {
         builder.with_no_client_auth()
     };
@@ -112,6 +98,20 @@ fn default_certificate_dir() -> Option<PathBuf> {
         vec![home.join(".pki/libnbd"), home.join(".config/pki/libnbd")]
     };
     candidates.into_iter().find(|d| d.join("ca-cert.pem").exists())
+}
+
+/// The CA certificates in a PEM file, as trust roots.
+fn read_roots(path: &Path) -> Result<RootCertStore, TlsSetupError> {
+    let mut roots = RootCertStore::empty();
+    for c in read_certs(path)? {
+        roots.add(c).map_err(|source| TlsSetupError::Ca { path: path.to_path_buf(), source })?;
+    }
+    Ok(roots)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|source| TlsSetupError::Pem { path: path.to_path_buf(), source })
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
