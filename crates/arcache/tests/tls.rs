@@ -331,3 +331,21 @@ fn an_nbds_backing_store_is_reached_over_tls_and_its_certificate_checked() {
     let origin = std::fs::read(&copy).unwrap();
     assert!(origin[1 << 20..2 << 20] == data[..], "the write reached the TLS-only origin");
 }
+
+#[test]
+fn a_tls_client_that_vanishes_without_close_notify_ends_its_session() {
+    let (s, pki, _) = start("required", |_| vec![]);
+    let uri = nbd::NbdUri::parse(&tls_uri(&s, &pki.anonymous)).unwrap();
+    let mut c = nbd::Client::connect_uri(&uri).expect("our own client speaks TLS to our server");
+    let mut buf = vec![0u8; 4096];
+    c.read(0, &mut buf).unwrap();
+    // Dropped without NBD_CMD_DISC or a TLS close_notify: the server must
+    // see the end of the stream and free the connection, not wait or spin.
+    drop(c);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.stat()["nbd_active_connections"].as_u64() != Some(0) {
+        assert!(std::time::Instant::now() < deadline, "the session never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.stat()["nbd_tls_sessions"].as_u64(), Some(1));
+}
