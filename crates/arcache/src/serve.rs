@@ -446,6 +446,7 @@ fn write_tunables(t: &Tunables, w: &WriteTunables) {
         (&w.delay_min_dirty_percent, "zfs_delay_min_dirty_percent"),
         (&w.delay_scale_ns, "zfs_delay_scale"),
         (&w.sync_writers, "zfs_vdev_async_write_max_active"),
+        (&w.log_writes_in_flight, "zfs_vdev_sync_write_max_active"),
     ];
     for (cell, name) in cells {
         cell.store(t.value(name), Ordering::Relaxed);

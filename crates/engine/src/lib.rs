@@ -3,6 +3,7 @@
 //! and the protocol in `nbd`.
 
 mod cache;
+mod commit;
 mod dirty;
 mod feed;
 mod prefetch;

@@ -18,6 +18,8 @@ use arc_policy::Key;
 use arcache_l2::L2Arc;
 use blockdev::{BlockDev, DevError, DevResult};
 use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::commit::CommitStep;
 use rustc_hash::FxHashSet;
 use tracing::{info, warn};
 pub use zil::ReplayStats;
@@ -36,6 +38,9 @@ pub struct WriteTunables {
     pub delay_scale_ns: AtomicU64,
     /// Parallel backing writes while a txg syncs.
     pub sync_writers: AtomicU64,
+    /// Intent-log commit writes in flight at once (1..=3: a commit takes at
+    /// most a quarter of the log, so three in flight stay within it).
+    pub log_writes_in_flight: AtomicU64,
 }
 
 impl Default for WriteTunables {
@@ -47,6 +52,7 @@ impl Default for WriteTunables {
             delay_min_dirty_percent: AtomicU64::new(60),
             delay_scale_ns: AtomicU64::new(500_000),
             sync_writers: AtomicU64::new(32),
+            log_writes_in_flight: AtomicU64::new(1),
         }
     }
 }
@@ -162,39 +168,21 @@ pub struct Backing {
     pub size: u64,
 }
 
-/// One stage of the commit pipeline. Runs are numbered and one runs at a
-/// time; a caller needs a run that started after it arrived.
-#[derive(Default)]
-struct Stage {
-    started: u64,
-    done: u64,
-    running: bool,
-    /// The newest run that failed: its callers must not hear "durable".
-    last_failed: u64,
-}
+/// Most log commits in flight (see `WriteTunables::log_writes_in_flight`).
+/// While one is being written, at most two more can be placed after it,
+/// each at most a quarter of the log, so the head cannot come round to a
+/// chunk still being written even when a txg has released it meanwhile.
+const MAX_LOG_WRITES_IN_FLIGHT: u64 = 3;
 
-/// Log commits in two stages, so the next batch is written while the
-/// previous one is being flushed: a flush covers every write completed
-/// before it, so acknowledgements stay in order.
-#[derive(Default)]
-struct CommitState {
-    write: Stage,
-    sync: Stage,
-}
-
-#[derive(Clone, Copy)]
-enum StageId {
-    Write,
-    Sync,
-}
-
-impl CommitState {
-    fn stage(&mut self, id: StageId) -> &mut Stage {
-        match id {
-            StageId::Write => &mut self.write,
-            StageId::Sync => &mut self.sync,
-        }
-    }
+/// One log-write run's changes, with their places in the log.
+struct Placed {
+    log: Arc<IntentLog>,
+    chunks: Result<zil::PlacedChunks, LogError>,
+    pages: Vec<(PageKey, Arc<Page>)>,
+    entries: Vec<Entry>,
+    encoded: u64,
+    txg: u64,
+    taken: Vec<(u64, PageKey)>,
 }
 
 pub struct WriteBack {
@@ -209,8 +197,17 @@ pub struct WriteBack {
     log: Option<Arc<IntentLog>>,
     log_failed: AtomicBool,
     l2: Option<Arc<L2Arc>>,
-    commit: Mutex<CommitState>,
-    commit_cv: Condvar,
+    /// Log writes (several in flight), log device flushes, and in-place
+    /// commits (one at a time: they hold the sync lock anyway).
+    log_writes: CommitStep,
+    log_syncs: CommitStep,
+    in_place: CommitStep,
+    /// The last log-write run whose chunks have their places: runs collect
+    /// unlogged changes and place their chunks in run order, so a run's
+    /// chunks follow every earlier run's (a replay stops at the first
+    /// missing chunk, and a caller waits for the runs up to its own only).
+    log_placed: Mutex<u64>,
+    log_placed_cv: Condvar,
     pub tunables: Arc<WriteTunables>,
     pub stats: WriteStats,
     /// Page count, readable without the lock: reads skip overlays when 0.
@@ -252,8 +249,11 @@ impl WriteBack {
             log,
             log_failed: AtomicBool::new(false),
             l2,
-            commit: Mutex::new(CommitState::default()),
-            commit_cv: Condvar::new(),
+            log_writes: CommitStep::new(),
+            log_syncs: CommitStep::new(),
+            in_place: CommitStep::new(),
+            log_placed: Mutex::new(0),
+            log_placed_cv: Condvar::new(),
             tunables,
             stats: WriteStats::default(),
             dirty_pages: AtomicU64::new(0),
@@ -454,48 +454,18 @@ impl WriteBack {
     pub fn commit(&self) -> DevResult<()> {
         self.stats.zil_commit_count.fetch_add(1, Relaxed);
         if self.log_usable().is_none() {
-            if self.in_stage(StageId::Write, &|| self.commit_in_place().is_ok()) {
+            if self.in_place.run(1, &|_| self.commit_in_place().is_ok()) {
                 return Ok(());
             }
             return Err(sync_error("writing dirty data to the backing store failed".into()));
         }
-        if self.in_stage(StageId::Write, &|| self.log_write_once())
-            && self.in_stage(StageId::Sync, &|| self.log_sync_once())
+        if self.log_writes.run(self.log_writes_in_flight(), &|n| self.log_write_once(n))
+            && self.log_syncs.run(1, &|_| self.log_sync_once())
         {
             return Ok(());
         }
         self.stats.zil_txg_fallbacks.fetch_add(1, Relaxed);
         self.sync_now()
-    }
-
-    /// Waits for a run of stage `id` that starts after this call, running
-    /// it here when none is running; true if that run succeeded.
-    fn in_stage(&self, id: StageId, work: &dyn Fn() -> bool) -> bool {
-        let mut c = self.commit.lock();
-        let ticket = c.stage(id).started + 1;
-        loop {
-            let st = c.stage(id);
-            if st.done >= ticket {
-                return st.last_failed < ticket;
-            }
-            if !st.running {
-                st.running = true;
-                st.started += 1;
-                let number = st.started;
-                drop(c);
-                let ok = work();
-                c = self.commit.lock();
-                let st = c.stage(id);
-                st.running = false;
-                st.done = number;
-                if !ok {
-                    st.last_failed = number;
-                }
-                self.commit_cv.notify_all();
-                continue;
-            }
-            self.commit_cv.wait(&mut c);
-        }
     }
 
     fn fail_log(&self, e: &LogError) {
@@ -505,9 +475,31 @@ impl WriteBack {
         }
     }
 
-    /// Writes every unlogged page and discard to the log (not yet flushed).
-    fn log_write_once(&self) -> bool {
-        let Some(log) = self.log_usable() else { return false };
+    /// One on the development machine: two overlapping O_DSYNC writes gave
+    /// no more FLUSHes per second there (the job is CPU-bound and batches
+    /// shrink; docs/intent-log.md). Placement in run order keeps more correct.
+    fn log_writes_in_flight(&self) -> usize {
+        self.tunables.log_writes_in_flight.load(Relaxed).clamp(1, MAX_LOG_WRITES_IN_FLIGHT) as usize
+    }
+
+    /// Collects what is unlogged and places it in the log once every
+    /// earlier run has placed its own. `Err` when the log is out of
+    /// service, `Ok(None)` when there was nothing to log.
+    fn place_in_turn(&self, run: u64) -> Result<Option<Placed>, ()> {
+        let mut placed_through = self.log_placed.lock();
+        while *placed_through + 1 < run {
+            self.log_placed_cv.wait(&mut placed_through);
+        }
+        let result = match self.log_usable() {
+            None => Err(()),
+            Some(log) => Ok(self.collect_and_place(log)),
+        };
+        *placed_through = run;
+        self.log_placed_cv.notify_all();
+        result
+    }
+
+    fn collect_and_place(&self, log: &Arc<IntentLog>) -> Option<Placed> {
         let (discards, pages, txg, taken) = self.collect_unlogged();
         let mut entries = discards;
         entries.extend(pages.iter().map(|(key, p)| Entry::Page {
@@ -517,36 +509,44 @@ impl WriteBack {
             data: p.packed(),
         }));
         if entries.is_empty() {
-            return true;
+            return None;
         }
         // A commit bigger than a quarter of the log is better synced.
         let encoded = IntentLog::encoded_len(&entries);
-        let res = if encoded > log.capacity() / 4 {
-            Err(LogError::Full)
-        } else {
-            let started = Instant::now();
-            let r = log.write(txg, &entries);
-            self.stats.zil_log_write_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-            r
+        let chunks =
+            if encoded > log.capacity() / 4 { Err(LogError::Full) } else { log.place_chunks(txg, &entries) };
+        Some(Placed { log: Arc::clone(log), chunks, pages, entries, encoded, txg, taken })
+    }
+
+    /// Writes every unlogged page and discard to the log (not yet flushed);
+    /// `run` is this log-write run's number.
+    fn log_write_once(&self, run: u64) -> bool {
+        let p = match self.place_in_turn(run) {
+            Err(()) => return false,
+            Ok(None) => return true,
+            Ok(Some(p)) => p,
         };
+        let started = Instant::now();
+        let res = p.chunks.and_then(|chunks| p.log.write_placed(&chunks));
+        self.stats.zil_log_write_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
         match res {
             Ok(()) => {
                 // Logged once the next sync completes; a failed sync sends
                 // its callers to a txg, which writes every dirty page.
-                for (_, p) in &pages {
-                    p.logged.store(true, Relaxed);
+                for (_, page) in &p.pages {
+                    page.logged.store(true, Relaxed);
                 }
                 let s = &self.stats;
                 s.zil_commit_writer_count.fetch_add(1, Relaxed);
-                s.zil_itx_count.fetch_add(entries.len() as u64, Relaxed);
-                s.zil_log_bytes.fetch_add(encoded, Relaxed);
+                s.zil_itx_count.fetch_add(p.entries.len() as u64, Relaxed);
+                s.zil_log_bytes.fetch_add(p.encoded, Relaxed);
                 true
             }
             Err(e) => {
                 if !matches!(e, LogError::Full) {
                     self.fail_log(&e);
                 }
-                self.give_back(taken, &entries, txg);
+                self.give_back(p.taken, &p.entries, p.txg);
                 false
             }
         }
@@ -621,8 +621,11 @@ impl WriteBack {
             .filter(|(t, _)| *t == open || *t == syncing)
             .map(|(_, e)| e)
             .collect();
+        // A page may be dirty in the syncing txg and again in the open one:
+        // both versions are logged, the older first, as neither is on the
+        // backing store yet (the newer holds only the sectors written since).
         let mut pages = Vec::new();
-        let mut seen: FxHashSet<PageKey> = FxHashSet::default();
+        let mut seen: FxHashSet<(u64, PageKey)> = FxHashSet::default();
         for &(txg, key) in &taken {
             let map = if txg == g.open.number {
                 &g.open.pages
@@ -633,11 +636,13 @@ impl WriteBack {
                 }
             };
             let Some(p) = map.get(&key) else { continue };
-            if p.is_logged() || !seen.insert(key) {
+            if p.is_logged() || !seen.insert((txg, key)) {
                 continue;
             }
-            pages.push((key, Arc::clone(p)));
+            pages.push((txg, key, Arc::clone(p)));
         }
+        pages.sort_by_key(|&(txg, _, _)| txg);
+        let pages = pages.into_iter().map(|(_, key, p)| (key, p)).collect();
         (entries, pages, g.open.number, taken)
     }
 
@@ -718,6 +723,9 @@ impl WriteBack {
                 txg.number
             );
         }
+        if res.is_ok() {
+            self.release_log(txg.number);
+        }
         let mut g = self.inner.lock();
         g.syncing = None;
         g.done = txg.number;
@@ -746,23 +754,30 @@ impl WriteBack {
                 l2.end_write(&txg.records.iter().copied().collect::<Vec<_>>());
             }
         }
-        if let Some(log) = self.log_usable() {
-            if synced == txg.number {
-                if let Err(e) = log.release(synced) {
-                    self.fail_log(&e);
-                    // Pages logged since this txg began live only in the
-                    // failed log now: sync them at once.
-                    let mut g = self.inner.lock();
-                    g.want = g.want.max(g.open.number);
-                    self.cv.notify_all();
+        if self.log_usable().is_none() {
+            if let Some(log) = &self.log {
+                // The log failed: keep trying to empty it, so its old
+                // chunks cannot be replayed over newer data after a restart.
+                if synced == txg.number && log.reset().is_ok() {
+                    info!("intent log {} emptied after its failure (it stays out of service)", log.name());
                 }
             }
-        } else if let Some(log) = &self.log {
-            // The log failed: keep trying to empty it, so its old chunks
-            // cannot be replayed over newer data after a restart.
-            if synced == txg.number && log.reset().is_ok() {
-                info!("intent log {} emptied after its failure (it stays out of service)", log.name());
-            }
+        }
+    }
+
+    /// Frees the log chunks of txgs up to `synced`, whose pages are on the
+    /// backing stores and flushed. Done before the txg counts as synced: a
+    /// FLUSH that then finds those pages clean is answered at once, and a
+    /// crash after that answer must not replay older chunks over them.
+    fn release_log(&self, synced: u64) {
+        let Some(log) = self.log_usable() else { return };
+        if let Err(e) = log.release(synced) {
+            self.fail_log(&e);
+            // Pages logged since this txg began live only in the failed
+            // log now: sync them at once.
+            let mut g = self.inner.lock();
+            g.want = g.want.max(g.open.number);
+            self.cv.notify_all();
         }
     }
 

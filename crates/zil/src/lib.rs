@@ -51,6 +51,11 @@ pub struct IntentLog {
     st: Mutex<State>,
 }
 
+/// Encoded chunks with their device offsets, not yet written.
+pub struct PlacedChunks {
+    chunks: Vec<(u64, Vec<u8>)>,
+}
+
 /// What a replay found and applied.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayStats {
@@ -295,6 +300,19 @@ impl IntentLog {
     /// The first half of [`IntentLog::append`]: the chunks are written in
     /// log order, not yet durable.
     pub fn write(&self, txg: u64, entries: &[Entry]) -> Result<(), LogError> {
+        let placed = self.place_chunks(txg, entries)?;
+        self.write_placed(&placed)
+    }
+
+    /// Encodes `entries` as chunks and gives them their places and sequence
+    /// numbers, in the order of calls; nothing is written yet. Chunks placed
+    /// by earlier calls may be written after these ([`IntentLog::write_placed`]),
+    /// so several commits' writes can be in flight at once: a replay stops
+    /// at the first chunk that is not there, so a chunk is worth something
+    /// only once every chunk placed before it has been written too, which
+    /// is what a caller waits for before it calls anything durable.
+    /// `Full` changes nothing.
+    pub fn place_chunks(&self, txg: u64, entries: &[Entry]) -> Result<PlacedChunks, LogError> {
         let mut st = self.st.lock();
         if st.to_replay.is_some() {
             return Err(LogError::Refused(self.name.clone(), "replay it before logging".into()));
@@ -308,6 +326,7 @@ impl IntentLog {
         if end - st.hdr.tail_lpos > cap {
             return Err(LogError::Full);
         }
+        let mut chunks = Vec::with_capacity(groups.len());
         for g in groups {
             let len = chunk_len(g);
             st.head_lpos = place(st.head_lpos, len, cap);
@@ -315,10 +334,18 @@ impl IntentLog {
             let seed = format::log_seed(st.hdr.uuid, st.hdr.incarnation);
             let bytes = format::encode_chunk(seed, seq, lpos, txg, g);
             debug_assert_eq!(bytes.len() as u64, len);
-            self.dev.write_at(&bytes, DATA_START + lpos % cap).map_err(|e| self.io(e))?;
+            chunks.push((DATA_START + lpos % cap, bytes));
             st.live.push_back(LiveChunk { lpos, seq, txg });
             st.head_lpos += len;
             st.next_seq += 1;
+        }
+        Ok(PlacedChunks { chunks })
+    }
+
+    /// Writes chunks placed by [`IntentLog::place_chunks`].
+    pub fn write_placed(&self, placed: &PlacedChunks) -> Result<(), LogError> {
+        for (at, bytes) in &placed.chunks {
+            self.dev.write_at(bytes, *at).map_err(|e| self.io(e))?;
         }
         Ok(())
     }
