@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arcache_engine::Volume;
+use arcache_engine::{CommitDone, Volume};
 use blockdev::DevError;
-use nbd::{Errno, Export, ExportInfo, ExportSet, NbdResult};
+use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, NbdResult};
 
 use crate::recorder::Recorder;
 use tracing::warn;
@@ -28,7 +28,7 @@ impl NbdExport {
     }
 }
 
-fn errno(op: &str, e: DevError) -> Errno {
+fn errno(op: &str, e: &DevError) -> Errno {
     let n = e.errno();
     if n == libc::EIO || n == libc::ENOSPC {
         warn!("{op}: {e}");
@@ -61,34 +61,48 @@ impl Export for NbdExport {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
         self.note(false, offset, buf.len());
-        self.vol.read(offset, buf).map_err(|e| errno("read", e))
+        self.vol.read(offset, buf).map_err(|e| errno("read", &e))
     }
 
     fn try_write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<NbdResult> {
         let res = self.vol.try_write_now(offset, data, fua)?;
         self.note(true, offset, data.len());
-        Some(res.map_err(|e| errno("write", e)))
+        Some(res.map_err(|e| errno("write", &e)))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult {
         self.note(true, offset, data.len());
-        self.vol.write(offset, data, fua).map_err(|e| errno("write", e))
+        self.vol.write(offset, data, fua).map_err(|e| errno("write", &e))
     }
 
     fn flush(&self) -> NbdResult {
-        self.vol.flush().map_err(|e| errno("flush", e))
+        self.vol.flush().map_err(|e| errno("flush", &e))
+    }
+
+    fn flush_async(&self, done: Completion) -> Result<(), Completion> {
+        if !self.vol.flushes_async() {
+            return Err(done);
+        }
+        let answer: CommitDone =
+            Box::new(move |res| done(res.as_ref().map_err(|e| errno("flush", e)).copied()));
+        if let Err(answer) = self.vol.flush_async(answer) {
+            // No commit thread (it could not start, or the server is
+            // stopping): answer here, waiting.
+            answer(&self.vol.flush());
+        }
+        Ok(())
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
-        self.vol.trim(offset, len, fua).map_err(|e| errno("trim", e))
+        self.vol.trim(offset, len, fua).map_err(|e| errno("trim", &e))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
-        self.vol.write_zeroes(offset, len, fua).map_err(|e| errno("write_zeroes", e))
+        self.vol.write_zeroes(offset, len, fua).map_err(|e| errno("write_zeroes", &e))
     }
 
     fn cache(&self, offset: u64, len: u64) -> NbdResult {
-        self.vol.prefetch(offset, len).map_err(|e| errno("cache", e))
+        self.vol.prefetch(offset, len).map_err(|e| errno("cache", &e))
     }
 }
 

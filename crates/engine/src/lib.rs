@@ -4,6 +4,7 @@
 
 mod cache;
 mod commit;
+mod committer;
 mod dirty;
 mod feed;
 mod prefetch;
@@ -15,6 +16,7 @@ mod writeback;
 mod zfetch;
 
 pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
+pub use committer::CommitDone;
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use sizing::{SizingView, SAMPLE_EVERY};

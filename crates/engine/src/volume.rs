@@ -711,6 +711,30 @@ impl Volume {
         }
     }
 
+    /// As [`Volume::flush`], answered through `done` (maybe later, from
+    /// another thread) when the volume has write-back; gives `done` back
+    /// when the flush can only be done by waiting here.
+    pub fn flush_async(&self, done: crate::CommitDone) -> Result<(), crate::CommitDone> {
+        match (&self.wb, self.sync_mode()) {
+            (_, SyncMode::Disabled) => {
+                self.count(&self.counts.flushes, None);
+                done(&Ok(()));
+                Ok(())
+            }
+            (Some(wb), _) => {
+                wb.commit_async(done)?;
+                self.count(&self.counts.flushes, None);
+                Ok(())
+            }
+            (None, _) => Err(done),
+        }
+    }
+
+    /// Can [`Volume::flush_async`] answer without waiting in the caller?
+    pub fn flushes_async(&self) -> bool {
+        self.wb.is_some() || self.sync_mode() == SyncMode::Disabled
+    }
+
     /// Flushes the backing store itself.
     pub fn flush_backing(&self) -> DevResult<()> {
         self.dev.flush()

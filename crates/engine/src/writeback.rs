@@ -20,6 +20,7 @@ use blockdev::{BlockDev, DevError, DevResult};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::commit::CommitStep;
+use crate::committer::{CommitDone, Committer};
 use rustc_hash::FxHashSet;
 use tracing::{info, warn};
 pub use zil::ReplayStats;
@@ -208,6 +209,7 @@ pub struct WriteBack {
     /// missing chunk, and a caller waits for the runs up to its own only).
     log_placed: Mutex<u64>,
     log_placed_cv: Condvar,
+    committer: Committer,
     pub tunables: Arc<WriteTunables>,
     pub stats: WriteStats,
     /// Page count, readable without the lock: reads skip overlays when 0.
@@ -254,6 +256,7 @@ impl WriteBack {
             in_place: CommitStep::new(),
             log_placed: Mutex::new(0),
             log_placed_cv: Condvar::new(),
+            committer: Committer::default(),
             tunables,
             stats: WriteStats::default(),
             dirty_pages: AtomicU64::new(0),
@@ -447,12 +450,27 @@ impl WriteBack {
         }
     }
 
+    /// As [`WriteBack::commit`], answered later: `done` is called from the
+    /// commit thread with the result of a commit that started after this
+    /// call. Gives `done` back when there is no commit thread.
+    pub fn commit_async(self: &Arc<Self>, done: CommitDone) -> Result<(), CommitDone> {
+        self.committer.submit(self, done)?;
+        self.stats.zil_commit_count.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
     /// Makes every write put before this call durable: in the intent log
     /// when there is one that works, otherwise by writing the pages in place
     /// on the backing store (as a pool without SLOG writes its ZIL to its
     /// own disks). Concurrent callers share each step (group commit).
     pub fn commit(&self) -> DevResult<()> {
         self.stats.zil_commit_count.fetch_add(1, Relaxed);
+        self.commit_uncounted()
+    }
+
+    /// [`WriteBack::commit`] for callers counted already (a batch of
+    /// asynchronous FLUSHes).
+    pub(crate) fn commit_uncounted(&self) -> DevResult<()> {
         if self.log_usable().is_none() {
             if self.in_place.run(1, &|_| self.commit_in_place().is_ok()) {
                 return Ok(());
@@ -949,6 +967,7 @@ impl WriteBack {
         if let Some(h) = self.thread.lock().take() {
             let _ = h.join();
         }
+        self.committer.stop();
         if result.is_ok() {
             if let Some(log) = self.log_usable() {
                 if let Err(e) = log.reset() {

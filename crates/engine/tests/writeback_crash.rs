@@ -404,7 +404,19 @@ fn cut_writer(
         } else {
             let covered: Vec<usize> =
                 own.clone().map(|s| model.lock().versions[s as usize].len() - 1).collect();
-            vol.flush().expect("flush");
+            if rng.gen_bool(0.5) {
+                vol.flush().expect("flush");
+            } else {
+                // As the NBD server does: answered later by the commit thread.
+                let (tx, rx) = std::sync::mpsc::channel();
+                let done: arcache_engine::CommitDone = Box::new(move |r| {
+                    let _ = tx.send(r.is_ok());
+                });
+                if let Err(done) = vol.flush_async(done) {
+                    done(&vol.flush());
+                }
+                assert!(rx.recv().expect("flush answered"), "async flush failed");
+            }
             note_durable(model, power, own.clone(), &covered);
         }
     }

@@ -25,6 +25,10 @@ pub struct Errno(pub i32);
 
 pub type NbdResult = Result<(), Errno>;
 
+/// Answers a request started with [`Export::flush_async`]; callable from
+/// any thread, once.
+pub type Completion = Box<dyn FnOnce(NbdResult) + Send>;
+
 /// What a client learns about an export during the handshake.
 #[derive(Debug, Clone)]
 pub struct ExportInfo {
@@ -61,6 +65,15 @@ pub trait Export: Send + Sync {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> NbdResult;
     fn flush(&self) -> NbdResult;
+
+    /// Starts a FLUSH that is answered by calling `done` when it is
+    /// complete, so no worker thread waits for it; gives `done` back when
+    /// the export cannot, and the server then calls [`Export::flush`] on a
+    /// worker.
+    fn flush_async(&self, done: Completion) -> Result<(), Completion> {
+        Err(done)
+    }
+
     fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
     /// Loads a range into whatever cache the export has (NBD_CMD_CACHE).
@@ -560,6 +573,10 @@ impl Server {
                 );
                 continue;
             }
+            if req.kind == CMD_FLUSH {
+                self.flush_without_worker(slot, req, export);
+                continue;
+            }
             let fua = req.flags & CMD_FLAG_FUA != 0;
             let (off, len) = (req.offset, u64::from(req.length));
             if let (CMD_WRITE, Some(p)) = (req.kind, payload.as_deref()) {
@@ -585,6 +602,20 @@ impl Server {
                 },
                 export,
             );
+        }
+    }
+
+    /// A FLUSH answered by the export when its commit is done; on a worker
+    /// only when the export cannot answer that way.
+    fn flush_without_worker(self: &Arc<Self>, slot: Slot, req: Request, export: &Arc<dyn Export>) {
+        let server = Arc::clone(self);
+        let done: Completion = Box::new(move |res| {
+            slot.shared.reply_status(req, res, &server.stats);
+            drop(slot);
+        });
+        if let Err(done) = export.flush_async(done) {
+            let export = Arc::clone(export);
+            self.jobs.push(Box::new(move || done(export.flush())));
         }
     }
 

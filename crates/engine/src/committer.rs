@@ -1,0 +1,102 @@
+//! FLUSHes answered without a thread waiting for each one.
+//!
+//! A FLUSH handed to a worker thread costs two wake-ups of its own: the
+//! worker's, and its wake-up again when the commit that covers it is done.
+//! With a FLUSH after every write that is most of the CPU a small machine
+//! spends. Here the connection's reader queues a completion instead; one
+//! committer thread takes everything queued, runs one commit (which
+//! collects every change acknowledged before those FLUSHes arrived), and
+//! calls the completions, which send the replies. A burst of FLUSHes costs
+//! one wake-up.
+
+use std::sync::{Arc, Weak};
+
+use blockdev::DevResult;
+use parking_lot::{Condvar, Mutex};
+use tracing::warn;
+
+use crate::writeback::WriteBack;
+
+/// Called once the commit covering a FLUSH is done, from the committer.
+pub type CommitDone = Box<dyn FnOnce(&DevResult<()>) + Send>;
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<CommitDone>,
+    started: bool,
+    stop: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Committer {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+}
+
+impl Committer {
+    /// Queues `done` behind the next commit, starting the committer thread
+    /// on first use. Gives `done` back if no thread can be started.
+    pub(crate) fn submit(&self, wb: &Arc<WriteBack>, done: CommitDone) -> Result<(), CommitDone> {
+        let (lock, cv) = &*self.queue;
+        let mut q = lock.lock();
+        if q.stop {
+            return Err(done);
+        }
+        if !q.started {
+            let queue = Arc::clone(&self.queue);
+            let wb = Arc::downgrade(wb);
+            let spawned =
+                std::thread::Builder::new().name("zil-commit".into()).spawn(move || run(&queue, &wb));
+            if let Err(e) = spawned {
+                warn!("cannot start the commit thread ({e}); FLUSHes wait on worker threads");
+                return Err(done);
+            }
+            q.started = true;
+        }
+        q.waiting.push(done);
+        cv.notify_one();
+        Ok(())
+    }
+
+    /// Lets the thread end once nothing is queued; later FLUSHes are given
+    /// back to their callers.
+    pub(crate) fn stop(&self) {
+        let (lock, cv) = &*self.queue;
+        lock.lock().stop = true;
+        cv.notify_all();
+    }
+}
+
+fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
+    let (lock, cv) = queue;
+    loop {
+        let batch = {
+            let mut q = lock.lock();
+            while q.waiting.is_empty() {
+                if q.stop {
+                    return;
+                }
+                cv.wait(&mut q);
+            }
+            std::mem::take(&mut q.waiting)
+        };
+        let res = match wb.upgrade() {
+            Some(wb) => wb.commit_uncounted(),
+            None => Err(blockdev::DevError::Io {
+                op: "flush",
+                dev: "write-back".into(),
+                offset: 0,
+                len: 0,
+                source: std::io::Error::other("the write-back is gone"),
+            }),
+        };
+        for done in batch {
+            done(&res);
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
