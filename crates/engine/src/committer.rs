@@ -100,3 +100,29 @@ impl Drop for Committer {
         self.stop();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::WriteTunables;
+    use std::time::Duration;
+
+    #[test]
+    fn queued_flushes_are_answered_and_after_stop_given_back() {
+        let wb = WriteBack::new(None, None, Arc::new(WriteTunables::default()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..10 {
+            let tx = tx.clone();
+            let done: CommitDone = Box::new(move |r| {
+                let _ = tx.send(r.is_ok());
+            });
+            assert!(wb.commit_async(done).is_ok());
+        }
+        for _ in 0..10 {
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(true));
+        }
+        assert_eq!(wb.view().zil_commit_count, 10, "each FLUSH counted once");
+        wb.shutdown().expect("shutdown");
+        assert!(wb.commit_async(Box::new(|_| {})).is_err(), "given back after stop");
+    }
+}

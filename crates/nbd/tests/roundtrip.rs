@@ -16,6 +16,9 @@ struct MemExport {
     read_only: bool,
     /// Reads at offsets >= this go the slow way and take 300 ms.
     slow_from: u64,
+    /// FLUSH answered this long after it arrives, from another thread
+    /// (`Export::flush_async`); `None`: on a worker.
+    async_flush: Option<Duration>,
 }
 
 impl Export for MemExport {
@@ -51,6 +54,14 @@ impl Export for MemExport {
     fn flush(&self) -> NbdResult {
         Ok(())
     }
+    fn flush_async(&self, done: nbd::Completion) -> Result<(), nbd::Completion> {
+        let Some(after) = self.async_flush else { return Err(done) };
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            done(Err(Errno(libc::EIO)));
+        });
+        Ok(())
+    }
     fn trim(&self, _o: u64, _l: u64, _f: bool) -> NbdResult {
         Ok(())
     }
@@ -81,11 +92,30 @@ fn start() -> (tempfile::TempDir, Target) {
     let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
     m.insert(
         "".into(),
-        Arc::new(MemExport { data: Mutex::new(vec![0; 1 << 20]), read_only: false, slow_from: 1 << 19 }),
+        Arc::new(MemExport {
+            data: Mutex::new(vec![0; 1 << 20]),
+            read_only: false,
+            slow_from: 1 << 19,
+            async_flush: None,
+        }),
+    );
+    m.insert(
+        "async".into(),
+        Arc::new(MemExport {
+            data: Mutex::new(vec![5; 1 << 16]),
+            read_only: false,
+            slow_from: u64::MAX,
+            async_flush: Some(Duration::from_millis(300)),
+        }),
     );
     m.insert(
         "ro".into(),
-        Arc::new(MemExport { data: Mutex::new(vec![7; 1 << 16]), read_only: true, slow_from: u64::MAX }),
+        Arc::new(MemExport {
+            data: Mutex::new(vec![7; 1 << 16]),
+            read_only: true,
+            slow_from: u64::MAX,
+            async_flush: None,
+        }),
     );
     let server = Server::new(Arc::new(Set(m)), ServerConfig { max_request: 1 << 20, ..Default::default() });
     server.listen_unix(UnixListener::bind(&sock).unwrap());
@@ -107,7 +137,7 @@ fn write_read_list_and_errors() {
     let mut ro = Client::connect(&t, "ro").unwrap();
     assert!(ro.read_only());
     assert_eq!(ro.write(0, b"x", false).unwrap_err().errno(), libc::EPERM);
-    assert_eq!(Client::list(&t).unwrap(), vec!["".to_string(), "ro".to_string()]);
+    assert_eq!(Client::list(&t).unwrap(), vec!["".to_string(), "async".to_string(), "ro".to_string()]);
     assert!(Client::connect(&t, "nope").is_err());
     // The connection still works after all those errors.
     c.read(4096, &mut b).unwrap();
@@ -119,19 +149,7 @@ fn write_read_list_and_errors() {
 #[test]
 fn fast_reply_overtakes_slow_one() {
     let (_d, t) = start();
-    let Target::Unix(p) = &t else { unreachable!() };
-    let mut s = UnixStream::connect(p).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
-    // EXPORT_NAME "" (old style select).
-    let mut o = Vec::new();
-    o.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    o.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
-    o.extend_from_slice(&0u32.to_be_bytes());
-    s.write_all(&o).unwrap();
-    let mut info = [0u8; 10];
-    s.read_exact(&mut info).unwrap();
+    let mut s = raw_session(&t, "");
     let slow = Request { flags: 0, kind: CMD_READ, handle: 1, offset: 1 << 19, length: 512 };
     let fast = Request { flags: 0, kind: CMD_READ, handle: 2, offset: 0, length: 512 };
     let t0 = Instant::now();
@@ -145,6 +163,49 @@ fn fast_reply_overtakes_slow_one() {
     s.read_exact(&mut data).unwrap();
     s.read_exact(&mut h).unwrap();
     assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 1);
+}
+
+/// A raw session on export `name`, selected the old way (EXPORT_NAME),
+/// with simple replies.
+fn raw_session(t: &Target, name: &str) -> UnixStream {
+    let Target::Unix(p) = t else { unreachable!() };
+    let mut s = UnixStream::connect(p).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
+    let mut o = Vec::new();
+    o.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    o.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    o.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    o.extend_from_slice(name.as_bytes());
+    s.write_all(&o).unwrap();
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).unwrap();
+    s
+}
+
+/// A FLUSH the export answers later, from its own thread: requests behind
+/// it are answered meanwhile, and its reply carries the export's result.
+#[test]
+fn a_flush_answered_later_by_the_export_lets_later_requests_pass() {
+    let (_d, t) = start();
+    let mut s = raw_session(&t, "async");
+    let flush = Request { flags: 0, kind: CMD_FLUSH, handle: 1, offset: 0, length: 0 };
+    let read = Request { flags: 0, kind: CMD_READ, handle: 2, offset: 0, length: 512 };
+    let t0 = Instant::now();
+    s.write_all(&flush.encode()).unwrap();
+    s.write_all(&read.encode()).unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 2, "the read is answered first");
+    assert!(t0.elapsed() < Duration::from_millis(250), "the read did not wait for the flush");
+    let mut data = [0u8; 512];
+    s.read_exact(&mut data).unwrap();
+    assert!(data.iter().all(|&b| b == 5));
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 1);
+    assert_eq!(u32::from_be_bytes(h[4..8].try_into().unwrap()), libc::EIO as u32, "the export's result");
+    assert!(t0.elapsed() >= Duration::from_millis(300));
 }
 
 #[test]
