@@ -27,15 +27,9 @@ done
 cargo build --release --quiet --manifest-path "$here/Cargo.toml"
 bin="$here/target/release/arcache"
 out="$here/bench/out"; mkdir -p "$out"
-work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/arcache-wbench.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+bench_start arcache-wbench
 
 origin_sock=$work/origin.sock
 nbdkit --foreground --exit-with-parent -U "$origin_sock" --filter=delay --filter=rate \
