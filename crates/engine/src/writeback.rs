@@ -177,7 +177,6 @@ const MAX_LOG_WRITES_IN_FLIGHT: u64 = 3;
 
 /// One log-write run's changes, with their places in the log.
 struct Placed {
-    log: Arc<IntentLog>,
     chunks: Result<zil::PlacedChunks, LogError>,
     pages: Vec<(PageKey, Arc<Page>)>,
     entries: Vec<Entry>,
@@ -533,19 +532,19 @@ impl WriteBack {
         let encoded = IntentLog::encoded_len(&entries);
         let chunks =
             if encoded > log.capacity() / 4 { Err(LogError::Full) } else { log.place_chunks(txg, &entries) };
-        Some(Placed { log: Arc::clone(log), chunks, pages, entries, encoded, txg, taken })
+        Some(Placed { chunks, pages, entries, encoded, txg, taken })
     }
 
     /// Writes every unlogged page and discard to the log (not yet flushed);
     /// `run` is this log-write run's number.
     fn log_write_once(&self, run: u64) -> bool {
-        let p = match self.place_in_turn(run) {
-            Err(()) => return false,
-            Ok(None) => return true,
-            Ok(Some(p)) => p,
+        let (p, log) = match (self.place_in_turn(run), &self.log) {
+            (Ok(None), _) => return true,
+            (Ok(Some(p)), Some(log)) => (p, log),
+            _ => return false,
         };
         let started = Instant::now();
-        let res = p.chunks.and_then(|chunks| p.log.write_placed(&chunks));
+        let res = p.chunks.and_then(|chunks| log.write_placed(&chunks));
         self.stats.zil_log_write_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
         match res {
             Ok(()) => {

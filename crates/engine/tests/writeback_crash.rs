@@ -395,15 +395,13 @@ fn cut_writer(
                 }
             }
             let fua = rng.gen_bool(0.1);
-            let covered: Vec<usize> =
-                own.clone().map(|s| model.lock().versions[s as usize].len() - 1).collect();
+            let covered = latest_versions(model, own.clone());
             vol.write(first * 512, &data, fua).expect("write");
             if fua {
                 note_durable(model, power, own.clone(), &covered);
             }
         } else {
-            let covered: Vec<usize> =
-                own.clone().map(|s| model.lock().versions[s as usize].len() - 1).collect();
+            let covered = latest_versions(model, own.clone());
             if rng.gen_bool(0.5) {
                 vol.flush().expect("flush");
             } else {
@@ -420,6 +418,13 @@ fn cut_writer(
             note_durable(model, power, own.clone(), &covered);
         }
     }
+}
+
+/// The index of each sector's newest version: what an acknowledgement
+/// received now covers (every write of the thread was acknowledged).
+fn latest_versions(model: &parking_lot::Mutex<Model>, own: std::ops::Range<u64>) -> Vec<usize> {
+    let m = model.lock();
+    own.map(|s| m.versions[s as usize].len() - 1).collect()
 }
 
 fn note_durable(
