@@ -98,7 +98,10 @@ pub struct Txg {
     pub number: u64,
     /// When the first write joined it: its age starts the timeout.
     pub born: Option<Instant>,
-    pub pages: FxHashMap<PageKey, Arc<Page>>,
+    pages: FxHashMap<PageKey, Arc<Page>>,
+    /// Maximal runs of consecutive pages in `pages`: what the sync will
+    /// write as separate extents (before clipping and the size cap).
+    runs: u64,
     /// Records written in this txg: their L2 copies were dropped and the
     /// feed leaves them alone until it has synced.
     pub records: FxHashSet<Key>,
@@ -112,6 +115,7 @@ impl Txg {
             number,
             born: None,
             pages: FxHashMap::default(),
+            runs: 0,
             records: FxHashSet::default(),
             tickets: Vec::new(),
         }
@@ -123,6 +127,51 @@ impl Txg {
 
     pub fn is_empty(&self) -> bool {
         self.pages.is_empty() && self.records.is_empty()
+    }
+
+    pub fn pages(&self) -> &FxHashMap<PageKey, Arc<Page>> {
+        &self.pages
+    }
+
+    pub fn page_mut(&mut self, key: PageKey) -> Option<&mut Arc<Page>> {
+        self.pages.get_mut(&key)
+    }
+
+    /// Adds or replaces the page at `key`.
+    pub fn insert_page(&mut self, key: PageKey, page: Arc<Page>) {
+        if self.pages.insert(key, page).is_none() {
+            // A new page starts a run, extends one, or joins two.
+            let (before, after) = self.neighbours(key);
+            match (before, after) {
+                (false, false) => self.runs += 1,
+                (true, true) => self.runs -= 1,
+                _ => {}
+            }
+        }
+    }
+
+    pub fn remove_page(&mut self, key: PageKey) -> Option<Arc<Page>> {
+        let removed = self.pages.remove(&key)?;
+        match self.neighbours(key) {
+            (false, false) => self.runs -= 1,
+            (true, true) => self.runs += 1,
+            _ => {}
+        }
+        Some(removed)
+    }
+
+    fn neighbours(&self, key: PageKey) -> (bool, bool) {
+        let has = |k: Option<PageKey>| k.is_some_and(|k| self.pages.contains_key(&k));
+        (has(key.checked_sub(1)), has(key.checked_add(1)))
+    }
+
+    /// Pages per run on average: about 1 for scattered small writes, the
+    /// write size in pages (or more) for a stream.
+    pub fn pages_per_run(&self) -> f64 {
+        if self.runs == 0 {
+            return 0.0;
+        }
+        self.pages.len() as f64 / self.runs as f64
     }
 }
 
@@ -206,5 +255,41 @@ mod tests {
         a.overlay(2400..3000, &mut out);
         assert_eq!((out[0], out[599]), (2, 9), "sector 4 ends at 2560; 5 is not valid");
         assert_eq!(a.packed().len(), 5 * 512);
+    }
+
+    proptest::proptest! {
+        /// The run count kept through inserts and removals equals a count
+        /// of the page set from scratch (a run starts where the previous
+        /// page is absent).
+        #[test]
+        fn runs_follow_inserts_and_removals(ops in proptest::collection::vec((proptest::bool::ANY, 0u64..40), 1..200)) {
+            let mut txg = Txg::new(1);
+            for (insert, n) in ops {
+                let key = page_key((n / 20) as u16, n % 20);
+                if insert {
+                    txg.insert_page(key, page(0xff, 1));
+                } else {
+                    txg.remove_page(key);
+                }
+                let keys = txg.pages();
+                let fresh = keys.keys().filter(|&&k| k == 0 || !keys.contains_key(&(k - 1))).count() as u64;
+                proptest::prop_assert_eq!(txg.runs, fresh);
+            }
+        }
+    }
+
+    #[test]
+    fn a_stream_has_long_runs_and_scattered_pages_short_ones() {
+        let mut stream = Txg::new(1);
+        for p in 0..256 {
+            stream.insert_page(page_key(0, p), page(0xff, 1));
+        }
+        assert_eq!(stream.pages_per_run(), 256.0);
+        let mut scattered = Txg::new(1);
+        for p in (0..256).map(|p| p * 3) {
+            scattered.insert_page(page_key(0, p), page(0xff, 1));
+        }
+        assert_eq!(scattered.pages_per_run(), 1.0);
+        assert_eq!(Txg::new(1).pages_per_run(), 0.0);
     }
 }

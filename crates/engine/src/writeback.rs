@@ -175,6 +175,10 @@ pub struct Backing {
 /// chunk still being written even when a txg has released it meanwhile.
 const MAX_LOG_WRITES_IN_FLIGHT: u64 = 3;
 
+/// Write-behind takes a txg early only when its pages form runs at least
+/// this long on average (16 KiB): a stream, not scattered small writes.
+const WRITE_BEHIND_PAGES_PER_RUN: f64 = 4.0;
+
 /// One log-write run's changes, with their places in the log.
 struct Placed {
     chunks: Result<zil::PlacedChunks, LogError>,
@@ -295,7 +299,7 @@ impl WriteBack {
     }
 
     fn recount(&self, g: &Inner) {
-        let n = g.open.pages.len() + g.syncing.as_ref().map_or(0, |t| t.pages.len());
+        let n = g.open.pages().len() + g.syncing.as_ref().map_or(0, |t| t.pages().len());
         self.dirty_pages.store(n as u64, Relaxed);
     }
 
@@ -310,6 +314,26 @@ impl WriteBack {
     /// (write-behind), so a long stream of writes overlaps with its syncing.
     fn write_behind_bytes(&self) -> u64 {
         (self.tunables.dirty_data_max.load(Relaxed) / 64).max(16 << 20)
+    }
+
+    /// Whether an idle backing store should take the open txg before the
+    /// timeout or the sync threshold. A stream is written behind at once:
+    /// the backing store's bandwidth is what bounds it, and waiting only
+    /// lengthens the final flush. Scattered small writes are not: each
+    /// costs the backing store a request however early it is sent, and
+    /// left in RAM they are overwritten and grow into longer runs, so a
+    /// later, larger txg sends fewer requests (docs/intent-log.md).
+    fn write_behind_due(&self, g: &Inner) -> bool {
+        g.syncing.is_none()
+            && g.open.bytes() >= self.write_behind_bytes()
+            && g.open.pages_per_run() >= WRITE_BEHIND_PAGES_PER_RUN
+    }
+
+    /// The intent log is half full: a txg releases its space before a
+    /// commit finds it full and has to wait for a txg of its own. Checked
+    /// after each log write, which is what fills it.
+    fn log_pressed(&self) -> bool {
+        self.log_usable().is_some_and(|log| log.used() > log.capacity() / 2)
     }
 
     /// True when a write now would be delayed or made to wait.
@@ -368,12 +392,10 @@ impl WriteBack {
         for (page, new) in pages {
             let key = page_key(vol, page);
             self.stats.written_bytes.fetch_add(u64::from(new.mask.count_ones()) * dirty::SECTOR, Relaxed);
-            match g.open.pages.get_mut(&key) {
+            match g.open.page_mut(key) {
                 Some(old) if new.mask & old.mask == old.mask => *old = Arc::new(new),
                 Some(old) => Arc::make_mut(old).merge_from(&new),
-                None => {
-                    g.open.pages.insert(key, Arc::new(new));
-                }
+                None => g.open.insert_page(key, Arc::new(new)),
             }
             g.unlogged.push((number, key));
         }
@@ -386,7 +408,7 @@ impl WriteBack {
         if g.open.bytes() >= threshold {
             g.want = g.want.max(g.open.number);
         }
-        if g.open.bytes() >= threshold.min(self.write_behind_bytes()) {
+        if g.open.bytes() >= threshold || self.write_behind_due(g) {
             self.cv.notify_all();
         }
         self.recount(g);
@@ -397,9 +419,9 @@ impl WriteBack {
         let key = page_key(vol, offset / PAGE);
         let s = ((offset % PAGE) / dirty::SECTOR) as usize;
         let g = self.inner.lock();
-        let from_open = g.open.pages.get(&key).filter(|p| p.mask & (1 << s) != 0);
+        let from_open = g.open.pages().get(&key).filter(|p| p.mask & (1 << s) != 0);
         let page =
-            from_open.or_else(|| g.syncing.as_ref()?.pages.get(&key).filter(|p| p.mask & (1 << s) != 0))?;
+            from_open.or_else(|| g.syncing.as_ref()?.pages().get(&key).filter(|p| p.mask & (1 << s) != 0))?;
         let mut out = [0u8; 512];
         out.copy_from_slice(&page.data[dirty::sector_range(s)]);
         Some(out)
@@ -416,7 +438,7 @@ impl WriteBack {
         let last = (range.end - 1) / PAGE;
         let g = self.inner.lock();
         let mut out = Vec::new();
-        for map in g.syncing.iter().map(|t| &t.pages).chain(std::iter::once(&g.open.pages)) {
+        for map in g.syncing.iter().map(|t| t.pages()).chain(std::iter::once(g.open.pages())) {
             if map.is_empty() {
                 continue;
             }
@@ -557,6 +579,9 @@ impl WriteBack {
                 s.zil_commit_writer_count.fetch_add(1, Relaxed);
                 s.zil_itx_count.fetch_add(p.entries.len() as u64, Relaxed);
                 s.zil_log_bytes.fetch_add(p.encoded, Relaxed);
+                if self.log_pressed() {
+                    self.cv.notify_all();
+                }
                 true
             }
             Err(e) => {
@@ -611,8 +636,8 @@ impl WriteBack {
                 let mut g = self.inner.lock();
                 for (key, p) in &pages {
                     p.logged.store(true, Relaxed);
-                    if g.open.pages.get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
-                        g.open.pages.remove(key);
+                    if g.open.pages().get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
+                        g.open.remove_page(*key);
                     }
                 }
                 self.recount(&g);
@@ -645,10 +670,10 @@ impl WriteBack {
         let mut seen: FxHashSet<(u64, PageKey)> = FxHashSet::default();
         for &(txg, key) in &taken {
             let map = if txg == g.open.number {
-                &g.open.pages
+                g.open.pages()
             } else {
                 match &g.syncing {
-                    Some(t) if t.number == txg => &t.pages,
+                    Some(t) if t.number == txg => t.pages(),
                     _ => continue,
                 }
             };
@@ -704,7 +729,8 @@ impl WriteBack {
                     let aged = g.open.born.is_some_and(|b| b.elapsed() >= timeout);
                     let retry_ok = g.retry_at.is_none_or(|t| Instant::now() >= t);
                     let wanted = g.want >= g.open.number;
-                    let worth = g.syncing.is_none() && g.open.bytes() >= self.write_behind_bytes();
+                    let worth = !g.open.is_empty()
+                        && (self.write_behind_due(&g) || (g.syncing.is_none() && self.log_pressed()));
                     if retry_ok && (wanted || aged || worth || (g.retry_at.is_some() && !g.open.is_empty())) {
                         break;
                     }
@@ -733,7 +759,7 @@ impl WriteBack {
         if let Some(l2) = &self.l2 {
             l2.make_durable(&txg.tickets);
         }
-        let res = self.write_pages(&txg.pages);
+        let res = self.write_pages(txg.pages());
         if let Err(e) = &res {
             warn!(
                 "transaction group {} could not be synced: {e}; its data stays dirty and is retried",
@@ -801,8 +827,8 @@ impl WriteBack {
     /// Puts a failed txg's pages back under the open txg, below newer writes.
     fn merge_back(&self, g: &mut Inner, failed: &Txg) {
         let number = g.open.number;
-        for (&key, page) in &failed.pages {
-            let merged = match g.open.pages.get(&key) {
+        for (&key, page) in failed.pages() {
+            let merged = match g.open.pages().get(&key) {
                 Some(newer) => {
                     let mut p = Page::clone(page);
                     p.merge_from(newer);
@@ -810,7 +836,7 @@ impl WriteBack {
                 }
                 None => Page::clone(page),
             };
-            g.open.pages.insert(key, Arc::new(merged));
+            g.open.insert_page(key, Arc::new(merged));
             g.unlogged.push((number, key));
         }
         let mut twice = Vec::new();
@@ -901,7 +927,7 @@ impl WriteBack {
             }
             for page in range.start / PAGE..range.end.div_ceil(PAGE) {
                 let key = page_key(vol, page);
-                let Some(p) = g.open.pages.get_mut(&key) else { continue };
+                let Some(p) = g.open.page_mut(key) else { continue };
                 let base = page * PAGE;
                 let p = Arc::make_mut(p);
                 for s in dirty::sectors(p.mask) {
@@ -925,7 +951,7 @@ impl WriteBack {
                 }
                 p.logged.store(false, Relaxed);
                 if p.mask == 0 {
-                    g.open.pages.remove(&key);
+                    g.open.remove_page(key);
                 } else {
                     g.unlogged.push((number, key));
                 }
