@@ -471,6 +471,8 @@ fn start_writeback(
         None => None,
     };
     let wb = WriteBack::new(log, cache.l2().cloned(), tun);
+    // A commit answers its FLUSHes with one write per connection.
+    wb.answer_together_with(nbd::answer_together);
     cache.set_writeback(Arc::clone(&wb));
     Ok(wb)
 }

@@ -20,11 +20,17 @@ use crate::writeback::WriteBack;
 /// Called once the commit covering a FLUSH is done, from the committer.
 pub type CommitDone = Box<dyn FnOnce(&DevResult<()>) + Send>;
 
+/// Runs the closure it is given, which calls one commit's completions; the
+/// protocol side can then send their replies together
+/// (`nbd::answer_together`).
+pub type AnswerTogether = fn(&mut dyn FnMut());
+
 #[derive(Default)]
 struct Queue {
     waiting: Vec<CommitDone>,
     started: bool,
     stop: bool,
+    answer_together: Option<AnswerTogether>,
 }
 
 #[derive(Default)]
@@ -57,6 +63,10 @@ impl Committer {
         Ok(())
     }
 
+    pub(crate) fn answer_together_with(&self, f: AnswerTogether) {
+        self.queue.0.lock().answer_together = Some(f);
+    }
+
     /// Lets the thread end once nothing is queued; later FLUSHes are given
     /// back to their callers.
     pub(crate) fn stop(&self) {
@@ -69,7 +79,7 @@ impl Committer {
 fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
     let (lock, cv) = queue;
     loop {
-        let batch = {
+        let (mut batch, together) = {
             let mut q = lock.lock();
             while q.waiting.is_empty() {
                 if q.stop {
@@ -77,7 +87,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
                 }
                 cv.wait(&mut q);
             }
-            std::mem::take(&mut q.waiting)
+            (std::mem::take(&mut q.waiting), q.answer_together)
         };
         let res = match wb.upgrade() {
             Some(wb) => wb.commit_uncounted(),
@@ -89,8 +99,14 @@ fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
                 source: std::io::Error::other("the write-back is gone"),
             }),
         };
-        for done in batch {
-            done(&res);
+        let mut answer = || {
+            for done in batch.drain(..) {
+                done(&res);
+            }
+        };
+        match together {
+            Some(together) => together(&mut answer),
+            None => answer(),
         }
     }
 }
@@ -124,5 +140,26 @@ mod tests {
         assert_eq!(wb.view().zil_commit_count, 10, "each FLUSH counted once");
         wb.shutdown().expect("shutdown");
         assert!(wb.commit_async(Box::new(|_| {})).is_err(), "given back after stop");
+    }
+
+    static HOOK_ENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn counting_hook(answer: &mut dyn FnMut()) {
+        HOOK_ENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        answer();
+    }
+
+    #[test]
+    fn completions_run_inside_the_answer_hook() {
+        let wb = WriteBack::new(None, None, Arc::new(WriteTunables::default()));
+        wb.answer_together_with(counting_hook);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done: CommitDone = Box::new(move |_| {
+            let _ = tx.send(HOOK_ENTERED.load(std::sync::atomic::Ordering::SeqCst));
+        });
+        assert!(wb.commit_async(done).is_ok());
+        let entered = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
+        assert!(entered >= 1, "the completion ran inside the hook");
+        wb.shutdown().expect("shutdown");
     }
 }

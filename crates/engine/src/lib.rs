@@ -16,7 +16,7 @@ mod writeback;
 mod zfetch;
 
 pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
-pub use committer::CommitDone;
+pub use committer::{AnswerTogether, CommitDone};
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use sizing::{SizingView, SAMPLE_EVERY};

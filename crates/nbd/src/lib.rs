@@ -13,6 +13,8 @@ pub mod uri;
 
 pub use client::{Client, ClientError};
 pub use conn::Conn;
-pub use server::{Completion, Errno, Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig};
+pub use server::{
+    answer_together, Completion, Errno, Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig,
+};
 pub use tls::{TlsPolicy, TlsSetupError};
 pub use uri::{NbdUri, Target};

@@ -611,7 +611,8 @@ impl Server {
         let server = Arc::clone(self);
         let done: Completion = Box::new(move |res| {
             slot.shared.reply_status(req, res, &server.stats);
-            drop(slot);
+            // The budget is given back once the reply is really sent.
+            hold_slot(slot);
         });
         if let Err(done) = export.flush_async(done) {
             let export = Arc::clone(export);
@@ -741,7 +742,13 @@ impl ConnShared {
         }
     }
 
-    fn send(&self, parts: &[&[u8]]) {
+    fn send(self: &Arc<Self>, parts: &[&[u8]]) {
+        if !hold_reply(self, parts) {
+            self.send_now(parts);
+        }
+    }
+
+    fn send_now(&self, parts: &[&[u8]]) {
         let mut w = self.writer.lock();
         if let Err(e) = w.send(parts) {
             // The client is gone; make the reader notice too.
@@ -750,7 +757,7 @@ impl ConnShared {
         }
     }
 
-    fn reply_read(&self, req: Request, res: NbdResult, data: &[u8], stats: &ServerStats) {
+    fn reply_read(self: &Arc<Self>, req: Request, res: NbdResult, data: &[u8], stats: &ServerStats) {
         match res {
             Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats),
             Ok(()) if self.structured && !data.is_empty() => {
@@ -771,7 +778,7 @@ impl ConnShared {
         }
     }
 
-    fn reply_status(&self, req: Request, res: NbdResult, stats: &ServerStats) {
+    fn reply_status(self: &Arc<Self>, req: Request, res: NbdResult, stats: &ServerStats) {
         match res {
             Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats),
             Ok(()) if self.structured => {
@@ -782,7 +789,7 @@ impl ConnShared {
         }
     }
 
-    fn reply_error(&self, req: Request, errno: u32, stats: &ServerStats) {
+    fn reply_error(self: &Arc<Self>, req: Request, errno: u32, stats: &ServerStats) {
         stats.request_errors.fetch_add(1, Relaxed);
         if self.structured {
             let h = structured_header(req.handle, REPLY_TYPE_ERROR, 6);
@@ -793,6 +800,63 @@ impl ConnShared {
             self.send(&[&simple_header(req.handle, errno)]);
         }
     }
+}
+
+/// Replies held back on this thread by [`answer_together`].
+#[derive(Default)]
+struct Held {
+    replies: Vec<(Arc<ConnShared>, Vec<u8>)>,
+    slots: Vec<Slot>,
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `answer`, holding back the replies it sends from this thread, and
+/// then sends them with one write per connection. For a thread that
+/// answers many requests at once, such as an export's commit thread
+/// answering a batch of FLUSHes: one system call and one client wake-up
+/// per connection instead of one per reply.
+pub fn answer_together(answer: &mut dyn FnMut()) {
+    let outer = HELD.with(|h| h.borrow_mut().replace(Held::default()));
+    answer();
+    let held = HELD.with(|h| std::mem::replace(&mut *h.borrow_mut(), outer)).unwrap_or_default();
+    for (conn, bytes) in &held.replies {
+        conn.send_now(&[bytes]);
+    }
+    drop(held.slots);
+}
+
+/// Keeps a reply for [`answer_together`] if it is running on this thread.
+fn hold_reply(conn: &Arc<ConnShared>, parts: &[&[u8]]) -> bool {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        let Some(held) = h.as_mut() else { return false };
+        let at = match held.replies.iter().position(|(c, _)| Arc::ptr_eq(c, conn)) {
+            Some(at) => at,
+            None => {
+                held.replies.push((Arc::clone(conn), Vec::new()));
+                held.replies.len() - 1
+            }
+        };
+        for p in parts {
+            held.replies[at].1.extend_from_slice(p);
+        }
+        true
+    })
+}
+
+/// Drops `slot` now, or after the held replies are sent.
+fn hold_slot(slot: Slot) {
+    let slot = HELD.with(|h| match h.borrow_mut().as_mut() {
+        Some(held) => {
+            held.slots.push(slot);
+            None
+        }
+        None => Some(slot),
+    });
+    drop(slot);
 }
 
 fn simple_header(handle: u64, error: u32) -> [u8; 16] {

@@ -19,6 +19,8 @@ struct MemExport {
     /// FLUSH answered this long after it arrives, from another thread
     /// (`Export::flush_async`); `None`: on a worker.
     async_flush: Option<Duration>,
+    /// FLUSH completions kept here for the test to call (`flush_async`).
+    parked: Option<Arc<Mutex<Vec<nbd::Completion>>>>,
 }
 
 impl Export for MemExport {
@@ -55,6 +57,10 @@ impl Export for MemExport {
         Ok(())
     }
     fn flush_async(&self, done: nbd::Completion) -> Result<(), nbd::Completion> {
+        if let Some(parked) = &self.parked {
+            parked.lock().push(done);
+            return Ok(());
+        }
         let Some(after) = self.async_flush else { return Err(done) };
         std::thread::spawn(move || {
             std::thread::sleep(after);
@@ -97,6 +103,7 @@ fn start() -> (tempfile::TempDir, Target) {
             read_only: false,
             slow_from: 1 << 19,
             async_flush: None,
+            parked: None,
         }),
     );
     m.insert(
@@ -106,6 +113,7 @@ fn start() -> (tempfile::TempDir, Target) {
             read_only: false,
             slow_from: u64::MAX,
             async_flush: Some(Duration::from_millis(300)),
+            parked: None,
         }),
     );
     m.insert(
@@ -115,6 +123,7 @@ fn start() -> (tempfile::TempDir, Target) {
             read_only: true,
             slow_from: u64::MAX,
             async_flush: None,
+            parked: None,
         }),
     );
     let server = Server::new(Arc::new(Set(m)), ServerConfig { max_request: 1 << 20, ..Default::default() });
@@ -221,4 +230,59 @@ fn garbage_handshake_closes_only_that_connection() {
     assert!(rest.is_empty(), "server hangs up on garbage without replying");
     let mut c = Client::connect(&t, "").unwrap();
     c.flush().unwrap();
+}
+
+/// Replies sent inside `answer_together` are held back until it ends, then
+/// all delivered: FLUSHes from two connections answered in one batch.
+#[test]
+fn replies_answered_together_are_held_until_the_batch_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let parked = Arc::new(Mutex::new(Vec::new()));
+    let export = MemExport {
+        data: Mutex::new(vec![0; 1 << 16]),
+        read_only: false,
+        slow_from: u64::MAX,
+        async_flush: None,
+        parked: Some(Arc::clone(&parked)),
+    };
+    let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
+    m.insert("".into(), Arc::new(export));
+    let server = Server::new(Arc::new(Set(m)), ServerConfig::default());
+    server.listen_unix(UnixListener::bind(&sock).unwrap());
+    let t = Target::Unix(sock);
+    let mut a = raw_session(&t, "");
+    let mut b = raw_session(&t, "");
+    for (s, handles) in [(&mut a, [1u64, 2]), (&mut b, [3, 4])] {
+        for handle in handles {
+            let flush = Request { flags: 0, kind: CMD_FLUSH, handle, offset: 0, length: 0 };
+            s.write_all(&flush.encode()).unwrap();
+        }
+    }
+    let t0 = Instant::now();
+    while parked.lock().len() < 4 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the FLUSHes reached the export");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let quiet = |s: &mut UnixStream| {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let nothing = matches!(s.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        s.set_nonblocking(false).unwrap();
+        nothing
+    };
+    let mut completions: Vec<nbd::Completion> = std::mem::take(&mut *parked.lock());
+    nbd::answer_together(&mut || {
+        for done in completions.drain(..) {
+            done(Ok(()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(quiet(&mut a) && quiet(&mut b), "nothing is sent before the batch ends");
+    });
+    let mut got_a = [simple_reply(&mut a), simple_reply(&mut a)];
+    let mut got_b = [simple_reply(&mut b), simple_reply(&mut b)];
+    got_a.sort();
+    got_b.sort();
+    assert_eq!(got_a, [(0, 1), (0, 2)]);
+    assert_eq!(got_b, [(0, 3), (0, 4)]);
 }
