@@ -517,7 +517,13 @@ impl Server {
         info: &ExportInfo,
     ) -> io::Result<()> {
         let mut scratch: Vec<u8> = Vec::new();
+        // Requests that arrived together are answered together: replies
+        // made here wait until the reader has nothing more buffered.
+        let held = HeldReplies::enter();
         loop {
+            if rd.buffer().is_empty() {
+                held.send_now();
+            }
             let mut hdr = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut hdr) {
                 Ok(()) => {}
@@ -534,6 +540,9 @@ impl Server {
             // Taken before the payload is read or a reply buffer allocated.
             let slot = self.admit(shared, &req);
             let payload = if req.kind == CMD_WRITE {
+                if rd.buffer().len() < req.length as usize {
+                    held.send_now();
+                }
                 match self.read_payload(rd, req.length)? {
                     Some(p) => Some(p),
                     None => {
@@ -674,6 +683,10 @@ impl Server {
                 // Counted as the wait begins, so a stuck connection shows.
                 self.stats.budget_waits.fetch_add(1, Relaxed);
                 waited = true;
+                drop(n);
+                send_held();
+                n = shared.in_flight.lock();
+                continue;
             }
             shared.drained.wait(&mut n);
         }
@@ -802,15 +815,66 @@ impl ConnShared {
     }
 }
 
-/// Replies held back on this thread by [`answer_together`].
+/// Replies held back on this thread (see [`HeldReplies`]).
 #[derive(Default)]
 struct Held {
     replies: Vec<(Arc<ConnShared>, Vec<u8>)>,
+    bytes: usize,
     slots: Vec<Slot>,
+}
+
+impl Held {
+    fn send(self) {
+        for (conn, bytes) in &self.replies {
+            conn.send_now(&[bytes]);
+        }
+        drop(self.slots);
+    }
 }
 
 thread_local! {
     static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Replies larger than this are sent at once even while replies are held:
+/// copying them would cost more than the system call saved.
+const HOLD_MAX_REPLY: usize = 8 << 10;
+/// Held replies are sent once they add up to this much.
+const HOLD_MAX_BYTES: usize = 256 << 10;
+
+/// While alive, small replies sent from this thread are held back and then
+/// sent with one write per connection: when the scope ends, or at
+/// [`HeldReplies::send_now`]. Scopes nest; an inner one sends its own.
+struct HeldReplies {
+    outer: Option<Held>,
+}
+
+impl HeldReplies {
+    fn enter() -> HeldReplies {
+        HeldReplies { outer: HELD.with(|h| h.borrow_mut().replace(Held::default())) }
+    }
+
+    fn send_now(&self) {
+        send_held();
+    }
+}
+
+/// Sends what this thread holds now; for a thread about to block, which
+/// must not sit on replies (or on the budget their slots hold).
+fn send_held() {
+    let held = HELD.with(|h| h.borrow_mut().as_mut().map(std::mem::take));
+    if let Some(held) = held {
+        held.send();
+    }
+}
+
+impl Drop for HeldReplies {
+    fn drop(&mut self) {
+        let held = HELD.with(|h| std::mem::replace(&mut *h.borrow_mut(), self.outer.take()));
+        if let Some(held) = held {
+            held.send();
+        }
+    }
 }
 
 /// Runs `answer`, holding back the replies it sends from this thread, and
@@ -819,20 +883,19 @@ thread_local! {
 /// answering a batch of FLUSHes: one system call and one client wake-up
 /// per connection instead of one per reply.
 pub fn answer_together(answer: &mut dyn FnMut()) {
-    let outer = HELD.with(|h| h.borrow_mut().replace(Held::default()));
+    let _held = HeldReplies::enter();
     answer();
-    let held = HELD.with(|h| std::mem::replace(&mut *h.borrow_mut(), outer)).unwrap_or_default();
-    for (conn, bytes) in &held.replies {
-        conn.send_now(&[bytes]);
-    }
-    drop(held.slots);
 }
 
-/// Keeps a reply for [`answer_together`] if it is running on this thread.
+/// Keeps a reply if replies are held on this thread and it is small.
 fn hold_reply(conn: &Arc<ConnShared>, parts: &[&[u8]]) -> bool {
-    HELD.with(|h| {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len > HOLD_MAX_REPLY {
+        return false;
+    }
+    let full = HELD.with(|h| {
         let mut h = h.borrow_mut();
-        let Some(held) = h.as_mut() else { return false };
+        let held = h.as_mut()?;
         let at = match held.replies.iter().position(|(c, _)| Arc::ptr_eq(c, conn)) {
             Some(at) => at,
             None => {
@@ -843,8 +906,18 @@ fn hold_reply(conn: &Arc<ConnShared>, parts: &[&[u8]]) -> bool {
         for p in parts {
             held.replies[at].1.extend_from_slice(p);
         }
-        true
-    })
+        held.bytes += len;
+        Some((held.bytes >= HOLD_MAX_BYTES).then(|| std::mem::take(held)))
+    });
+    match full {
+        None => false,
+        Some(full) => {
+            if let Some(full) = full {
+                full.send();
+            }
+            true
+        }
+    }
 }
 
 /// Drops `slot` now, or after the held replies are sent.

@@ -286,3 +286,38 @@ fn replies_answered_together_are_held_until_the_batch_ends() {
     assert_eq!(got_a, [(0, 1), (0, 2)]);
     assert_eq!(got_b, [(0, 3), (0, 4)]);
 }
+
+/// Replies the reader holds back while more requests are buffered still go
+/// out before it waits: for the rest of a WRITE's payload, or for new
+/// requests.
+#[test]
+fn held_replies_go_out_before_the_reader_waits() {
+    let (_d, t) = start();
+    let mut s = raw_session(&t, "");
+    let mut burst = Vec::new();
+    for handle in 1..=20u64 {
+        let read = Request { flags: 0, kind: CMD_READ, handle, offset: handle * 512, length: 512 };
+        burst.extend_from_slice(&read.encode());
+    }
+    let write = Request { flags: 0, kind: CMD_WRITE, handle: 99, offset: 0, length: 4096 };
+    burst.extend_from_slice(&write.encode());
+    burst.extend_from_slice(&[7u8; 1000]);
+    s.write_all(&burst).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut handles = Vec::new();
+    for _ in 1..=20 {
+        let (err, handle) = simple_reply(&mut s);
+        assert_eq!(err, 0);
+        let mut data = [0u8; 512];
+        s.read_exact(&mut data).unwrap();
+        handles.push(handle);
+    }
+    handles.sort();
+    assert_eq!(
+        handles,
+        (1..=20).collect::<Vec<_>>(),
+        "every read answered while the write's payload is short"
+    );
+    s.write_all(&[7u8; 3096]).unwrap();
+    assert_eq!(simple_reply(&mut s), (0, 99));
+}
