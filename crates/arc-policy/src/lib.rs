@@ -12,11 +12,13 @@
 
 mod lru;
 mod paper;
+mod seen;
 mod slab;
 mod zfs;
 
 pub use lru::Lru;
 pub use paper::PaperArc;
+pub use seen::SeenFilter;
 pub use zfs::{ZfsArc, ZfsArcConfig};
 
 /// Identity of a cached unit. The engine packs (export, record index) into it.

@@ -615,6 +615,7 @@ pub fn start_on(
         },
         l2,
     );
+    cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
     zfetch_tunables(&t, &cache.zfetch);
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
@@ -923,6 +924,7 @@ impl ControlState {
         self.cache.set_limits(t.value("zfs_arc_min"), t.value("zfs_arc_max"));
         self.cache.set_min_prefetch_ms(t.value("zfs_arc_min_prefetch_ms"));
         self.cache.set_compress(t.value("zfs_compressed_arc_enabled") != 0);
+        self.cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
         self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
         feed_tunables(t, &self.feed);
         zfetch_tunables(t, &self.cache.zfetch);

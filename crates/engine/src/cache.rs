@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arc_policy::{Access, Key, ListKind, Lookup, Policy, ZfsArc, ZfsArcConfig};
+use arc_policy::{Access, Key, ListKind, Lookup, Policy, SeenFilter, ZfsArc, ZfsArcConfig};
 use arcache_l2::{BlobFlags, FeedItem, L2Arc};
 use arcache_sync::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -47,6 +47,8 @@ struct State {
     psize: u64,
     lsize: u64,
     evicted: Vec<Key>,
+    /// Records read from half their L2 copy without being cached.
+    seen: SeenFilter,
 }
 
 #[derive(Default)]
@@ -66,6 +68,8 @@ pub(crate) struct Counters {
     pub backing_errors: AtomicU64,
     pub l2_hits: AtomicU64,
     pub l2_misses: AtomicU64,
+    pub l2_partial_reads: AtomicU64,
+    pub l2_partial_read_bytes: AtomicU64,
     pub evict_l2_cached: AtomicU64,
     pub evict_l2_eligible: AtomicU64,
     pub evict_l2_ineligible: AtomicU64,
@@ -79,6 +83,14 @@ pub(crate) enum Found {
     /// Filled by another request while this one waited for it.
     IoHit,
     Miss,
+}
+
+/// What a demand lookup found.
+pub(crate) enum Looked {
+    Hit(RecordData),
+    /// Not in RAM, but in a ghost list: cached recently.
+    Ghost,
+    Cold,
 }
 
 /// What the feed may take from the ARC this cycle.
@@ -99,6 +111,7 @@ pub struct Cache {
     /// Per export: may its records go to L2 (`secondarycache=all`)?
     secondary: RwLock<Vec<bool>>,
     compress: AtomicBool,
+    partial_reads: AtomicBool,
     pub(crate) counters: Counters,
     pub zfetch: Arc<ZfetchTunables>,
     pub zfetch_stats: Arc<ZfetchStats>,
@@ -123,11 +136,13 @@ impl Cache {
                 psize: 0,
                 lsize: 0,
                 evicted: Vec::new(),
+                seen: SeenFilter::new(),
             }),
             epoch: Instant::now(),
             l2,
             secondary: RwLock::new(vec![true; MAX_EXPORTS]),
             compress: AtomicBool::new(cfg.compress),
+            partial_reads: AtomicBool::new(true),
             counters: Counters::default(),
             zfetch: Arc::new(ZfetchTunables::default()),
             zfetch_stats: Arc::new(ZfetchStats::default()),
@@ -177,6 +192,15 @@ impl Cache {
         self.compress.load(Relaxed)
     }
 
+    /// `l2arc_partial_reads`.
+    pub fn set_partial_reads(&self, on: bool) {
+        self.partial_reads.store(on, Relaxed);
+    }
+
+    pub(crate) fn partial_reads(&self) -> bool {
+        self.partial_reads.load(Relaxed)
+    }
+
     /// `zfs_compressed_arc_enabled`: applies to records cached from now on.
     pub fn set_compress(&self, on: bool) {
         self.compress.store(on, Relaxed);
@@ -197,14 +221,26 @@ impl Cache {
         Access { now_ns: self.epoch.elapsed().as_nanos() as u64, prefetch }
     }
 
-    /// Looks a record up as a read; a hit is recorded and returned.
-    pub(crate) fn lookup(&self, key: Key, prefetch: bool) -> Option<RecordData> {
+    /// Looks a record up as a read; a hit is recorded and returned, and a
+    /// miss the ARC has a ghost of (cached recently) told from a cold one.
+    pub(crate) fn lookup(&self, key: Key, prefetch: bool) -> Looked {
         let a = self.access(prefetch);
         let mut s = self.state.lock();
         match s.policy.lookup(key, a) {
-            Lookup::Hit(_) => s.data.get(&key).cloned(),
-            Lookup::GhostHit(_) | Lookup::Miss => None,
+            Lookup::Hit(_) => s.data.get(&key).cloned().map_or(Looked::Cold, Looked::Hit),
+            Lookup::GhostHit(_) => Looked::Ghost,
+            Lookup::Miss => Looked::Cold,
         }
+    }
+
+    /// Whether a cold record of `size` bytes may be read from half its L2
+    /// copy and left out of RAM: yes unless it was read that way within the
+    /// last ARC-target bytes of such reads (then it is read whole and
+    /// cached, as a ghost hit would be).
+    pub(crate) fn leave_uncached(&self, key: Key, size: u64) -> bool {
+        let mut s = self.state.lock();
+        let window = s.policy.stats().c;
+        !s.seen.second_sighting(key, size, window)
     }
 
     /// Looks up every key as one read; all or nothing, so a read that would

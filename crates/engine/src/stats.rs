@@ -67,6 +67,10 @@ pub struct ArcStats {
     pub l2_ndev_healthy: u64,
     pub l2_hits: u64,
     pub l2_misses: u64,
+    /// L2 hits served from half of a record's L2 copy, the record left out
+    /// of RAM (arcache's own; counted in `l2_hits` too).
+    pub l2_partial_reads: u64,
+    pub l2_partial_read_bytes: u64,
     pub l2_size: u64,
     pub l2_asize: u64,
     /// Records on L2 (arcache's own).
@@ -165,6 +169,8 @@ impl ArcStats {
             evict_l2_ineligible: c.evict_l2_ineligible.load(Relaxed),
             l2_hits: c.l2_hits.load(Relaxed),
             l2_misses: c.l2_misses.load(Relaxed),
+            l2_partial_reads: c.l2_partial_reads.load(Relaxed),
+            l2_partial_read_bytes: c.l2_partial_read_bytes.load(Relaxed),
             l2_abort_lowmem: c.l2_abort_lowmem.load(Relaxed),
             demand_hit_predictive_prefetch: p.demand_hit_prefetch,
             ..Default::default()

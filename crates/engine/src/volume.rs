@@ -15,7 +15,7 @@ use arc_policy::Key;
 use arcache_sync::{Mutex, MutexGuard};
 use blockdev::{BlockDev, DevError, DevResult};
 
-use crate::cache::{Cache, Found, RecordData};
+use crate::cache::{Cache, Found, Looked, RecordData};
 use crate::dirty::{self, Page, PAGE, SECTOR};
 use crate::record::Record;
 use crate::writeback::{Backing, Change, WriteBack};
@@ -308,15 +308,17 @@ impl Volume {
     fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<bool> {
         let s = self.span(offset, len);
         let mut missing: Vec<u64> = Vec::new();
+        let mut missed = false;
         for r in s.first..s.end {
             match self.cache.lookup(self.key(r), prefetch) {
-                Some(data) => {
+                Looked::Hit(data) => {
                     self.cache.count(Found::Hit, prefetch, 1);
                     if let Some(buf) = out.as_deref_mut() {
                         self.copy_out(r, &data, offset, buf)?;
                     }
                 }
-                None => missing.push(r),
+                Looked::Cold if self.serve_from_half(r, offset, out.as_deref_mut()) => missed = true,
+                Looked::Cold | Looked::Ghost => missing.push(r),
             }
         }
         for run in runs(&missing) {
@@ -327,7 +329,63 @@ impl Volume {
                 start = end;
             }
         }
-        Ok(!missing.is_empty())
+        Ok(missed || !missing.is_empty())
+    }
+
+    /// Serves the bytes a read wants of record `r` from half of its L2
+    /// copy, leaving the record out of RAM (docs/l2arc.md, "Partial
+    /// reads"). Only for a cold record (no ghost: not cached recently) whose
+    /// wanted bytes lie in one half of a split copy and that was not read
+    /// this way within the window of [`Cache::leave_uncached`]. False when
+    /// the record is to be read whole and cached instead, or the half read
+    /// failed (the entry is then gone and the whole path goes to the
+    /// backing store).
+    fn serve_from_half(&self, r: u64, offset: u64, out: Option<&mut [u8]>) -> bool {
+        let (Some(buf), Some(l2)) = (out, self.cache.l2()) else { return false };
+        if !self.cache.partial_reads() {
+            return false;
+        }
+        let key = self.key(r);
+        let rr = self.record_range(r);
+        let len = rr.end - rr.start;
+        let want = offset.max(rr.start)..(offset + buf.len() as u64).min(rr.end);
+        let which = if want.end <= rr.start + len / 2 {
+            0
+        } else if want.start >= rr.start + len / 2 {
+            1
+        } else {
+            return false;
+        };
+        let splittable = |p: &arcache_l2::L2Ptr| p.split() && p.blob_len() == len;
+        if !l2.lookup(key).is_some_and(|p| splittable(&p)) || !self.cache.leave_uncached(key, len) {
+            return false;
+        }
+        let _lock = self.lock_records(r..r + 1);
+        let half = rr.start + which * len / 2..rr.start + (which + 1) * len / 2;
+        // As in `fill`: dirty bytes first, then the device read.
+        let snap = match &self.wb {
+            Some(wb) => wb.snapshot(self.id, half.clone()),
+            None => Vec::new(),
+        };
+        let dst = &mut buf[(want.start - offset) as usize..(want.end - offset) as usize];
+        if let Some(data) = self.cache.peek(key) {
+            let from = (want.start - rr.start) as usize;
+            if data.copy_to(from, dst).is_ok() {
+                self.cache.count(Found::IoHit, false, 1);
+                return true;
+            }
+            return false;
+        }
+        let Some(ptr) = l2.lookup(key).filter(splittable) else { return false };
+        let Ok(mut bytes) = l2.read_half(key, ptr, which) else { return false };
+        WriteBack::apply(&snap, half.start, &mut bytes);
+        dst.copy_from_slice(&bytes[(want.start - half.start) as usize..(want.end - half.start) as usize]);
+        let c = &self.cache.counters;
+        c.l2_hits.fetch_add(1, Relaxed);
+        c.l2_partial_reads.fetch_add(1, Relaxed);
+        c.l2_partial_read_bytes.fetch_add(len / 2, Relaxed);
+        self.cache.count(Found::Miss, false, 1);
+        true
     }
 
     /// Brings records `rs` into the cache under their locks: records another

@@ -92,6 +92,12 @@ impl L2Ptr {
         }
     }
 
+    /// Whether the copy is checked half by half, so either half can be read
+    /// alone (docs/format.md).
+    pub fn split(&self) -> bool {
+        crate::format::split_blob(self.flags().raw, self.blob_len())
+    }
+
     /// Logical bytes this entry stands for.
     pub fn lsize(&self) -> u64 {
         1 << (12 + (self.bits >> LSHIFT_SHIFT))

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use arcache_sync::Mutex;
 use blockdev::AlignedBuf;
 use tracing::warn;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use device::{L2Device, ALIGN, HEADER_RESERVED};
 pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
@@ -195,6 +194,14 @@ fn unframe(blob: &[u8], raw: bool) -> Option<&[u8]> {
     blob.get(4..4 + len)
 }
 
+/// Which bytes of a stored copy a read wants.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Whole,
+    /// Half 0 or 1 of a split copy.
+    Half(u64),
+}
+
 fn split_key(key: u64) -> (usize, u64) {
     ((key >> RECORD_BITS) as usize, key & ((1 << RECORD_BITS) - 1))
 }
@@ -242,11 +249,26 @@ impl L2Arc {
     /// The checksum of a stored blob, bound to the record's export identity
     /// and index so a misdirected read (another record's bytes) never
     /// validates, and valid across restarts.
-    pub fn checksum(&self, key: u64, blob: &[u8]) -> u64 {
+    pub fn checksum(&self, key: u64, blob: &[u8], raw: bool) -> u64 {
+        format::blob_checksum(blob, raw, self.payload_seed(key))
+    }
+
+    fn payload_seed(&self, key: u64) -> u64 {
         let (export, record) = split_key(key);
         let identity =
             self.exports.get(export).and_then(|e| e.as_ref()).map_or(export as u64, |e| e.identity);
-        xxh3_64_with_seed(blob, format::payload_seed(identity, record))
+        format::payload_seed(identity, record)
+    }
+
+    /// Whether `verified` bytes read for `part` of `ptr` are the record's.
+    fn verify(&self, key: u64, ptr: L2Ptr, part: Part, bytes: &[u8]) -> bool {
+        match part {
+            Part::Whole => self.checksum(key, bytes, ptr.flags().raw) == ptr.cksum,
+            Part::Half(which) => {
+                format::half_checksum(bytes, self.payload_seed(key), which)
+                    == (ptr.cksum >> (32 * which)) as u32
+            }
+        }
     }
 
     fn tag(&self, dev: usize, key: u64) -> u16 {
@@ -414,6 +436,19 @@ impl L2Arc {
         self.read_many(&[(key, ptr)]).pop().unwrap_or(Err(L2Miss::Unavailable))
     }
 
+    /// Reads and verifies half `which` (0 or 1) of a copy stored split
+    /// ([`L2Ptr::split`]): a small read of a big record costs half the
+    /// device bandwidth. Fails like [`L2Arc::read`], and with
+    /// `Unavailable` for a copy that is not split.
+    pub fn read_half(&self, key: u64, ptr: L2Ptr, which: u64) -> Result<Box<[u8]>, L2Miss> {
+        if !ptr.split() || which > 1 {
+            return Err(L2Miss::Unavailable);
+        }
+        let mut out = Vec::with_capacity(1);
+        self.read_run(&[(key, ptr)], Part::Half(which), &mut out);
+        out.pop().unwrap_or(Err(L2Miss::Unavailable))
+    }
+
     /// Reads several copies, with one device read for each run of copies
     /// that lie back to back on the same device (records fed together), and
     /// verifies each copy on its own. Results are in the order given.
@@ -431,13 +466,15 @@ impl L2Arc {
                 end += wanted[j].1.blob_len();
                 j += 1;
             }
-            self.read_run(&wanted[i..j], &mut out);
+            self.read_run(&wanted[i..j], Part::Whole, &mut out);
             i = j;
         }
         out
     }
 
-    fn read_run(&self, run: &[(u64, L2Ptr)], out: &mut Vec<Result<Box<[u8]>, L2Miss>>) {
+    /// Reads `part` of each copy of `run` (back to back on one device; a
+    /// half only of a run of one) with one device read.
+    fn read_run(&self, run: &[(u64, L2Ptr)], part: Part, out: &mut Vec<Result<Box<[u8]>, L2Miss>>) {
         let first = run[0].1;
         let Some(dev) = self.devices.get(first.dev()).filter(|d| !d.is_degraded()) else {
             for &(key, ptr) in run {
@@ -447,14 +484,23 @@ impl L2Arc {
             return;
         };
         let last = run[run.len() - 1].1;
-        let len = last.daddr() + last.blob_len() - first.daddr();
-        let verified = dev.read_with(first.daddr(), len, |bytes| {
+        let (start, len) = match part {
+            Part::Whole => (first.daddr(), last.daddr() + last.blob_len() - first.daddr()),
+            Part::Half(which) => (first.daddr() + which * first.blob_len() / 2, first.blob_len() / 2),
+        };
+        let verified = dev.read_with(start, len, |bytes| {
             run.iter()
                 .map(|&(key, ptr)| {
-                    let at = (ptr.daddr() - first.daddr()) as usize;
-                    let blob = &bytes[at..at + ptr.blob_len() as usize];
-                    let ok = self.checksum(key, blob) == ptr.cksum;
-                    ok.then(|| unframe(blob, ptr.flags().raw).map(Box::from)).flatten()
+                    let blob = match part {
+                        Part::Whole => {
+                            let at = (ptr.daddr() - first.daddr()) as usize;
+                            &bytes[at..at + ptr.blob_len() as usize]
+                        }
+                        Part::Half(_) => bytes,
+                    };
+                    let ok = self.verify(key, ptr, part, blob);
+                    let raw = ptr.flags().raw || matches!(part, Part::Half(_));
+                    ok.then(|| unframe(blob, raw).map(Box::from)).flatten()
                 })
                 .collect::<Vec<Option<Box<[u8]>>>>()
         });
@@ -570,7 +616,7 @@ impl L2Arc {
                 } else {
                     frame_into(data, blob);
                 }
-                placed.push((it.key, at as u64, flen, self.checksum(it.key, blob), it.flags));
+                placed.push((it.key, at as u64, flen, self.checksum(it.key, blob, it.flags.raw), it.flags));
                 at += flen as usize;
             }
         }
