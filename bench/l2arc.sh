@@ -125,6 +125,11 @@ echo "== seed 003: 4K random reads over 1 GiB, queue depth 16"
 rand_job origin-rand "$origin" 16 10
 seq_pass arcache-warm "$arc"   # the region is already on L2; this only re-touches it
 rand_job arcache-rand "$arc" 16 "$secs"
+# Same-run A/B of partial L2 reads (a 4K read of a cold record reads only its half from L2).
+"$bin" set l2arc_partial_reads=0 --control "$work/arc.ctl" >/dev/null
+rand_job arcache-rand-nopartial "$arc" 16 "$secs"
+"$bin" set l2arc_partial_reads=1 --control "$work/arc.ctl" >/dev/null
+rand_job arcache-rand-partial "$arc" 16 "$secs"
 rand_job kit-rand-warmup "$kit" 16 "$secs"
 rand_job kit-rand "$kit" 16 "$secs"
 "$bin" stat --json --control "$work/arc.ctl" > "$out/l2arc-arcache-stat.json"
@@ -195,6 +200,8 @@ lines = [
     f"| nbdkit cache filter | {ki:,.0f} | {lat_ms('kit-rand'):.3f} | {ki/oi:.1f}x |",
     f"| raw L2 disk, 16K O_DIRECT QD16 | {raw_rand:,.0f} | | |",
     f"arcache / origin = {ai/oi:.1f}x (target >= 6.7); arcache / nbdkit cache = {ai/ki:.1f}x (target >= 5)",
+    f"partial L2 reads A/B (same run, in this order): on {ai:,.0f} / off {iops('arcache-rand-nopartial'):,.0f} / on {iops('arcache-rand-partial'):,.0f} IOPS; "
+    f"l2_partial_reads={st.get('l2_partial_reads')}",
     "",
     f"L2: l2_hits={st['l2_hits']} l2_misses={st['l2_misses']} l2_size={st['l2_size']} l2_asize={st['l2_asize']} "
     f"l2_hdr_size={st['l2_hdr_size']} l2_records={st['l2_records']} hdr bytes/record={st.get('l2_hdr_bytes_per_record', 0):.1f}",

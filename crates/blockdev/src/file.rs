@@ -103,6 +103,16 @@ impl AlignedBuf {
     pub fn capacity(&self) -> usize {
         self.len
     }
+    /// Makes the buffer `len` bytes long if its allocation holds that many,
+    /// so a caller can reuse one buffer for writes of varying sizes instead
+    /// of faulting in fresh pages each time. The bytes are left as they were.
+    pub fn reuse_as(&mut self, len: usize) -> bool {
+        let fits = self.start + len <= self.raw.len();
+        if fits {
+            self.len = len;
+        }
+        fits
+    }
 }
 
 fn is_aligned_ptr(p: *const u8) -> bool {

@@ -13,8 +13,8 @@
 //!   OpenZFS: a small L2 must turn over quickly to be of use).
 //!
 //! Cycles come every `l2arc_feed_secs`, or after `l2arc_feed_min_ms` when
-//! the last one used most of its budget or when records eligible for L2 are
-//! being evicted before the feed saw them.
+//! the last one wrote anything (records are flowing through the ARC) or
+//! when records eligible for L2 are being evicted before the feed saw them.
 //!
 //! Whether prefetched (streaming) records are fed follows, unless the user
 //! set `l2arc_noprefetch` to 0 or 1, from seed 003's key ratio 2: the L2
@@ -31,6 +31,16 @@ use crate::cache::{Cache, FeedRules};
 
 /// The largest batch written at once.
 pub const MAX_BATCH: u64 = 8 << 20;
+
+/// When a busy feed commits the L2 log: after this many batch bytes (at most
+/// a quarter of the device) or `COMMIT_SECS`, and whenever it pauses. A
+/// commit flushes the device's write cache, which costs in proportion to
+/// what was written since: on the disk measured, committing every 8 MiB
+/// batch halved the feed rate, every 64 MiB took a third off (fio, 8 MiB
+/// O_DIRECT writes, `--fdatasync=8`: 325 MB/s, none: 648 MB/s). A crash
+/// loses only the copies fed since the last commit; they are a cache.
+pub const COMMIT_EVERY: u64 = 1 << 30;
+pub const COMMIT_SECS: u64 = 5;
 
 /// `l2arc_noprefetch=auto`.
 pub const NOPREFETCH_AUTO: u8 = 2;
@@ -135,20 +145,36 @@ impl Feed {
     fn run(&self, stop: &AtomicBool) {
         let mut devs: Vec<DeviceFeed> = self.l2.devices().iter().map(|_| DeviceFeed::new(false)).collect();
         let mut last_l2_reads = 0;
+        self.l2.set_commit_every(COMMIT_EVERY);
+        let mut last_commit = Instant::now();
         while !stop.load(Relaxed) {
             let reads = self.l2.stats.l2_read_bytes.load(Relaxed);
             let busy = reads != last_l2_reads;
             last_l2_reads = reads;
+            let cycle_start = Instant::now();
             let (wrote, budget) = self.cycle(&mut devs, busy);
+            debug!(
+                wrote_mb = wrote >> 20,
+                budget_mb = budget >> 20,
+                ms = cycle_start.elapsed().as_millis() as u64,
+                "L2 feed cycle"
+            );
             let t = &self.tunables;
             let min_pause = Duration::from_millis(t.feed_min_ms.load(Relaxed).max(10));
             // A cycle that used its whole budget stopped with more to feed:
             // the next one starts at once, its budget earned by the time
             // this one took.
-            if wrote > 0 && wrote + MAX_BATCH >= budget {
+            let more = wrote > 0 && wrote + MAX_BATCH >= budget;
+            if !more || last_commit.elapsed() >= Duration::from_secs(COMMIT_SECS) {
+                self.l2.commit_pending();
+                last_commit = Instant::now();
+            }
+            if more {
                 continue;
             }
-            let pause = if t.feed_again.load(Relaxed) && budget > 0 && wrote * 2 > budget {
+            // Any write means records are flowing through the ARC; waiting
+            // the long interval would let a stream turn it over unfed.
+            let pause = if t.feed_again.load(Relaxed) && budget > 0 && wrote > 0 {
                 min_pause
             } else {
                 Duration::from_secs(t.feed_secs.load(Relaxed).max(1))
@@ -165,6 +191,7 @@ impl Feed {
                 }
             }
         }
+        self.l2.commit_pending();
     }
 
     /// One pass over every device; returns (bytes written, bytes budgeted).

@@ -35,6 +35,9 @@ pub const RECORD_BITS: u32 = 48;
 /// Longest single device read when copies lie back to back.
 const MAX_COALESCED_READ: u64 = 1 << 20;
 
+/// The size the kept batch buffer starts at: a feed batch and some slack.
+const KEPT_BUFFER_BYTES: usize = 9 << 20;
+
 /// Bytes shared with the ARC, without copying them for the feed.
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
@@ -164,6 +167,13 @@ pub struct L2Arc {
     logs_on: Vec<AtomicBool>,
     rebuilding: Vec<AtomicBool>,
     pub(crate) progress: Vec<RebuildProgress>,
+    /// A batch buffer kept between batches: a fresh one of megabytes would
+    /// be faulted in and zeroed page by page on every batch.
+    spare_buf: Mutex<Option<AlignedBuf>>,
+    /// Per device: batch bytes written since its log was last committed,
+    /// and how many may be (0: commit after every batch).
+    uncommitted: Vec<AtomicU64>,
+    commit_every: AtomicU64,
 }
 
 /// Whether a record is stored as it is: uncompressed and a whole number of
@@ -178,12 +188,13 @@ pub fn framed_len(len: usize) -> u64 {
     (4 + len as u64).div_ceil(SECTOR) * SECTOR
 }
 
-/// Frames a record for the device into `out` (of `framed_len` bytes, zeroed):
+/// Frames a record for the device into `out` (of `framed_len` bytes):
 /// little-endian length, bytes, zero padding to a sector. The length makes a
 /// compressed record decodable exactly.
 pub fn frame_into(data: &[u8], out: &mut [u8]) {
     out[..4].copy_from_slice(&(data.len() as u32).to_le_bytes());
     out[4..4 + data.len()].copy_from_slice(data);
+    out[4 + data.len()..].fill(0);
 }
 
 fn unframe(blob: &[u8], raw: bool) -> Option<&[u8]> {
@@ -243,6 +254,9 @@ impl L2Arc {
             committed: (0..n).map(|_| AtomicU64::new(0)).collect(),
             rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
             progress: (0..n).map(|_| RebuildProgress::default()).collect(),
+            spare_buf: Mutex::new(None),
+            uncommitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            commit_every: AtomicU64::new(0),
         })
     }
 
@@ -603,7 +617,7 @@ impl L2Arc {
             })
             .collect();
         let len = framed.iter().sum::<u64>().div_ceil(ALIGN) * ALIGN;
-        let mut buf = AlignedBuf::new(len as usize);
+        let mut buf = self.batch_buffer(len as usize);
         let mut placed = Vec::with_capacity(items.len());
         {
             let out = buf.as_mut_slice();
@@ -619,6 +633,7 @@ impl L2Arc {
                 placed.push((it.key, at as u64, flen, self.checksum(it.key, blob, it.flags.raw), it.flags));
                 at += flen as usize;
             }
+            out[at..].fill(0);
         }
         let abort = |why: String| {
             let mut m = self.meta.lock();
@@ -691,8 +706,43 @@ impl L2Arc {
             dev.commit(res.offset, len, keys);
             m.logs[dev_idx].appended
         };
-        self.make_durable(&[Ticket { dev: dev_idx, upto }]);
+        *self.spare_buf.lock() = Some(buf);
+        let pending = self.uncommitted[dev_idx].fetch_add(len, Relaxed) + len;
+        if pending >= self.commit_every.load(Relaxed).min(dev.capacity() / 4) {
+            self.uncommitted[dev_idx].store(0, Relaxed);
+            self.make_durable(&[Ticket { dev: dev_idx, upto }]);
+        }
         Ok(len)
+    }
+
+    /// Lets up to `bytes` of batches go to a device before its log is
+    /// committed (0, the default: after each batch). A commit flushes the
+    /// device, which costs more than writing a batch on some devices; a
+    /// writer that sets this calls [`L2Arc::commit_pending`] when it pauses.
+    /// Batches not yet committed are simply not restored after a crash.
+    pub fn set_commit_every(&self, bytes: u64) {
+        self.commit_every.store(bytes, Relaxed);
+    }
+
+    /// Commits the log of every device that has batches not yet committed.
+    pub fn commit_pending(&self) {
+        for d in 0..self.devices.len() {
+            if self.uncommitted[d].swap(0, Relaxed) > 0 {
+                let upto = self.meta.lock().logs[d].appended;
+                self.make_durable(&[Ticket { dev: d, upto }]);
+            }
+        }
+    }
+
+    fn batch_buffer(&self, len: usize) -> AlignedBuf {
+        if let Some(mut b) = self.spare_buf.lock().take() {
+            if b.reuse_as(len) {
+                return b;
+            }
+        }
+        let mut b = AlignedBuf::new(len.max(KEPT_BUFFER_BYTES));
+        b.reuse_as(len);
+        b
     }
 
     /// Drops the entries of batches the hand is about to overwrite
