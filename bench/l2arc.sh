@@ -104,11 +104,11 @@ rand_job() { # name uri qd seconds
       --time_based --runtime="$4" --randseed=7 --output-format=json --output="$out/l2arc-$1.json" >/dev/null 2>&1 \
       || echo "$1 failed" >> "$out/l2arc-failed.txt"
 }
-feed_settled() { # waits until the feed has stopped writing (at most 60 s)
+feed_settled() { # waits until the feed has stopped writing and committed (at most 60 s)
   local last=-1 now
   for _ in $(seq 60); do
-    now=$("$bin" stat --json --control "$work/arc.ctl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["l2_write_bytes"])')
-    [ "$now" = "$last" ] && return 0
+    now=$("$bin" stat --json --control "$work/arc.ctl" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["l2_write_bytes"], d["l2_log_uncommitted_bytes"])')
+    [ "$now" = "$last" ] && [ "${now#* }" = 0 ] && return 0
     last=$now; sleep 1
   done
 }

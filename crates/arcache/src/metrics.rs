@@ -44,6 +44,7 @@ pub const GAUGES: &[&str] = &[
     "l2_log_blk_asize",
     "l2_log_blk_avg_asize",
     "l2_log_blk_count",
+    "l2_log_uncommitted_bytes",
     "l2_rebuild_running",
     "l2_feed_budget",
     "l2_feed_prefetch",

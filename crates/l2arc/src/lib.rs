@@ -709,8 +709,8 @@ impl L2Arc {
         *self.spare_buf.lock() = Some(buf);
         let pending = self.uncommitted[dev_idx].fetch_add(len, Relaxed) + len;
         if pending >= self.commit_every.load(Relaxed).min(dev.capacity() / 4) {
-            self.uncommitted[dev_idx].store(0, Relaxed);
             self.make_durable(&[Ticket { dev: dev_idx, upto }]);
+            self.uncommitted[dev_idx].fetch_sub(pending, Relaxed);
         }
         Ok(len)
     }
@@ -727,11 +727,20 @@ impl L2Arc {
     /// Commits the log of every device that has batches not yet committed.
     pub fn commit_pending(&self) {
         for d in 0..self.devices.len() {
-            if self.uncommitted[d].swap(0, Relaxed) > 0 {
+            let pending = self.uncommitted[d].load(Relaxed);
+            if pending > 0 {
                 let upto = self.meta.lock().logs[d].appended;
                 self.make_durable(&[Ticket { dev: d, upto }]);
+                self.uncommitted[d].fetch_sub(pending, Relaxed);
             }
         }
+    }
+
+    /// Batch bytes written whose log entries are not durable yet (their
+    /// copies would not be restored after a crash); 0 once a commit,
+    /// including its flush, has finished.
+    pub fn uncommitted_bytes(&self) -> u64 {
+        self.uncommitted.iter().map(|u| u.load(Relaxed)).sum()
     }
 
     fn batch_buffer(&self, len: usize) -> AlignedBuf {

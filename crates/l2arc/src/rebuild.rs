@@ -48,6 +48,8 @@ pub struct PersistStats {
     pub l2_log_blk_count: u64,
     pub l2_log_commits: u64,
     pub l2_header_writes: u64,
+    /// Batch bytes fed whose log entries are not durable yet.
+    pub l2_log_uncommitted_bytes: u64,
 }
 
 impl L2Arc {
@@ -76,6 +78,7 @@ impl L2Arc {
             l2_log_blk_count: count,
             l2_log_commits: s.l2_log_commits.load(Relaxed),
             l2_header_writes: s.l2_header_writes.load(Relaxed),
+            l2_log_uncommitted_bytes: self.uncommitted_bytes(),
         }
     }
 }

@@ -193,9 +193,11 @@ fn batches_after_the_last_commit_are_not_restored_and_a_commit_restores_them() {
     }
     let fed = w.l2.sizes().0;
     assert!(fed > 0);
+    assert!(w.l2.persist_stats().l2_log_uncommitted_bytes >= fed * REC as u64);
     let killed = Arc::new(CrashDev::from_bytes(w.dev.image_bytes(|_| true)));
     assert_eq!(open(killed, &[export()]).sizes().0, 0, "nothing was committed yet");
     w.l2.commit_pending();
+    assert_eq!(w.l2.persist_stats().l2_log_uncommitted_bytes, 0);
     w.restart(w.dev.image_bytes(|_| true));
     assert_eq!(w.l2.sizes().0, fed);
     assert_eq!(w.check("after commit_pending and kill -9"), fed as usize);
