@@ -257,8 +257,16 @@ fn l2_reads_racing_the_hand(reached: &Arc<Reached>) {
 #[test]
 fn l2_reads_racing_the_hand_random_schedules() {
     let reached = Arc::new(Reached::default());
-    let r = Arc::clone(&reached);
-    shuttle::check_random(move || l2_reads_racing_the_hand(&r), 1000);
+    // The overwrite-while-reading race is rare under random schedules
+    // (about one batch of 1000 in four misses it): batches continue until
+    // one reached it, so the check of that path does not depend on luck.
+    for _ in 0..8 {
+        let r = Arc::clone(&reached);
+        shuttle::check_random(move || l2_reads_racing_the_hand(&r), 1000);
+        if reached.evicted_while_reading.load(SeqCst) > 0 {
+            break;
+        }
+    }
     let (hits, hand, reading) = reached.report("L2 alone");
     assert!(hits > 0 && hand > 0, "reads hit and the hand lapped");
     assert!(reading > 0, "some schedule overwrote a copy while a reader had its pointer");

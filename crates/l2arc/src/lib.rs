@@ -168,8 +168,12 @@ pub struct L2Arc {
     rebuilding: Vec<AtomicBool>,
     pub(crate) progress: Vec<RebuildProgress>,
     /// A batch buffer kept between batches: a fresh one of megabytes would
-    /// be faulted in and zeroed page by page on every batch.
-    spare_buf: Mutex<Option<AlignedBuf>>,
+    /// be faulted in and zeroed page by page on every batch. A leaf lock
+    /// that orders nothing (held only to take or put the buffer back), so
+    /// it stays parking_lot's even in model-checking builds: as a shuttle
+    /// lock it only added scheduling points that made the races those
+    /// tests look for rarer.
+    spare_buf: parking_lot::Mutex<Option<AlignedBuf>>,
     /// Per device: batch bytes written since its log was last committed,
     /// and how many may be (0: commit after every batch).
     uncommitted: Vec<AtomicU64>,
@@ -254,7 +258,7 @@ impl L2Arc {
             committed: (0..n).map(|_| AtomicU64::new(0)).collect(),
             rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
             progress: (0..n).map(|_| RebuildProgress::default()).collect(),
-            spare_buf: Mutex::new(None),
+            spare_buf: parking_lot::Mutex::new(None),
             uncommitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
             commit_every: AtomicU64::new(0),
         })
