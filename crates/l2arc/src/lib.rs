@@ -176,7 +176,8 @@ pub struct L2Arc {
     spare_buf: parking_lot::Mutex<Option<AlignedBuf>>,
     /// Per device: batch bytes written since its log was last committed,
     /// and how many may be (0: commit after every batch).
-    uncommitted: Vec<AtomicU64>,
+    /// Counted down by every commit (persist.rs), whoever asked for it.
+    pub(crate) uncommitted: Vec<AtomicU64>,
     commit_every: AtomicU64,
 }
 
@@ -714,7 +715,6 @@ impl L2Arc {
         let pending = self.uncommitted[dev_idx].fetch_add(len, Relaxed) + len;
         if pending >= self.commit_every.load(Relaxed).min(dev.capacity() / 4) {
             self.make_durable(&[Ticket { dev: dev_idx, upto }]);
-            self.uncommitted[dev_idx].fetch_sub(pending, Relaxed);
         }
         Ok(len)
     }
@@ -731,11 +731,9 @@ impl L2Arc {
     /// Commits the log of every device that has batches not yet committed.
     pub fn commit_pending(&self) {
         for d in 0..self.devices.len() {
-            let pending = self.uncommitted[d].load(Relaxed);
-            if pending > 0 {
+            if self.uncommitted[d].load(Relaxed) > 0 {
                 let upto = self.meta.lock().logs[d].appended;
                 self.make_durable(&[Ticket { dev: d, upto }]);
-                self.uncommitted[d].fetch_sub(pending, Relaxed);
             }
         }
     }

@@ -229,10 +229,17 @@ impl L2Arc {
     /// share one commit (group commit).
     fn commit(&self, d: usize, upto: u64) -> Result<(), String> {
         let mut g = self.persist[d].lock();
-        let Some(p) = g.as_mut() else { return Ok(()) };
+        let Some(p) = g.as_mut() else {
+            // No log on this device: nothing fed is ever restored, nothing waits.
+            self.uncommitted[d].store(0, Relaxed);
+            return Ok(());
+        };
         if self.committed[d].load(Relaxed) >= upto {
             return Ok(());
         }
+        // A batch adds its bytes after appending its entries, so every byte
+        // counted now has its entries in this commit.
+        let pending = self.uncommitted[d].load(Relaxed);
         let (entries, through) = {
             let mut m = self.meta.lock();
             let log = &mut m.logs[d];
@@ -244,6 +251,7 @@ impl L2Arc {
         self.write_header(d, p)?;
         self.stats.l2_log_commits.fetch_add(1, Relaxed);
         self.committed[d].store(through, Relaxed);
+        self.uncommitted[d].fetch_sub(pending, Relaxed);
         let mut m = self.meta.lock();
         m.logs[d].invalidated.retain(|_, at| *at > through);
         Ok(())

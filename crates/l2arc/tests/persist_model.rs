@@ -418,3 +418,23 @@ fn a_retired_device_restores_nothing() {
     let l2 = open(Arc::new(CrashDev::from_bytes(crash.image_bytes(|_| false))), &[export()]);
     assert_eq!(l2.sizes().0, 0);
 }
+
+#[test]
+fn a_commit_for_a_write_also_counts_the_fed_batches_as_committed() {
+    let mut w = World::new(11);
+    w.l2.set_commit_every(u64::MAX);
+    for _ in 0..5 {
+        w.feed();
+    }
+    assert!(w.l2.persist_stats().l2_log_uncommitted_bytes > 0);
+    let k = (0..RECORDS).find(|k| w.l2.lookup(*k).is_some()).expect("something was fed");
+    // The write's INVALIDATE is committed at once, with every entry before it.
+    w.l2.begin_write(&[k]);
+    *w.version.entry(k).or_insert(0) += 1;
+    w.l2.end_write(&[k]);
+    assert_eq!(w.l2.persist_stats().l2_log_uncommitted_bytes, 0);
+    let fed = w.l2.sizes().0;
+    w.restart(w.dev.image_bytes(|_| true));
+    assert_eq!(w.l2.sizes().0, fed, "the batches went out with the write's commit");
+    w.check("after a write's commit and kill -9");
+}
