@@ -133,6 +133,11 @@ rand_job arcache-rand "$arc" 16 "$secs"
 rand_job arcache-rand-nopartial "$arc" 16 "$secs"
 "$bin" set l2arc_partial_reads=1 --control "$work/arc.ctl" >/dev/null
 rand_job arcache-rand-partial "$arc" 16 "$secs"
+# Same-run A/B of L2 reads through the io_uring ring vs worker threads.
+"$bin" set l2arc_ring_reads=0 --control "$work/arc.ctl" >/dev/null
+rand_job arcache-rand-noring "$arc" 16 "$secs"
+"$bin" set l2arc_ring_reads=1 --control "$work/arc.ctl" >/dev/null
+rand_job arcache-rand-ring "$arc" 16 "$secs"
 rand_job kit-rand-warmup "$kit" 16 "$secs"
 rand_job kit-rand "$kit" 16 "$secs"
 "$bin" stat --json --control "$work/arc.ctl" > "$out/l2arc-arcache-stat.json"
@@ -214,6 +219,8 @@ lines = [
     f"arcache / origin = {ai/oi:.1f}x (target >= 6.7); arcache / nbdkit cache = {ai/ki:.1f}x (target >= 5)",
     f"partial L2 reads A/B (same run, in this order): warm-up {iops('arcache-rand-warmup'):,.0f} / on {ai:,.0f} / off {iops('arcache-rand-nopartial'):,.0f} / on {iops('arcache-rand-partial'):,.0f} IOPS; "
     f"l2_partial_reads={st.get('l2_partial_reads')}",
+    f"io_uring ring A/B (same run, after the above): ring off {iops('arcache-rand-noring'):,.0f} / on {iops('arcache-rand-ring'):,.0f} IOPS; "
+    f"l2_ring_reads={st.get('l2_ring_reads')}",
     "",
     f"L2: l2_hits={st['l2_hits']} l2_misses={st['l2_misses']} l2_size={st['l2_size']} l2_asize={st['l2_asize']} "
     f"l2_hdr_size={st['l2_hdr_size']} l2_records={st['l2_records']} hdr bytes/record={st.get('l2_hdr_bytes_per_record', 0):.1f}",

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arcache_engine::{CommitDone, Volume};
+use arcache_engine::{CommitDone, ReadEnd, Volume};
 use blockdev::DevError;
-use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, NbdResult};
+use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, NbdResult, ReadCompletion};
 
 use crate::recorder::Recorder;
 use tracing::warn;
@@ -62,6 +62,26 @@ impl Export for NbdExport {
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
         self.note(false, offset, buf.len());
         self.vol.read(offset, buf).map_err(|e| errno("read", &e))
+    }
+
+    fn read_async(&self, offset: u64, len: u32, done: ReadCompletion) -> Result<(), ReadCompletion> {
+        self.note(false, offset, len as usize);
+        let answer: arcache_engine::ReadDone = Box::new(move |end| match end {
+            ReadEnd::Data(buf) => done(nbd::ReadEnd::Data(Ok(()), buf)),
+            ReadEnd::Blocking(work) => done(nbd::ReadEnd::Blocking(Box::new(move || match work() {
+                Ok(buf) => (Ok(()), buf),
+                Err(e) => (Err(errno("read", &e)), Vec::new()),
+            }))),
+        });
+        if let Err(answer) = self.vol.read_async(offset, len as usize, answer) {
+            // Not a read the ring can serve: the whole read on a worker.
+            let vol = Arc::clone(&self.vol);
+            answer(ReadEnd::Blocking(Box::new(move || {
+                let mut buf = vec![0u8; len as usize];
+                vol.read(offset, &mut buf).map(|()| buf)
+            })));
+        }
+        Ok(())
     }
 
     fn try_write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<NbdResult> {

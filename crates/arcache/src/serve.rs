@@ -606,6 +606,13 @@ pub fn start_on(
         min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
     };
     let l2 = open_l2(&settings.l2, &descs, &persist)?;
+    if let Some(l2) = &l2 {
+        // A batch of L2 reads finished together answers with one write per
+        // connection.
+        if let Err(e) = l2.start_async_reads(nbd::answer_together) {
+            info!("io_uring unavailable ({e}): L2 reads are done by worker threads");
+        }
+    }
     let cache = Cache::with_l2(
         CacheConfig {
             arc_min: t.value("zfs_arc_min"),
@@ -616,6 +623,9 @@ pub fn start_on(
         l2,
     );
     cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
+    if let Some(l2) = cache.l2() {
+        l2.set_ring_reads(t.value("l2arc_ring_reads") != 0);
+    }
     zfetch_tunables(&t, &cache.zfetch);
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
@@ -925,6 +935,9 @@ impl ControlState {
         self.cache.set_min_prefetch_ms(t.value("zfs_arc_min_prefetch_ms"));
         self.cache.set_compress(t.value("zfs_compressed_arc_enabled") != 0);
         self.cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
+        if let Some(l2) = self.cache.l2() {
+            l2.set_ring_reads(t.value("l2arc_ring_reads") != 0);
+        }
         self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
         feed_tunables(t, &self.feed);
         zfetch_tunables(t, &self.cache.zfetch);

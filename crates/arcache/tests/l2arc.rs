@@ -23,6 +23,18 @@ fn read_all(s: &Serve, data: &[u8], pause: Duration) {
     }
 }
 
+/// 4K reads at scattered offsets, checking every byte: reads within one
+/// record, which the server answers through its io_uring ring.
+fn read_scattered(s: &Serve, data: &[u8], n: usize) {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 4096];
+    for i in 0..n {
+        let off = (i * 7919 * 4096) % SIZE;
+        c.read(off as u64, &mut buf).unwrap();
+        assert!(buf[..] == data[off..off + buf.len()], "wrong bytes at {off}");
+    }
+}
+
 fn stat_u64(s: &Serve, k: &str) -> u64 {
     s.stat()[k].as_u64().unwrap_or_else(|| panic!("{k} in stat"))
 }
@@ -69,6 +81,10 @@ fn warm(seed: u64) -> (Serve, Vec<u8>, std::path::PathBuf) {
     assert!(after["l2_hdr_size"].as_u64().unwrap() > 0);
     assert!(after["evict_l2_cached"].as_u64().unwrap() > 0);
     assert_eq!(after["l2_devices"][0]["state"], "ONLINE");
+    let ring = stat_u64(&s, "l2_ring_reads");
+    read_scattered(&s, &data, 2000);
+    let ring = stat_u64(&s, "l2_ring_reads") - ring;
+    assert!(ring > 500, "4K re-reads were served through the io_uring ring: {ring}; {}", s.stat());
     // An idle feed sleeps: at most one cycle per l2arc_feed_min_ms (10 ms here).
     let cycles = stat_u64(&s, "l2_feed_cycles");
     std::thread::sleep(Duration::from_secs(1));
@@ -87,6 +103,7 @@ fn l2_serves_rereads_and_a_corrupted_device_never_returns_a_wrong_byte() {
     f.sync_all().unwrap();
     drop(f);
     read_all(&s, &data, Duration::ZERO);
+    read_scattered(&s, &data, 3000);
     assert!(stat_u64(&s, "l2_cksum_bad") > 0, "corruption was detected: {}", s.stat());
     // A real client's full copy is byte-identical too.
     need("nbdcopy");
@@ -112,6 +129,7 @@ fn a_vanished_l2_device_costs_speed_not_data() {
     // a file that reads back holes and end-of-file for the old copies.
     std::fs::OpenOptions::new().write(true).open(&l2).unwrap().set_len(0).unwrap();
     for _ in 0..3 {
+        read_scattered(&s, &data, 3000);
         read_all(&s, &data, Duration::ZERO);
         if stat_u64(&s, "l2_ndev_healthy") == 0 {
             break;

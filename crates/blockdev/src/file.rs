@@ -173,6 +173,10 @@ impl BlockDev for FileDev {
         self.size
     }
 
+    fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.direct.as_ref().map(|f| f.as_raw_fd())
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
         check_range(self.size, offset, buf.len() as u64)?;
         let len = buf.len() as u64;

@@ -62,6 +62,15 @@ pub trait BlockDev: Send + Sync {
     fn flush_covers_all_handles(&self) -> bool {
         true
     }
+
+    /// A descriptor that reads this store's bytes at their own offsets,
+    /// bypassing the page cache (O_DIRECT: aligned buffers, offsets and
+    /// lengths), for callers that queue reads to the kernel themselves
+    /// (io_uring). `None` when reads must go through [`BlockDev::read_at`]:
+    /// decorators, memory, remote stores, buffered files.
+    fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// Checks that `[offset, offset+len)` lies within a device of `size` bytes.
@@ -115,5 +124,8 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn flush_covers_all_handles(&self) -> bool {
         (**self).flush_covers_all_handles()
+    }
+    fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).direct_read_fd()
     }
 }

@@ -21,6 +21,6 @@ pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use sizing::{SizingView, SAMPLE_EVERY};
 pub use stats::{ArcStats, L2DeviceStats};
-pub use volume::{SyncMode, Volume, VolumeConfig, VolumeCounts};
+pub use volume::{ReadDone, ReadEnd, SyncMode, Volume, VolumeConfig, VolumeCounts};
 pub use writeback::{Backing, WriteBack, WriteStats, WriteTunables, WriteView};
 pub use zfetch::{Zfetch, ZfetchStats, ZfetchTunables};

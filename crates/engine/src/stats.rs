@@ -71,6 +71,10 @@ pub struct ArcStats {
     /// of RAM (arcache's own; counted in `l2_hits` too).
     pub l2_partial_reads: u64,
     pub l2_partial_read_bytes: u64,
+    /// L2 hits whose device read was queued through io_uring and answered
+    /// from the ring thread, no worker thread involved (arcache's own;
+    /// counted in `l2_hits` too).
+    pub l2_ring_reads: u64,
     pub l2_size: u64,
     pub l2_asize: u64,
     /// Records on L2 (arcache's own).
@@ -171,6 +175,7 @@ impl ArcStats {
             l2_misses: c.l2_misses.load(Relaxed),
             l2_partial_reads: c.l2_partial_reads.load(Relaxed),
             l2_partial_read_bytes: c.l2_partial_read_bytes.load(Relaxed),
+            l2_ring_reads: c.l2_ring_reads.load(Relaxed),
             l2_abort_lowmem: c.l2_abort_lowmem.load(Relaxed),
             demand_hit_predictive_prefetch: p.demand_hit_prefetch,
             ..Default::default()

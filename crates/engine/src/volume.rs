@@ -21,6 +21,9 @@ use crate::record::Record;
 use crate::writeback::{Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
+mod async_read;
+pub use async_read::{ReadDone, ReadEnd};
+
 /// The ZFS `sync` property of an export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncMode {

@@ -225,25 +225,36 @@ impl L2Device {
         })
     }
 
+    /// The aligned superset of `len` bytes at `daddr` a read must fetch:
+    /// its start, its length and where the wanted bytes begin in it.
+    /// Counted as a read of `len` bytes.
+    pub fn aligned_extent(&self, daddr: u64, len: u64) -> (u64, usize, usize) {
+        let lo = daddr / ALIGN * ALIGN;
+        let hi = ((daddr + len).div_ceil(ALIGN) * ALIGN).min(self.end);
+        self.stats.reads.fetch_add(1, Relaxed);
+        self.stats.read_bytes.fetch_add(len, Relaxed);
+        (lo, (hi - lo) as usize, (daddr - lo) as usize)
+    }
+
+    /// A descriptor reading this device O_DIRECT, if it has one.
+    pub fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.dev.direct_read_fd()
+    }
+
     /// Reads `len` bytes at `daddr` through an aligned superset, so an
     /// O_DIRECT device serves it without a bounce through the page cache,
     /// and hands them to `f`. The aligned buffer is the calling thread's
     /// own and reused: a fresh megabyte per read would cost page faults.
     pub fn read_with<T>(&self, daddr: u64, len: u64, f: impl FnOnce(&[u8]) -> T) -> DevResult<T> {
-        let lo = daddr / ALIGN * ALIGN;
-        let hi = ((daddr + len).div_ceil(ALIGN) * ALIGN).min(self.end);
-        self.stats.reads.fetch_add(1, Relaxed);
-        self.stats.read_bytes.fetch_add(len, Relaxed);
+        let (lo, need, from) = self.aligned_extent(daddr, len);
         READ_BUF.with(|cell| {
             let mut buf = cell.borrow_mut();
-            let need = (hi - lo) as usize;
             if buf.as_ref().is_none_or(|b| b.capacity() < need) {
                 *buf = Some(blockdev::AlignedBuf::new(need.max(64 << 10)));
             }
             let b = buf.as_mut().expect("just filled");
             let slice = &mut b.as_mut_slice()[..need];
             self.dev.read_at(slice, lo)?;
-            let from = (daddr - lo) as usize;
             Ok(f(&slice[from..from + len as usize]))
         })
     }

@@ -11,6 +11,7 @@ pub mod format;
 pub mod index;
 mod persist;
 mod rebuild;
+pub mod uring;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -179,6 +180,10 @@ pub struct L2Arc {
     /// Counted down by every commit (persist.rs), whoever asked for it.
     pub(crate) uncommitted: Vec<AtomicU64>,
     commit_every: AtomicU64,
+    /// Reads queued through io_uring, once started ([`L2Arc::start_async_reads`]).
+    uring: std::sync::OnceLock<uring::Uring>,
+    /// `l2arc_ring_reads`: whether reads may use the ring once started.
+    ring_on: AtomicBool,
 }
 
 /// Whether a record is stored as it is: uncompressed and a whole number of
@@ -208,6 +213,18 @@ fn unframe(blob: &[u8], raw: bool) -> Option<&[u8]> {
     }
     let len = u32::from_le_bytes(blob.get(0..4)?.try_into().ok()?) as usize;
     blob.get(4..4 + len)
+}
+
+/// Gets the end of an [`L2Arc::read_async`].
+pub type AsyncDone = Box<dyn FnOnce(Result<Box<[u8]>, L2Miss>) + Send>;
+
+/// Where `part` of each copy of `run` (back to back) lies on the device.
+fn run_extent(run: &[(u64, L2Ptr)], part: Part) -> (u64, u64) {
+    let (first, last) = (run[0].1, run[run.len() - 1].1);
+    match part {
+        Part::Whole => (first.daddr(), last.daddr() + last.blob_len() - first.daddr()),
+        Part::Half(which) => (first.daddr() + which * first.blob_len() / 2, first.blob_len() / 2),
+    }
 }
 
 /// Which bytes of a stored copy a read wants.
@@ -262,6 +279,8 @@ impl L2Arc {
             spare_buf: parking_lot::Mutex::new(None),
             uncommitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
             commit_every: AtomicU64::new(0),
+            uring: std::sync::OnceLock::new(),
+            ring_on: AtomicBool::new(true),
         })
     }
 
@@ -494,35 +513,60 @@ impl L2Arc {
     /// Reads `part` of each copy of `run` (back to back on one device; a
     /// half only of a run of one) with one device read.
     fn read_run(&self, run: &[(u64, L2Ptr)], part: Part, out: &mut Vec<Result<Box<[u8]>, L2Miss>>) {
-        let first = run[0].1;
-        let Some(dev) = self.devices.get(first.dev()).filter(|d| !d.is_degraded()) else {
+        let Some(dev) = self.device_in_service(run, out) else { return };
+        let (start, len) = run_extent(run, part);
+        let verified = dev.read_with(start, len, |bytes| self.verify_run(run, part, bytes));
+        self.settle_run(&dev, run, len, verified, out);
+    }
+
+    /// The device holding `run`, or `None` (and every copy dropped and
+    /// answered `Unavailable`) if it is out of service.
+    fn device_in_service(
+        &self,
+        run: &[(u64, L2Ptr)],
+        out: &mut Vec<Result<Box<[u8]>, L2Miss>>,
+    ) -> Option<Arc<L2Device>> {
+        let dev = self.devices.get(run[0].1.dev()).filter(|d| !d.is_degraded());
+        if dev.is_none() {
             for &(key, ptr) in run {
                 self.drop_if_same(key, ptr);
                 out.push(Err(L2Miss::Unavailable));
             }
-            return;
-        };
-        let last = run[run.len() - 1].1;
-        let (start, len) = match part {
-            Part::Whole => (first.daddr(), last.daddr() + last.blob_len() - first.daddr()),
-            Part::Half(which) => (first.daddr() + which * first.blob_len() / 2, first.blob_len() / 2),
-        };
-        let verified = dev.read_with(start, len, |bytes| {
-            run.iter()
-                .map(|&(key, ptr)| {
-                    let blob = match part {
-                        Part::Whole => {
-                            let at = (ptr.daddr() - first.daddr()) as usize;
-                            &bytes[at..at + ptr.blob_len() as usize]
-                        }
-                        Part::Half(_) => bytes,
-                    };
-                    let ok = self.verify(key, ptr, part, blob);
-                    let raw = ptr.flags().raw || matches!(part, Part::Half(_));
-                    ok.then(|| unframe(blob, raw).map(Box::from)).flatten()
-                })
-                .collect::<Vec<Option<Box<[u8]>>>>()
-        });
+        }
+        dev.cloned()
+    }
+
+    /// Checks each copy of `run` in `bytes` (the run's extent as read) and
+    /// unframes the good ones.
+    fn verify_run(&self, run: &[(u64, L2Ptr)], part: Part, bytes: &[u8]) -> Vec<Option<Box<[u8]>>> {
+        let first = run[0].1;
+        run.iter()
+            .map(|&(key, ptr)| {
+                let blob = match part {
+                    Part::Whole => {
+                        let at = (ptr.daddr() - first.daddr()) as usize;
+                        &bytes[at..at + ptr.blob_len() as usize]
+                    }
+                    Part::Half(_) => bytes,
+                };
+                let ok = self.verify(key, ptr, part, blob);
+                let raw = ptr.flags().raw || matches!(part, Part::Half(_));
+                ok.then(|| unframe(blob, raw).map(Box::from)).flatten()
+            })
+            .collect()
+    }
+
+    /// Turns a run's read into its answers: counts, drops what failed, and
+    /// takes a device that keeps failing out of service.
+    fn settle_run(
+        &self,
+        dev: &L2Device,
+        run: &[(u64, L2Ptr)],
+        len: u64,
+        verified: blockdev::DevResult<Vec<Option<Box<[u8]>>>>,
+        out: &mut Vec<Result<Box<[u8]>, L2Miss>>,
+    ) {
+        let first = run[0].1;
         let verified = match verified {
             Ok(v) => v,
             Err(e) => {
@@ -565,6 +609,76 @@ impl L2Arc {
                 dev.path
             );
             self.retire(first.dev());
+        }
+    }
+
+    /// Starts queuing L2 reads through io_uring ([`L2Arc::read_async`]);
+    /// `scope` wraps each batch of finished reads. Fails where io_uring is
+    /// unavailable; reads then stay blocking.
+    pub fn start_async_reads(&self, scope: uring::BatchScope) -> std::io::Result<()> {
+        if self.uring.get().is_none() {
+            let ring = uring::Uring::start("l2-ring", scope)?;
+            let _ = self.uring.set(ring);
+        }
+        Ok(())
+    }
+
+    /// `l2arc_ring_reads`: lets reads use the ring (when started) or not.
+    pub fn set_ring_reads(&self, on: bool) {
+        self.ring_on.store(on, Relaxed);
+    }
+
+    /// Whether [`L2Arc::read_async`] can take a read of `ptr`: async reads
+    /// are started and its device reads O_DIRECT through a descriptor.
+    pub fn can_read_async(&self, ptr: L2Ptr) -> bool {
+        self.ring_on.load(Relaxed)
+            && self.uring.get().is_some()
+            && self.devices.get(ptr.dev()).is_some_and(|d| !d.is_degraded() && d.direct_read_fd().is_some())
+    }
+
+    /// Reads and verifies a copy (`half`: only that half of a split copy,
+    /// as [`L2Arc::read_half`]) without blocking; `done` gets what
+    /// [`L2Arc::read`] would return, on the ring thread. Gives `done` back
+    /// when the read cannot be queued ([`L2Arc::can_read_async`]).
+    pub fn read_async(
+        self: &Arc<Self>,
+        key: u64,
+        ptr: L2Ptr,
+        half: Option<u64>,
+        done: AsyncDone,
+    ) -> Result<(), AsyncDone> {
+        let part = match half {
+            None => Part::Whole,
+            Some(which) if ptr.split() && which <= 1 => Part::Half(which),
+            Some(_) => return Err(done),
+        };
+        let (Some(ring), Some(dev)) =
+            (self.uring.get(), self.devices.get(ptr.dev()).filter(|d| !d.is_degraded()))
+        else {
+            return Err(done);
+        };
+        let Some(fd) = dev.direct_read_fd() else { return Err(done) };
+        let run = [(key, ptr)];
+        let (start, len) = run_extent(&run, part);
+        let (at, need, skip) = dev.aligned_extent(start, len);
+        let me = Arc::clone(self);
+        let dev = Arc::clone(dev);
+        let finish: uring::Finish = Box::new(move |bytes| {
+            let verified = bytes.map(|b| me.verify_run(&run, part, b));
+            let mut out = Vec::with_capacity(1);
+            me.settle_run(&dev, &run, len, verified, &mut out);
+            done(out.pop().unwrap_or(Err(L2Miss::Unavailable)));
+        });
+        match ring.submit(uring::Op { fd, at, need, skip, len: len as usize, finish }) {
+            Ok(()) => Ok(()),
+            Err(op) => {
+                // The ring has failed: finish at once, the blocking way.
+                match self.devices[ptr.dev()].read_with(start, len, |b| b.to_vec()) {
+                    Ok(b) => (op.finish)(Ok(&b)),
+                    Err(e) => (op.finish)(Err(e)),
+                }
+                Ok(())
+            }
         }
     }
 

@@ -29,6 +29,18 @@ pub type NbdResult = Result<(), Errno>;
 /// any thread, once.
 pub type Completion = Box<dyn FnOnce(NbdResult) + Send>;
 
+/// How a read started with [`Export::read_async`] ends.
+pub enum ReadEnd {
+    /// The bytes the request asked for.
+    Data(NbdResult, Vec<u8>),
+    /// The export could not finish without blocking: the server runs this
+    /// on a worker thread and answers with what it returns.
+    Blocking(Box<dyn FnOnce() -> (NbdResult, Vec<u8>) + Send>),
+}
+
+/// Called exactly once with the end of a read started asynchronously.
+pub type ReadCompletion = Box<dyn FnOnce(ReadEnd) + Send>;
+
 /// What a client learns about an export during the handshake.
 #[derive(Debug, Clone)]
 pub struct ExportInfo {
@@ -56,6 +68,14 @@ pub trait Export: Send + Sync {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult;
+
+    /// Starts a read whose device IO the export queues itself, calling
+    /// `done` when it ends (on any thread), so no worker thread sleeps in
+    /// the IO; gives `done` back when it cannot, and the server then calls
+    /// [`Export::read`] on a worker.
+    fn read_async(&self, _offset: u64, _len: u32, done: ReadCompletion) -> Result<(), ReadCompletion> {
+        Err(done)
+    }
 
     /// Serves a write without blocking, or returns `None` so the server
     /// hands it to a worker (as [`Export::try_read_now`] for reads).
@@ -570,16 +590,7 @@ impl Server {
                     }
                     continue;
                 }
-                let mut buf = vec![0u8; req.length as usize];
-                self.dispatch(
-                    slot,
-                    req,
-                    move |ex| {
-                        let res = ex.read(req.offset, &mut buf);
-                        (res, buf)
-                    },
-                    export,
-                );
+                self.read_without_worker(slot, req, export);
                 continue;
             }
             if req.kind == CMD_FLUSH {
@@ -626,6 +637,34 @@ impl Server {
         if let Err(done) = export.flush_async(done) {
             let export = Arc::clone(export);
             self.jobs.push(Box::new(move || done(export.flush())));
+        }
+    }
+
+    /// A READ the export answers when its queued IO completes; on a worker
+    /// when it cannot start it that way or cannot finish without blocking.
+    fn read_without_worker(self: &Arc<Self>, slot: Slot, req: Request, export: &Arc<dyn Export>) {
+        let server = Arc::clone(self);
+        let done: ReadCompletion = Box::new(move |end| match end {
+            ReadEnd::Data(res, buf) => {
+                slot.shared.reply_read(req, res, &buf, &server.stats);
+                hold_slot(slot);
+            }
+            ReadEnd::Blocking(work) => {
+                let jobs = server.jobs.clone();
+                jobs.push(Box::new(move || {
+                    let (res, buf) = work();
+                    slot.shared.reply_read(req, res, &buf, &server.stats);
+                    drop(slot);
+                }));
+            }
+        });
+        if let Err(done) = export.read_async(req.offset, req.length, done) {
+            let export = Arc::clone(export);
+            self.jobs.push(Box::new(move || {
+                let mut buf = vec![0u8; req.length as usize];
+                let res = export.read(req.offset, &mut buf);
+                done(ReadEnd::Data(res, buf));
+            }));
         }
     }
 

@@ -1,0 +1,306 @@
+//! L2 reads queued to the kernel through io_uring and finished on one
+//! thread. A 4K miss served from L2 then costs no worker thread that
+//! sleeps in `pread`: the ring thread submits every read queued since it
+//! last looked in one system call, sleeps once for whichever completes
+//! first, and finishes a whole batch of completions at a time (checksum,
+//! ARC insert, reply), inside a caller-given scope that can send the batch's
+//! replies together. On this project's 2-core host the blocking path spent
+//! more CPU in wake-ups and context switches than in its own work.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Weak};
+
+use blockdev::{AlignedBuf, DevError};
+use io_uring::{opcode, types, IoUring};
+use parking_lot::Mutex;
+use tracing::warn;
+
+/// What a finished read hands on: the bytes asked for, or why not.
+pub type Finish = Box<dyn FnOnce(Result<&[u8], DevError>) + Send>;
+
+/// Runs a batch of completions; given the chance to wrap them (for
+/// example to send the replies they make together).
+pub type BatchScope = fn(&mut dyn FnMut());
+
+/// One read: `need` bytes at `at` (both aligned for O_DIRECT) of which the
+/// caller wants `len` from `skip`.
+pub struct Op {
+    pub fd: RawFd,
+    pub at: u64,
+    pub need: usize,
+    pub skip: usize,
+    pub len: usize,
+    pub finish: Finish,
+}
+
+struct Shared {
+    /// Reads queued for the ring thread; `None` once the ring has failed.
+    queue: Mutex<Option<Vec<Op>>>,
+    /// Set by the ring thread before it sleeps; whoever queues a read and
+    /// finds it set wakes the thread through `wake`.
+    sleeping: AtomicBool,
+    wake: OwnedFd,
+}
+
+/// The submitting side; dropping it stops the thread once its reads are
+/// done.
+pub struct Uring {
+    shared: Arc<Shared>,
+}
+
+/// Entries of the ring: more reads than this in flight wait in the queue.
+const DEPTH: u32 = 256;
+const WAKE: u64 = u64::MAX;
+
+impl Uring {
+    /// Sets up a ring and its thread; fails where io_uring is not
+    /// available (old kernels, sandboxes that forbid it).
+    pub fn start(name: &str, scope: BatchScope) -> io::Result<Uring> {
+        let ring = IoUring::new(DEPTH)?;
+        // SAFETY: eventfd returns a new descriptor or -1, checked below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared =
+            Arc::new(Shared { queue: Mutex::new(Some(Vec::new())), sleeping: AtomicBool::new(false), wake });
+        let weak = Arc::downgrade(&shared);
+        let efd = shared.wake.as_raw_fd();
+        std::thread::Builder::new().name(name.into()).spawn(move || {
+            let mut t =
+                RingThread { ring, slots: Vec::new(), free: Vec::new(), spare: Vec::new(), in_flight: 0 };
+            let mut waiting = Vec::new();
+            if let Err(e) = t.run(&weak, efd, scope, &mut waiting) {
+                warn!("L2 read ring failed, reading L2 the blocking way from now on: {e}");
+                let queued = weak.upgrade().and_then(|sh| sh.queue.lock().take()).unwrap_or_default();
+                t.fail_all(waiting.into_iter().chain(queued), &e);
+            }
+        })?;
+        Ok(Uring { shared })
+    }
+
+    /// Queues a read; gives it back if the ring has failed.
+    pub fn submit(&self, op: Op) -> Result<(), Op> {
+        match self.shared.queue.lock().as_mut() {
+            Some(q) => q.push(op),
+            None => return Err(op),
+        }
+        if self.shared.sleeping.swap(false, SeqCst) {
+            self.kick();
+        }
+        Ok(())
+    }
+
+    fn kick(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our own eventfd.
+        let _ = unsafe { libc::write(self.shared.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+}
+
+impl Drop for Uring {
+    fn drop(&mut self) {
+        self.kick();
+    }
+}
+
+struct InFlight {
+    buf: AlignedBuf,
+    skip: usize,
+    len: usize,
+    need: usize,
+    finish: Finish,
+}
+
+struct RingThread {
+    ring: IoUring,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    /// Buffers of finished reads, kept for the next ones.
+    spare: Vec<AlignedBuf>,
+    in_flight: usize,
+}
+
+impl RingThread {
+    fn run(
+        &mut self,
+        shared: &Weak<Shared>,
+        efd: RawFd,
+        scope: BatchScope,
+        waiting: &mut Vec<Op>,
+    ) -> io::Result<()> {
+        let mut counter = Box::new([0u8; 8]);
+        self.arm_wake(efd, &mut counter)?;
+        loop {
+            let Some(sh) = shared.upgrade() else {
+                if self.in_flight == 0 {
+                    return Ok(());
+                }
+                self.wait()?;
+                self.complete(efd, &mut counter, scope)?;
+                continue;
+            };
+            if let Some(q) = sh.queue.lock().as_mut() {
+                waiting.append(q);
+            }
+            // Oldest first; the rest wait for free entries.
+            while self.in_flight < DEPTH as usize - 1 && !waiting.is_empty() {
+                self.push(waiting.remove(0))?;
+            }
+            sh.sleeping.store(true, SeqCst);
+            if sh.queue.lock().as_ref().is_some_and(|q| !q.is_empty()) {
+                sh.sleeping.store(false, SeqCst);
+                continue;
+            }
+            drop(sh);
+            self.wait()?;
+            if let Some(sh) = shared.upgrade() {
+                sh.sleeping.store(false, SeqCst);
+            }
+            self.complete(efd, &mut counter, scope)?;
+        }
+    }
+
+    /// Submits what is queued and sleeps until something completes.
+    fn wait(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) =>
+                {
+                    // EAGAIN/EBUSY: the completion queue is full; reap first.
+                    if !self.ring.completion().is_empty() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Ends every read this thread still owes an answer with `e`. Buffers
+    /// of reads in flight are leaked, not freed: the kernel may still be
+    /// filling them.
+    fn fail_all(&mut self, queued: impl Iterator<Item = Op>, e: &io::Error) {
+        let err = |len: usize| DevError::Io {
+            op: "read",
+            dev: "L2 ring".into(),
+            offset: 0,
+            len: len as u64,
+            source: io::Error::new(e.kind(), e.to_string()),
+        };
+        for f in self.slots.iter_mut().filter_map(Option::take) {
+            std::mem::forget(f.buf);
+            (f.finish)(Err(err(f.need)));
+        }
+        for op in queued {
+            (op.finish)(Err(err(op.need)));
+        }
+    }
+
+    fn arm_wake(&mut self, efd: RawFd, counter: &mut [u8; 8]) -> io::Result<()> {
+        let e = opcode::Read::new(types::Fd(efd), counter.as_mut_ptr(), 8).build().user_data(WAKE);
+        self.push_entry(&e)
+    }
+
+    fn push_entry(&mut self, e: &io_uring::squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every buffer an entry points at lives in `slots` (or
+            // the thread's wake counter) until its completion is reaped.
+            if unsafe { self.ring.submission().push(e) }.is_ok() {
+                return Ok(());
+            }
+            self.wait_room()?;
+        }
+    }
+
+    /// The submission queue is full: hand it to the kernel.
+    fn wait_room(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn push(&mut self, op: Op) -> io::Result<()> {
+        let mut buf = match self.spare.iter().position(|b| b.capacity() >= op.need) {
+            Some(i) => self.spare.swap_remove(i),
+            None => AlignedBuf::new(op.need.max(64 << 10)),
+        };
+        buf.reuse_as(op.need);
+        let e = opcode::Read::new(types::Fd(op.fd), buf.as_mut_slice().as_mut_ptr(), op.need as u32)
+            .offset(op.at)
+            .build();
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        // In its slot before the kernel hears of it: if the push fails,
+        // `fail_all` still finds it there.
+        self.slots[slot] =
+            Some(InFlight { buf, skip: op.skip, len: op.len, need: op.need, finish: op.finish });
+        self.in_flight += 1;
+        self.push_entry(&e.user_data(slot as u64))
+    }
+
+    fn complete(&mut self, efd: RawFd, counter: &mut [u8; 8], scope: BatchScope) -> io::Result<()> {
+        let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
+        let mut woken = false;
+        for (data, res) in done {
+            if data == WAKE {
+                woken = true;
+                continue;
+            }
+            let slot = data as usize;
+            if let Some(f) = self.slots.get_mut(slot).and_then(Option::take) {
+                self.free.push(slot);
+                self.in_flight -= 1;
+                finished.push((f, res));
+            }
+        }
+        let mut run = || {
+            for (f, res) in finished.drain(..) {
+                let InFlight { buf, skip, len, need, finish } = f;
+                let bytes = buf.as_slice();
+                if res >= 0 && res as usize == need {
+                    finish(Ok(&bytes[skip..skip + len]));
+                } else {
+                    let source = if res < 0 {
+                        io::Error::from_raw_os_error(-res)
+                    } else {
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("short read: {res} of {need} bytes"),
+                        )
+                    };
+                    finish(Err(DevError::Io {
+                        op: "read",
+                        dev: "L2 ring".into(),
+                        offset: 0,
+                        len: need as u64,
+                        source,
+                    }));
+                }
+                self.spare.push(buf);
+            }
+        };
+        scope(&mut run);
+        self.spare.truncate(64);
+        if woken {
+            self.arm_wake(efd, counter)?;
+        }
+        Ok(())
+    }
+}
