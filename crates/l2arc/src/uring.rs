@@ -234,11 +234,12 @@ impl RingThread {
     }
 
     fn push(&mut self, op: Op) -> io::Result<()> {
-        let mut buf = match self.spare.iter().position(|b| b.capacity() >= op.need) {
+        // `reuse_as` sizes a kept buffer to this read if its allocation
+        // holds it (its `capacity` is only the last read's length).
+        let mut buf = match self.spare.iter_mut().position(|b| b.reuse_as(op.need)) {
             Some(i) => self.spare.swap_remove(i),
             None => AlignedBuf::new(op.need.max(64 << 10)),
         };
-        buf.reuse_as(op.need);
         let e = opcode::Read::new(types::Fd(op.fd), buf.as_mut_slice().as_mut_ptr(), op.need as u32)
             .offset(op.at)
             .build();
