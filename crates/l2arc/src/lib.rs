@@ -632,7 +632,7 @@ impl L2Arc {
     /// are started and its device reads O_DIRECT through a descriptor.
     pub fn can_read_async(&self, ptr: L2Ptr) -> bool {
         self.ring_on.load(Relaxed)
-            && self.uring.get().is_some()
+            && self.uring.get().is_some_and(uring::Uring::is_alive)
             && self.devices.get(ptr.dev()).is_some_and(|d| !d.is_degraded() && d.direct_read_fd().is_some())
     }
 

@@ -10,7 +10,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use blockdev::{AlignedBuf, DevError};
 use io_uring::{opcode, types, IoUring};
@@ -42,10 +42,12 @@ struct Shared {
     /// finds it set wakes the thread through `wake`.
     sleeping: AtomicBool,
     wake: OwnedFd,
+    /// The submitting side is gone: finish what was queued, then stop.
+    closed: AtomicBool,
 }
 
-/// The submitting side; dropping it stops the thread once its reads are
-/// done.
+/// The submitting side; dropping it stops the thread once every read
+/// queued through it has finished.
 pub struct Uring {
     shared: Arc<Shared>,
 }
@@ -66,21 +68,38 @@ impl Uring {
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        let shared =
-            Arc::new(Shared { queue: Mutex::new(Some(Vec::new())), sleeping: AtomicBool::new(false), wake });
-        let weak = Arc::downgrade(&shared);
-        let efd = shared.wake.as_raw_fd();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Some(Vec::new())),
+            sleeping: AtomicBool::new(false),
+            wake,
+            closed: AtomicBool::new(false),
+        });
+        // The thread holds `shared` (and so the eventfd its wake-up read is
+        // armed on) until it stops.
+        let sh = Arc::clone(&shared);
         std::thread::Builder::new().name(name.into()).spawn(move || {
-            let mut t =
-                RingThread { ring, slots: Vec::new(), free: Vec::new(), spare: Vec::new(), in_flight: 0 };
+            let efd = sh.wake.as_raw_fd();
+            let mut t = RingThread {
+                ring,
+                slots: Vec::new(),
+                free: Vec::new(),
+                spare: Vec::new(),
+                in_flight: 0,
+                counter: Box::new([0; 8]),
+            };
             let mut waiting = Vec::new();
-            if let Err(e) = t.run(&weak, efd, scope, &mut waiting) {
+            if let Err(e) = t.run(&sh, efd, scope, &mut waiting) {
                 warn!("L2 read ring failed, reading L2 the blocking way from now on: {e}");
-                let queued = weak.upgrade().and_then(|sh| sh.queue.lock().take()).unwrap_or_default();
+                let queued = sh.queue.lock().take().unwrap_or_default();
                 t.fail_all(waiting.into_iter().chain(queued), &e);
             }
         })?;
         Ok(Uring { shared })
+    }
+
+    /// False once the ring has failed.
+    pub fn is_alive(&self) -> bool {
+        self.shared.queue.lock().is_some()
     }
 
     /// Queues a read; gives it back if the ring has failed.
@@ -104,6 +123,7 @@ impl Uring {
 
 impl Drop for Uring {
     fn drop(&mut self) {
+        self.shared.closed.store(true, SeqCst);
         self.kick();
     }
 }
@@ -123,27 +143,15 @@ struct RingThread {
     /// Buffers of finished reads, kept for the next ones.
     spare: Vec<AlignedBuf>,
     in_flight: usize,
+    /// Where the eventfd read lands. After `ring` so it is freed after the
+    /// ring (and the read still armed in it) is gone.
+    counter: Box<[u8; 8]>,
 }
 
 impl RingThread {
-    fn run(
-        &mut self,
-        shared: &Weak<Shared>,
-        efd: RawFd,
-        scope: BatchScope,
-        waiting: &mut Vec<Op>,
-    ) -> io::Result<()> {
-        let mut counter = Box::new([0u8; 8]);
-        self.arm_wake(efd, &mut counter)?;
+    fn run(&mut self, sh: &Shared, efd: RawFd, scope: BatchScope, waiting: &mut Vec<Op>) -> io::Result<()> {
+        self.arm_wake(efd)?;
         loop {
-            let Some(sh) = shared.upgrade() else {
-                if self.in_flight == 0 {
-                    return Ok(());
-                }
-                self.wait()?;
-                self.complete(efd, &mut counter, scope)?;
-                continue;
-            };
             if let Some(q) = sh.queue.lock().as_mut() {
                 waiting.append(q);
             }
@@ -156,12 +164,13 @@ impl RingThread {
                 sh.sleeping.store(false, SeqCst);
                 continue;
             }
-            drop(sh);
-            self.wait()?;
-            if let Some(sh) = shared.upgrade() {
-                sh.sleeping.store(false, SeqCst);
+            // Nobody can queue more once the submitting side is gone.
+            if sh.closed.load(SeqCst) && self.in_flight == 0 && waiting.is_empty() {
+                return Ok(());
             }
-            self.complete(efd, &mut counter, scope)?;
+            self.wait()?;
+            sh.sleeping.store(false, SeqCst);
+            self.complete(efd, scope)?;
         }
     }
 
@@ -206,8 +215,8 @@ impl RingThread {
         }
     }
 
-    fn arm_wake(&mut self, efd: RawFd, counter: &mut [u8; 8]) -> io::Result<()> {
-        let e = opcode::Read::new(types::Fd(efd), counter.as_mut_ptr(), 8).build().user_data(WAKE);
+    fn arm_wake(&mut self, efd: RawFd) -> io::Result<()> {
+        let e = opcode::Read::new(types::Fd(efd), self.counter.as_mut_ptr(), 8).build().user_data(WAKE);
         self.push_entry(&e)
     }
 
@@ -255,7 +264,7 @@ impl RingThread {
         self.push_entry(&e.user_data(slot as u64))
     }
 
-    fn complete(&mut self, efd: RawFd, counter: &mut [u8; 8], scope: BatchScope) -> io::Result<()> {
+    fn complete(&mut self, efd: RawFd, scope: BatchScope) -> io::Result<()> {
         let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
         let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
         let mut woken = false;
@@ -300,8 +309,76 @@ impl RingThread {
         scope(&mut run);
         self.spare.truncate(64);
         if woken {
-            self.arm_wake(efd, counter)?;
+            self.arm_wake(efd)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::mpsc;
+
+    fn op(
+        fd: RawFd,
+        at: u64,
+        need: usize,
+        skip: usize,
+        len: usize,
+        tx: &mpsc::Sender<Result<Vec<u8>, String>>,
+    ) -> Op {
+        let tx = tx.clone();
+        let finish: Finish = Box::new(move |r| {
+            let _ = tx.send(r.map(<[u8]>::to_vec).map_err(|e| e.to_string()));
+        });
+        Op { fd, at, need, skip, len, finish }
+    }
+
+    #[test]
+    fn reads_land_where_asked_and_failures_come_back_as_errors() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 4096) as u8).collect();
+        f.write_all(&data).unwrap();
+        let fd = f.as_raw_fd();
+        let ring = Uring::start("test-ring", |batch| batch()).unwrap();
+        let (tx, rx) = mpsc::channel();
+        // More reads than the ring has entries: the rest wait their turn.
+        for i in 0..600u64 {
+            let at = (i * 4096 * 7) % (1 << 20);
+            assert!(ring.submit(op(fd, at, 4096, 100, 50, &tx)).is_ok());
+        }
+        let mut got: Vec<Vec<u8>> =
+            (0..600).map(|_| rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap().unwrap()).collect();
+        let mut want: Vec<Vec<u8>> = (0..600u64)
+            .map(|i| (i * 4096 * 7) % (1 << 20))
+            .map(|at| data[at as usize + 100..at as usize + 150].to_vec())
+            .collect();
+        got.sort();
+        want.sort();
+        assert!(got == want, "every read returned its own bytes");
+        // Past the end: a short read is an error, not a partial answer.
+        assert!(ring.submit(op(fd, (1 << 20) - 4096, 8192, 0, 8192, &tx)).is_ok());
+        assert!(rx.recv().unwrap().unwrap_err().contains("short read"));
+        assert!(ring.submit(op(-1, 0, 4096, 0, 4096, &tx)).is_ok());
+        assert!(rx.recv().unwrap().is_err(), "a bad descriptor fails the read");
+    }
+
+    #[test]
+    fn dropping_the_ring_still_finishes_the_reads_it_took() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![5u8; 1 << 20]).unwrap();
+        let (tx, rx) = mpsc::channel();
+        {
+            let ring = Uring::start("test-ring", |batch| batch()).unwrap();
+            for i in 0..200u64 {
+                assert!(ring.submit(op(f.as_raw_fd(), i * 4096, 4096, 0, 4096, &tx)).is_ok());
+            }
+        }
+        for _ in 0..200 {
+            let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("every read is answered");
+            assert_eq!(r.unwrap(), vec![5u8; 4096]);
+        }
     }
 }
