@@ -72,6 +72,8 @@ pub struct ConfigFile {
     pub socket_group: Option<String>,
     pub max_connections: Option<usize>,
     pub max_conn_memory: Option<SizeValue>,
+    /// Seconds, as with `--reply-timeout` (0: no limit).
+    pub reply_timeout: Option<u64>,
     /// Tunables by name, as with `--set`.
     #[serde(default)]
     pub set: BTreeMap<String, toml::Value>,
@@ -184,6 +186,8 @@ pub struct ServeSettings {
     pub max_connections: usize,
     /// Payload bytes one NBD connection may hold at once.
     pub max_conn_bytes: u64,
+    /// How long a client may leave a reply untaken (`None`: forever).
+    pub reply_timeout: Option<std::time::Duration>,
 }
 
 impl ServeSettings {
@@ -192,6 +196,7 @@ impl ServeSettings {
         nbd::ServerConfig {
             max_connections: self.max_connections,
             max_conn_bytes: self.max_conn_bytes,
+            reply_timeout: self.reply_timeout,
             ..cfg
         }
     }

@@ -257,6 +257,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         socket_group: None,
         max_connections: ServerConfig::default().max_connections,
         max_conn_bytes: ServerConfig::default().max_conn_bytes,
+        reply_timeout: ServerConfig::default().reply_timeout,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

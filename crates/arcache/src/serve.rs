@@ -119,6 +119,11 @@ pub struct ServeArgs {
     /// the server allocate.
     #[arg(long, value_name = "SIZE")]
     pub max_conn_memory: Option<String>,
+    /// Seconds a client may leave a reply untaken before its connection is
+    /// closed (default 60; 0: no limit), so a client that stops reading
+    /// cannot stall the threads that answer every client.
+    #[arg(long, value_name = "SECS")]
+    pub reply_timeout: Option<u64>,
 }
 
 /// `PATH[:SIZE]` of an L2 device.
@@ -300,6 +305,11 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
                 .map(|v| v.bytes())
                 .transpose()?
                 .unwrap_or(nbd_defaults.max_conn_bytes),
+        },
+        reply_timeout: match args.reply_timeout.or(file.reply_timeout) {
+            Some(0) => None,
+            Some(secs) => Some(std::time::Duration::from_secs(secs)),
+            None => nbd_defaults.reply_timeout,
         },
     })
 }

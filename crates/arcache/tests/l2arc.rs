@@ -26,7 +26,11 @@ fn read_all(s: &Serve, data: &[u8], pause: Duration) {
 /// 4K reads at scattered offsets, checking every byte: reads within one
 /// record, which the server answers through its io_uring ring.
 fn read_scattered(s: &Serve, data: &[u8], n: usize) {
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    read_scattered_at(&s.target(), data, n);
+}
+
+fn read_scattered_at(target: &nbd::Target, data: &[u8], n: usize) {
+    let mut c = nbd::Client::connect(target, "").unwrap();
     let mut buf = vec![0u8; 4096];
     for i in 0..n {
         let off = (i * 7919 * 4096) % SIZE;
@@ -69,7 +73,11 @@ fn wait_fed(s: &Serve, bytes: u64) {
 
 /// Warms L2 and re-reads from it; returns the server, the data and the L2 path.
 fn warm(seed: u64) -> (Serve, Vec<u8>, std::path::PathBuf) {
-    let (s, data, l2) = start(tempfile::tempdir().unwrap(), seed, &[]);
+    warm_with(seed, &[])
+}
+
+fn warm_with(seed: u64, extra: &[&str]) -> (Serve, Vec<u8>, std::path::PathBuf) {
+    let (s, data, l2) = start(tempfile::tempdir().unwrap(), seed, extra);
     read_all(&s, &data, Duration::from_millis(2));
     wait_fed(&s, 12 << 20);
     let before = s.stat();
@@ -117,6 +125,34 @@ fn l2_serves_rereads_and_a_corrupted_device_never_returns_a_wrong_byte() {
     let text = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(text.contains("L2ARC status: DEGRADED"), "{text}");
     assert!(text.contains("l2arc_feed_min_ms"), "changed tunables are listed: {text}");
+}
+
+/// A client that asks for 4K reads of L2-cached data and never collects
+/// the replies fills its socket, and the thread writing those replies (the
+/// L2 ring, which answers every client) blocks on it. `--reply-timeout`
+/// cuts that client off, and another client's L2 reads carry on.
+#[test]
+fn a_client_that_stops_collecting_replies_does_not_stall_other_clients() {
+    let (s, data, _) = warm_with(25, &["--reply-timeout", "2"]);
+    let target = s.target();
+    let greedy = std::thread::spawn(move || {
+        let mut g = nbd::Client::connect(&target, "").unwrap();
+        (0..200_000u64).take_while(|i| g.send_read((i * 7919 * 4096) % SIZE as u64, 4096).is_ok()).count()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let target = s.target();
+    // Not joined: if it hangs, the test fails on the timeout below.
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        read_scattered_at(&target, &data, 3000);
+        tx.send(t.elapsed()).unwrap();
+    });
+    let took = rx.recv_timeout(Duration::from_secs(60)).expect("the other client's reads finished");
+    eprintln!("3,000 L2 reads beside a stuck client: {took:?}");
+    let sent = greedy.join().unwrap();
+    assert!(sent < 200_000, "the stuck client was disconnected after {sent} requests");
+    assert!(stat_u64(&s, "l2_ring_reads") > 0);
 }
 
 #[test]

@@ -58,6 +58,13 @@ impl Conn {
             Conn::Tcp(s) => s.set_read_timeout(t),
         }
     }
+
+    pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_write_timeout(t),
+            Conn::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
 }
 
 impl Read for Conn {

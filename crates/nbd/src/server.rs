@@ -124,6 +124,12 @@ pub struct ServerConfig {
     pub workers: usize,
     /// A client must finish the handshake within this time.
     pub handshake_timeout: Duration,
+    /// A client that takes none of a reply's bytes for this long is cut
+    /// off. Replies are written by threads that answer every connection
+    /// (workers, the L2 read ring, the commit thread); without a bound, a
+    /// client that stops reading would hold them and stall everyone.
+    /// `None`: wait forever.
+    pub reply_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -135,6 +141,7 @@ impl Default for ServerConfig {
             max_connections: 128,
             workers: 32,
             handshake_timeout: Duration::from_secs(30),
+            reply_timeout: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -327,6 +334,9 @@ impl Server {
             }
         };
         rd.get_ref().socket().set_read_timeout(None)?;
+        // One socket under both halves (and under TLS): this bounds every
+        // reply write of the connection.
+        rd.get_ref().socket().set_write_timeout(self.cfg.reply_timeout)?;
         self.transmission(rd, wr, export, structured)
     }
 
