@@ -285,7 +285,7 @@ impl RingThread {
                 let InFlight { buf, skip, len, need, finish } = f;
                 let bytes = buf.as_slice();
                 if res >= 0 && res as usize == need {
-                    finish(Ok(&bytes[skip..skip + len]));
+                    finish_guarded(finish, Ok(&bytes[skip..skip + len]));
                 } else {
                     let source = if res < 0 {
                         io::Error::from_raw_os_error(-res)
@@ -295,13 +295,14 @@ impl RingThread {
                             format!("short read: {res} of {need} bytes"),
                         )
                     };
-                    finish(Err(DevError::Io {
+                    let e = DevError::Io {
                         op: "read",
                         dev: "L2 ring".into(),
                         offset: 0,
                         len: need as u64,
                         source,
-                    }));
+                    };
+                    finish_guarded(finish, Err(e));
                 }
                 self.spare.push(buf);
             }
@@ -312,6 +313,15 @@ impl RingThread {
             self.arm_wake(efd)?;
         }
         Ok(())
+    }
+}
+
+/// Runs one read's completion. A panic in it (a bug) is logged and
+/// contained: it must not take the ring thread, and with it every later
+/// read of every client.
+fn finish_guarded(finish: Finish, res: Result<&[u8], DevError>) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| finish(res))).is_err() {
+        warn!("an L2 ring read's completion panicked; that one request goes unanswered");
     }
 }
 
@@ -363,6 +373,25 @@ mod tests {
         assert!(rx.recv().unwrap().unwrap_err().contains("short read"));
         assert!(ring.submit(op(-1, 0, 4096, 0, 4096, &tx)).is_ok());
         assert!(rx.recv().unwrap().is_err(), "a bad descriptor fails the read");
+    }
+
+    #[test]
+    fn a_panicking_completion_does_not_stop_the_ring() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![9u8; 1 << 16]).unwrap();
+        let ring = Uring::start("test-ring", |batch| batch()).unwrap();
+        let boom: Finish = Box::new(|_| panic!("a bug in a completion"));
+        assert!(ring
+            .submit(Op { fd: f.as_raw_fd(), at: 0, need: 4096, skip: 0, len: 4096, finish: boom })
+            .is_ok());
+        let (tx, rx) = mpsc::channel();
+        for i in 0..8u64 {
+            assert!(ring.submit(op(f.as_raw_fd(), i * 4096, 4096, 0, 4096, &tx)).is_ok());
+        }
+        for _ in 0..8 {
+            let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("later reads are answered");
+            assert_eq!(r.unwrap(), vec![9u8; 4096]);
+        }
     }
 
     #[test]
