@@ -664,6 +664,10 @@ impl L2Arc {
         let me = Arc::clone(self);
         let dev = Arc::clone(dev);
         let finish: uring::Finish = Box::new(move |bytes| {
+            if bytes.as_ref().is_err_and(uring::is_ring_failure) {
+                // Not the device's fault: the copy stays, the read is redone.
+                return done(Err(L2Miss::Unavailable));
+            }
             let verified = bytes.map(|b| me.verify_run(&run, part, b));
             let mut out = Vec::with_capacity(1);
             me.settle_run(&dev, &run, len, verified, &mut out);
@@ -672,11 +676,9 @@ impl L2Arc {
         match ring.submit(uring::Op { fd, at, need, skip, len: len as usize, finish }) {
             Ok(()) => Ok(()),
             Err(op) => {
-                // The ring has failed: finish at once, the blocking way.
-                match self.devices[ptr.dev()].read_with(start, len, |b| b.to_vec()) {
-                    Ok(b) => (op.finish)(Ok(&b)),
-                    Err(e) => (op.finish)(Err(e)),
-                }
+                // The ring failed since `can_read_async` said yes: `done`
+                // hears so at once and the read is redone on a worker.
+                (op.finish)(Err(uring::ring_failure()));
                 Ok(())
             }
         }

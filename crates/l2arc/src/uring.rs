@@ -91,7 +91,7 @@ impl Uring {
             if let Err(e) = t.run(&sh, efd, scope, &mut waiting) {
                 warn!("L2 read ring failed, reading L2 the blocking way from now on: {e}");
                 let queued = sh.queue.lock().take().unwrap_or_default();
-                t.fail_all(waiting.into_iter().chain(queued), &e);
+                t.fail_all(waiting.into_iter().chain(queued));
             }
         })?;
         Ok(Uring { shared })
@@ -198,20 +198,13 @@ impl RingThread {
     /// Ends every read this thread still owes an answer with `e`. Buffers
     /// of reads in flight are leaked, not freed: the kernel may still be
     /// filling them.
-    fn fail_all(&mut self, queued: impl Iterator<Item = Op>, e: &io::Error) {
-        let err = |len: usize| DevError::Io {
-            op: "read",
-            dev: "L2 ring".into(),
-            offset: 0,
-            len: len as u64,
-            source: io::Error::new(e.kind(), e.to_string()),
-        };
+    fn fail_all(&mut self, queued: impl Iterator<Item = Op>) {
         for f in self.slots.iter_mut().filter_map(Option::take) {
             std::mem::forget(f.buf);
-            (f.finish)(Err(err(f.need)));
+            finish_guarded(f.finish, Err(ring_failure()));
         }
         for op in queued {
-            (op.finish)(Err(err(op.need)));
+            finish_guarded(op.finish, Err(ring_failure()));
         }
     }
 
@@ -314,6 +307,19 @@ impl RingThread {
         }
         Ok(())
     }
+}
+
+const RING_FAILED: &str = "the L2 read ring has failed";
+
+/// The error a read gets when the ring failed it, not the device: its
+/// caller must not count it against the device (eight in a row would take
+/// a healthy device out of service).
+pub fn ring_failure() -> DevError {
+    DevError::Unsupported(RING_FAILED.into())
+}
+
+pub fn is_ring_failure(e: &DevError) -> bool {
+    matches!(e, DevError::Unsupported(m) if m == RING_FAILED)
 }
 
 /// Runs one read's completion. A panic in it (a bug) is logged and
