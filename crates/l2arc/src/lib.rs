@@ -623,6 +623,14 @@ impl L2Arc {
         Ok(())
     }
 
+    /// Makes the read ring fail (see [`uring::Uring::inject_failure`]).
+    #[doc(hidden)]
+    pub fn inject_ring_failure(&self) {
+        if let Some(ring) = self.uring.get() {
+            ring.inject_failure();
+        }
+    }
+
     /// `l2arc_ring_reads`: lets reads use the ring (when started) or not.
     pub fn set_ring_reads(&self, on: bool) {
         self.ring_on.store(on, Relaxed);

@@ -44,6 +44,8 @@ struct Shared {
     wake: OwnedFd,
     /// The submitting side is gone: finish what was queued, then stop.
     closed: AtomicBool,
+    /// Tests: make the ring fail as if the kernel had refused it.
+    inject_failure: AtomicBool,
 }
 
 /// The submitting side; dropping it stops the thread once every read
@@ -73,6 +75,7 @@ impl Uring {
             sleeping: AtomicBool::new(false),
             wake,
             closed: AtomicBool::new(false),
+            inject_failure: AtomicBool::new(false),
         });
         // The thread holds `shared` (and so the eventfd its wake-up read is
         // armed on) until it stops.
@@ -95,6 +98,14 @@ impl Uring {
             }
         })?;
         Ok(Uring { shared })
+    }
+
+    /// Makes the ring fail at its next turn, as a kernel error would; for
+    /// tests of what its failure does to reads in flight and after.
+    #[doc(hidden)]
+    pub fn inject_failure(&self) {
+        self.shared.inject_failure.store(true, SeqCst);
+        self.kick();
     }
 
     /// False once the ring has failed.
@@ -152,6 +163,9 @@ impl RingThread {
     fn run(&mut self, sh: &Shared, efd: RawFd, scope: BatchScope, waiting: &mut Vec<Op>) -> io::Result<()> {
         self.arm_wake(efd)?;
         loop {
+            if sh.inject_failure.load(SeqCst) {
+                return Err(io::Error::other("failure injected by a test"));
+            }
             if let Some(q) = sh.queue.lock().as_mut() {
                 waiting.append(q);
             }

@@ -1,0 +1,92 @@
+//! L2 reads through the io_uring ring on a real O_DIRECT file (the ring
+//! reads files only; the file lives under the build's target directory, on
+//! a disk filesystem, since tmpfs refuses O_DIRECT).
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, L2Miss, HEADER_RESERVED};
+use blockdev::{FileDev, FileDevOptions};
+
+const RECORDS: u64 = 64;
+const LEN: usize = 16 << 10;
+
+fn bytes_for(key: u64) -> Vec<u8> {
+    (0..LEN).map(|i| (key as u8).wrapping_mul(29).wrapping_add((i / 7) as u8)).collect()
+}
+
+fn file_l2(dir: &tempfile::TempDir) -> Arc<L2Arc> {
+    let opts =
+        FileDevOptions { direct: true, create_size: Some(HEADER_RESERVED + (8 << 20)), ..Default::default() };
+    let dev = FileDev::open(&dir.path().join("l2.img"), opts).unwrap();
+    assert!(dev.is_direct(), "O_DIRECT refused under {}", dir.path().display());
+    let l2 = Arc::new(L2Arc::new(vec![L2Device::new("f".into(), Arc::new(dev)).unwrap()]).unwrap());
+    let items: Vec<FeedItem> = (0..RECORDS)
+        .map(|k| {
+            assert!(l2.begin_feed(k));
+            FeedItem { key: k, data: Arc::new(bytes_for(k)), flags: BlobFlags::default() }
+        })
+        .collect();
+    l2.write_batch(0, items, 0, false).unwrap();
+    l2
+}
+
+/// A record's key and what its read returned.
+type Answer = (u64, Result<Box<[u8]>, L2Miss>);
+
+/// Starts a ring read of every record; their answers arrive on the channel.
+fn read_all_async(l2: &Arc<L2Arc>) -> mpsc::Receiver<Answer> {
+    let (tx, rx) = mpsc::channel();
+    for k in 0..RECORDS {
+        let ptr = l2.lookup(k).unwrap();
+        let tx = tx.clone();
+        let queued = l2.read_async(k, ptr, None, Box::new(move |r| tx.send((k, r)).unwrap()));
+        if let Err(done) = queued {
+            done(Err(L2Miss::Unavailable));
+        }
+    }
+    rx
+}
+
+/// When the ring itself fails (here injected, as a kernel error would),
+/// reads in flight end as `Unavailable`, not as device errors: the device
+/// stays in service, its copies stay indexed and readable the blocking way,
+/// and the ring is offered no more reads.
+#[test]
+fn a_failed_ring_is_not_blamed_on_the_device() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let l2 = file_l2(&dir);
+    l2.start_async_reads(|batch| batch()).expect("io_uring is available to tests");
+    let ptr0 = l2.lookup(0).unwrap();
+    assert!(l2.can_read_async(ptr0));
+    let rx = read_all_async(&l2);
+    for _ in 0..RECORDS {
+        let (k, r) = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
+        assert_eq!(&*r.expect("a working ring reads the copy"), &bytes_for(k)[..]);
+    }
+
+    let rx = read_all_async(&l2);
+    l2.inject_ring_failure();
+    for _ in 0..RECORDS {
+        let (k, r) = rx.recv_timeout(Duration::from_secs(10)).expect("every read is answered");
+        match r {
+            Ok(b) => assert_eq!(&*b, &bytes_for(k)[..]),
+            Err(e) => assert_eq!(e, L2Miss::Unavailable, "record {k}"),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while l2.can_read_async(ptr0) {
+        assert!(Instant::now() < deadline, "a failed ring is still offered reads");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        l2.stats.l2_io_error.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "not counted against the device"
+    );
+    assert_eq!(l2.healthy_devices(), 1, "the device stays in service");
+    for k in 0..RECORDS {
+        let ptr = l2.lookup(k).expect("the copy stays indexed");
+        assert_eq!(&*l2.read(k, ptr).unwrap(), &bytes_for(k)[..], "and reads back the blocking way");
+    }
+}
