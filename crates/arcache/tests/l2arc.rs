@@ -93,6 +93,13 @@ fn warm_with(seed: u64, extra: &[&str]) -> (Serve, Vec<u8>, std::path::PathBuf) 
     read_scattered(&s, &data, 2000);
     let ring = stat_u64(&s, "l2_ring_reads") - ring;
     assert!(ring > 500, "4K re-reads were served through the io_uring ring: {ring}; {}", s.stat());
+    // Turned off at run time, L2 reads go back to the worker threads.
+    assert!(s.ctl(&["set", "l2arc_ring_reads=0"]).status.success());
+    let (ring, hits) = (stat_u64(&s, "l2_ring_reads"), stat_u64(&s, "l2_hits"));
+    read_scattered(&s, &data, 1000);
+    assert_eq!(stat_u64(&s, "l2_ring_reads"), ring, "l2arc_ring_reads=0: no read through the ring");
+    assert!(stat_u64(&s, "l2_hits") > hits + 100, "and L2 still serves them: {}", s.stat());
+    assert!(s.ctl(&["set", "l2arc_ring_reads=1"]).status.success());
     // An idle feed sleeps: at most one cycle per l2arc_feed_min_ms (10 ms here).
     let cycles = stat_u64(&s, "l2_feed_cycles");
     std::thread::sleep(Duration::from_secs(1));

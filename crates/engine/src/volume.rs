@@ -352,19 +352,12 @@ impl Volume {
         let rr = self.record_range(r);
         let len = rr.end - rr.start;
         let want = offset.max(rr.start)..(offset + buf.len() as u64).min(rr.end);
-        let which = if want.end <= rr.start + len / 2 {
-            0
-        } else if want.start >= rr.start + len / 2 {
-            1
-        } else {
-            return false;
-        };
-        let splittable = |p: &arcache_l2::L2Ptr| p.split() && p.blob_len() == len;
-        if !l2.lookup(key).is_some_and(|p| splittable(&p)) || !self.cache.leave_uncached(key, len) {
+        let Some(which) = self.half_holding(r, &want) else { return false };
+        if !l2.lookup(key).is_some_and(|p| self.is_split_copy(r, p)) || !self.cache.leave_uncached(key, len) {
             return false;
         }
         let _lock = self.lock_records(r..r + 1);
-        let half = rr.start + which * len / 2..rr.start + (which + 1) * len / 2;
+        let half = self.half_range(r, which);
         // As in `fill`: dirty bytes first, then the device read.
         let snap = match &self.wb {
             Some(wb) => wb.snapshot(self.id, half.clone()),
@@ -379,16 +372,48 @@ impl Volume {
             }
             return false;
         }
-        let Some(ptr) = l2.lookup(key).filter(splittable) else { return false };
+        let Some(ptr) = l2.lookup(key).filter(|&p| self.is_split_copy(r, p)) else { return false };
         let Ok(mut bytes) = l2.read_half(key, ptr, which) else { return false };
         WriteBack::apply(&snap, half.start, &mut bytes);
         dst.copy_from_slice(&bytes[(want.start - half.start) as usize..(want.end - half.start) as usize]);
+        self.count_half_read(half.end - half.start);
+        true
+    }
+
+    /// Which half of record `r` holds all of `want` (bytes within it).
+    fn half_holding(&self, r: u64, want: &Range<u64>) -> Option<u64> {
+        let rr = self.record_range(r);
+        let mid = rr.start + (rr.end - rr.start) / 2;
+        if want.end <= mid {
+            Some(0)
+        } else if want.start >= mid {
+            Some(1)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `ptr` is a copy of record `r` whose halves can be read
+    /// apart: stored split and uncompressed, the record's full length.
+    fn is_split_copy(&self, r: u64, ptr: arcache_l2::L2Ptr) -> bool {
+        let rr = self.record_range(r);
+        ptr.split() && ptr.blob_len() == rr.end - rr.start
+    }
+
+    /// The bytes of half `which` of record `r`.
+    fn half_range(&self, r: u64, which: u64) -> Range<u64> {
+        let rr = self.record_range(r);
+        let half = (rr.end - rr.start) / 2;
+        rr.start + which * half..rr.start + (which + 1) * half
+    }
+
+    /// Counts a read served from half an L2 copy, the record left uncached.
+    fn count_half_read(&self, half_len: u64) {
         let c = &self.cache.counters;
         c.l2_hits.fetch_add(1, Relaxed);
         c.l2_partial_reads.fetch_add(1, Relaxed);
-        c.l2_partial_read_bytes.fetch_add(len / 2, Relaxed);
+        c.l2_partial_read_bytes.fetch_add(half_len, Relaxed);
         self.cache.count(Found::Miss, false, 1);
-        true
     }
 
     /// Brings records `rs` into the cache under their locks: records another
@@ -470,18 +495,35 @@ impl Volume {
         }
         let wanted: Vec<(u64, arcache_l2::L2Ptr)> = found.iter().map(|&(r, p)| (self.key(r), p)).collect();
         for ((r, ptr), bytes) in found.into_iter().zip(l2.read_many(&wanted)) {
-            let lsize = (self.record_range(r).end - self.record_range(r).start) as u32;
-            let rec = bytes.ok().and_then(|b| Record::from_stored(b, lsize, ptr.flags().compressed).ok());
+            let rec = match bytes {
+                Ok(b) => self.record_from_l2(r, ptr, b),
+                Err(_) => {
+                    l2.invalidate(self.key(r));
+                    None
+                }
+            };
             if rec.is_some() {
                 c.l2_hits.fetch_add(1, Relaxed);
             } else {
-                l2.invalidate(self.key(r));
                 c.l2_misses.fetch_add(1, Relaxed);
             }
             result.push((r, rec.map(Arc::new)));
         }
         result.sort_by_key(|(r, _)| *r);
         result
+    }
+
+    /// Record `r` from the verified bytes of its L2 copy `ptr`; `None`, and
+    /// the copy dropped, if they do not decode to the record's size.
+    fn record_from_l2(&self, r: u64, ptr: arcache_l2::L2Ptr, bytes: Box<[u8]>) -> Option<Record> {
+        let rr = self.record_range(r);
+        let rec = Record::from_stored(bytes, (rr.end - rr.start) as u32, ptr.flags().compressed).ok();
+        if rec.is_none() {
+            if let Some(l2) = self.cache.l2() {
+                l2.invalidate(self.key(r));
+            }
+        }
+        rec
     }
 
     fn fill_from_backing(

@@ -235,6 +235,17 @@ enum Part {
     Half(u64),
 }
 
+impl Part {
+    /// The whole copy, or half `which` of it; `None` for a half of a copy
+    /// that is not split, or a half that does not exist.
+    fn of(ptr: L2Ptr, half: Option<u64>) -> Option<Part> {
+        match half {
+            None => Some(Part::Whole),
+            Some(which) => (ptr.split() && which <= 1).then_some(Part::Half(which)),
+        }
+    }
+}
+
 fn split_key(key: u64) -> (usize, u64) {
     ((key >> RECORD_BITS) as usize, key & ((1 << RECORD_BITS) - 1))
 }
@@ -479,11 +490,9 @@ impl L2Arc {
     /// device bandwidth. Fails like [`L2Arc::read`], and with
     /// `Unavailable` for a copy that is not split.
     pub fn read_half(&self, key: u64, ptr: L2Ptr, which: u64) -> Result<Box<[u8]>, L2Miss> {
-        if !ptr.split() || which > 1 {
-            return Err(L2Miss::Unavailable);
-        }
+        let Some(part) = Part::of(ptr, Some(which)) else { return Err(L2Miss::Unavailable) };
         let mut out = Vec::with_capacity(1);
-        self.read_run(&[(key, ptr)], Part::Half(which), &mut out);
+        self.read_run(&[(key, ptr)], part, &mut out);
         out.pop().unwrap_or(Err(L2Miss::Unavailable))
     }
 
@@ -639,9 +648,14 @@ impl L2Arc {
     /// Whether [`L2Arc::read_async`] can take a read of `ptr`: async reads
     /// are started and its device reads O_DIRECT through a descriptor.
     pub fn can_read_async(&self, ptr: L2Ptr) -> bool {
-        self.ring_on.load(Relaxed)
-            && self.uring.get().is_some_and(uring::Uring::is_alive)
-            && self.devices.get(ptr.dev()).is_some_and(|d| !d.is_degraded() && d.direct_read_fd().is_some())
+        self.ring_on.load(Relaxed) && self.ring_route(ptr).is_some_and(|(ring, _, _)| ring.is_alive())
+    }
+
+    /// The ring, device and descriptor a ring read of `ptr` goes through.
+    fn ring_route(&self, ptr: L2Ptr) -> Option<(&uring::Uring, &Arc<L2Device>, std::os::fd::RawFd)> {
+        let ring = self.uring.get()?;
+        let dev = self.devices.get(ptr.dev()).filter(|d| !d.is_degraded())?;
+        Some((ring, dev, dev.direct_read_fd()?))
     }
 
     /// Reads and verifies a copy (`half`: only that half of a split copy,
@@ -655,28 +669,21 @@ impl L2Arc {
         half: Option<u64>,
         done: AsyncDone,
     ) -> Result<(), AsyncDone> {
-        let part = match half {
-            None => Part::Whole,
-            Some(which) if ptr.split() && which <= 1 => Part::Half(which),
-            Some(_) => return Err(done),
-        };
-        let (Some(ring), Some(dev)) =
-            (self.uring.get(), self.devices.get(ptr.dev()).filter(|d| !d.is_degraded()))
-        else {
+        let (Some(part), Some((ring, dev, fd))) = (Part::of(ptr, half), self.ring_route(ptr)) else {
             return Err(done);
         };
-        let Some(fd) = dev.direct_read_fd() else { return Err(done) };
         let run = [(key, ptr)];
         let (start, len) = run_extent(&run, part);
         let (at, need, skip) = dev.aligned_extent(start, len);
         let me = Arc::clone(self);
         let dev = Arc::clone(dev);
         let finish: uring::Finish = Box::new(move |bytes| {
-            if bytes.as_ref().is_err_and(uring::is_ring_failure) {
+            let verified = match bytes {
+                Ok(b) => Ok(me.verify_run(&run, part, b)),
+                Err(uring::ReadError::Device(e)) => Err(e),
                 // Not the device's fault: the copy stays, the read is redone.
-                return done(Err(L2Miss::Unavailable));
-            }
-            let verified = bytes.map(|b| me.verify_run(&run, part, b));
+                Err(uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable)),
+            };
             let mut out = Vec::with_capacity(1);
             me.settle_run(&dev, &run, len, verified, &mut out);
             done(out.pop().unwrap_or(Err(L2Miss::Unavailable)));
@@ -686,7 +693,7 @@ impl L2Arc {
             Err(op) => {
                 // The ring failed since `can_read_async` said yes: `done`
                 // hears so at once and the read is redone on a worker.
-                (op.finish)(Err(uring::ring_failure()));
+                (op.finish)(Err(uring::ReadError::RingFailed));
                 Ok(())
             }
         }

@@ -17,8 +17,19 @@ use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 use tracing::warn;
 
+/// Why a queued read produced no bytes.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The device failed it (an error or a short read).
+    Device(DevError),
+    /// The ring failed, not the device: its caller must not count it
+    /// against the device (a ring failing with hundreds of reads in flight
+    /// would otherwise retire a healthy device).
+    RingFailed,
+}
+
 /// What a finished read hands on: the bytes asked for, or why not.
-pub type Finish = Box<dyn FnOnce(Result<&[u8], DevError>) + Send>;
+pub type Finish = Box<dyn FnOnce(Result<&[u8], ReadError>) + Send>;
 
 /// Runs a batch of completions; given the chance to wrap them (for
 /// example to send the replies they make together).
@@ -140,10 +151,11 @@ impl Drop for Uring {
 }
 
 struct InFlight {
+    /// Exactly the bytes read (its length is the read's).
     buf: AlignedBuf,
+    at: u64,
     skip: usize,
     len: usize,
-    need: usize,
     finish: Finish,
 }
 
@@ -209,16 +221,16 @@ impl RingThread {
         }
     }
 
-    /// Ends every read this thread still owes an answer with `e`. Buffers
-    /// of reads in flight are leaked, not freed: the kernel may still be
-    /// filling them.
+    /// Ends every read this thread still owes an answer as failed by the
+    /// ring. Buffers of reads in flight are leaked, not freed: the kernel
+    /// may still be filling them.
     fn fail_all(&mut self, queued: impl Iterator<Item = Op>) {
         for f in self.slots.iter_mut().filter_map(Option::take) {
             std::mem::forget(f.buf);
-            finish_guarded(f.finish, Err(ring_failure()));
+            finish_guarded(f.finish, Err(ReadError::RingFailed));
         }
         for op in queued {
-            finish_guarded(op.finish, Err(ring_failure()));
+            finish_guarded(op.finish, Err(ReadError::RingFailed));
         }
     }
 
@@ -254,7 +266,12 @@ impl RingThread {
         // holds it (its `capacity` is only the last read's length).
         let mut buf = match self.spare.iter_mut().position(|b| b.reuse_as(op.need)) {
             Some(i) => self.spare.swap_remove(i),
-            None => AlignedBuf::new(op.need.max(64 << 10)),
+            None => {
+                // Room for bigger reads later; sized to this one now.
+                let mut b = AlignedBuf::new(op.need.max(64 << 10));
+                b.reuse_as(op.need);
+                b
+            }
         };
         let e = opcode::Read::new(types::Fd(op.fd), buf.as_mut_slice().as_mut_ptr(), op.need as u32)
             .offset(op.at)
@@ -265,8 +282,7 @@ impl RingThread {
         });
         // In its slot before the kernel hears of it: if the push fails,
         // `fail_all` still finds it there.
-        self.slots[slot] =
-            Some(InFlight { buf, skip: op.skip, len: op.len, need: op.need, finish: op.finish });
+        self.slots[slot] = Some(InFlight { buf, at: op.at, skip: op.skip, len: op.len, finish: op.finish });
         self.in_flight += 1;
         self.push_entry(&e.user_data(slot as u64))
     }
@@ -289,8 +305,9 @@ impl RingThread {
         }
         let mut run = || {
             for (f, res) in finished.drain(..) {
-                let InFlight { buf, skip, len, need, finish } = f;
+                let InFlight { buf, at, skip, len, finish } = f;
                 let bytes = buf.as_slice();
+                let need = bytes.len();
                 if res >= 0 && res as usize == need {
                     finish_guarded(finish, Ok(&bytes[skip..skip + len]));
                 } else {
@@ -305,11 +322,11 @@ impl RingThread {
                     let e = DevError::Io {
                         op: "read",
                         dev: "L2 ring".into(),
-                        offset: 0,
+                        offset: at,
                         len: need as u64,
                         source,
                     };
-                    finish_guarded(finish, Err(e));
+                    finish_guarded(finish, Err(ReadError::Device(e)));
                 }
                 self.spare.push(buf);
             }
@@ -323,23 +340,10 @@ impl RingThread {
     }
 }
 
-const RING_FAILED: &str = "the L2 read ring has failed";
-
-/// The error a read gets when the ring failed it, not the device: its
-/// caller must not count it against the device (eight in a row would take
-/// a healthy device out of service).
-pub fn ring_failure() -> DevError {
-    DevError::Unsupported(RING_FAILED.into())
-}
-
-pub fn is_ring_failure(e: &DevError) -> bool {
-    matches!(e, DevError::Unsupported(m) if m == RING_FAILED)
-}
-
 /// Runs one read's completion. A panic in it (a bug) is logged and
 /// contained: it must not take the ring thread, and with it every later
 /// read of every client.
-fn finish_guarded(finish: Finish, res: Result<&[u8], DevError>) {
+fn finish_guarded(finish: Finish, res: Result<&[u8], ReadError>) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| finish(res))).is_err() {
         warn!("an L2 ring read's completion panicked; that one request goes unanswered");
     }
@@ -361,7 +365,7 @@ mod tests {
     ) -> Op {
         let tx = tx.clone();
         let finish: Finish = Box::new(move |r| {
-            let _ = tx.send(r.map(<[u8]>::to_vec).map_err(|e| e.to_string()));
+            let _ = tx.send(r.map(<[u8]>::to_vec).map_err(|e| format!("{e:?}")));
         });
         Op { fd, at, need, skip, len, finish }
     }

@@ -65,6 +65,16 @@ impl World {
         }
     }
 
+    /// Five batches fed with log commits put off indefinitely.
+    fn fed_uncommitted(seed: u64) -> World {
+        let mut w = World::new(seed);
+        w.l2.set_commit_every(u64::MAX);
+        for _ in 0..5 {
+            w.feed();
+        }
+        w
+    }
+
     fn lazy(seed: u64) -> World {
         let mut w = World::new(seed);
         w.lazy = true;
@@ -186,11 +196,7 @@ fn deferred_log_commits_never_bring_back_an_old_version() {
 
 #[test]
 fn batches_after_the_last_commit_are_not_restored_and_a_commit_restores_them() {
-    let mut w = World::new(9);
-    w.l2.set_commit_every(u64::MAX);
-    for _ in 0..5 {
-        w.feed();
-    }
+    let mut w = World::fed_uncommitted(9);
     let fed = w.l2.sizes().0;
     assert!(fed > 0);
     assert!(w.l2.persist_stats().l2_log_uncommitted_bytes >= fed * REC as u64);
@@ -421,11 +427,7 @@ fn a_retired_device_restores_nothing() {
 
 #[test]
 fn a_commit_for_a_write_also_counts_the_fed_batches_as_committed() {
-    let mut w = World::new(11);
-    w.l2.set_commit_every(u64::MAX);
-    for _ in 0..5 {
-        w.feed();
-    }
+    let mut w = World::fed_uncommitted(11);
     assert!(w.l2.persist_stats().l2_log_uncommitted_bytes > 0);
     let k = (0..RECORDS).find(|k| w.l2.lookup(*k).is_some()).expect("something was fed");
     // The write's INVALIDATE is committed at once, with every entry before it.

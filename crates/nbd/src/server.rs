@@ -653,28 +653,20 @@ impl Server {
     /// A READ the export answers when its queued IO completes; on a worker
     /// when it cannot start it that way or cannot finish without blocking.
     fn read_without_worker(self: &Arc<Self>, slot: Slot, req: Request, export: &Arc<dyn Export>) {
-        let server = Arc::clone(self);
+        let (server, ex) = (Arc::clone(self), Arc::clone(export));
         let done: ReadCompletion = Box::new(move |end| match end {
             ReadEnd::Data(res, buf) => {
                 slot.shared.reply_read(req, res, &buf, &server.stats);
                 hold_slot(slot);
             }
-            ReadEnd::Blocking(work) => {
-                let jobs = server.jobs.clone();
-                jobs.push(Box::new(move || {
-                    let (res, buf) = work();
-                    slot.shared.reply_read(req, res, &buf, &server.stats);
-                    drop(slot);
-                }));
-            }
+            ReadEnd::Blocking(work) => server.dispatch(slot, req, move |_| work(), &ex),
         });
         if let Err(done) = export.read_async(req.offset, req.length, done) {
-            let export = Arc::clone(export);
-            self.jobs.push(Box::new(move || {
+            let ex = Arc::clone(export);
+            done(ReadEnd::Blocking(Box::new(move || {
                 let mut buf = vec![0u8; req.length as usize];
-                let res = export.read(req.offset, &mut buf);
-                done(ReadEnd::Data(res, buf));
-            }));
+                (ex.read(req.offset, &mut buf), buf)
+            })));
         }
     }
 

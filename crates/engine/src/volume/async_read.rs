@@ -19,7 +19,6 @@ use blockdev::DevResult;
 
 use super::{Span, Volume};
 use crate::cache::{Found, Looked};
-use crate::record::Record;
 use crate::writeback::WriteBack;
 
 /// How a read started with [`Volume::read_async`] ends.
@@ -106,20 +105,10 @@ impl Volume {
         if !self.cache.partial_reads() {
             return None;
         }
+        let which = self.half_holding(w.r, &(w.offset..w.offset + w.len as u64))?;
         let rr = self.record_range(w.r);
-        let len = rr.end - rr.start;
-        if !(w.ptr.split() && w.ptr.blob_len() == len) {
-            return None;
-        }
-        let end = w.offset + w.len as u64;
-        let which = if end <= rr.start + len / 2 {
-            0
-        } else if w.offset >= rr.start + len / 2 {
-            1
-        } else {
-            return None;
-        };
-        self.cache.leave_uncached(self.key(w.r), len).then_some(which)
+        (self.is_split_copy(w.r, w.ptr) && self.cache.leave_uncached(self.key(w.r), rr.end - rr.start))
+            .then_some(which)
     }
 
     fn start_l2_read(&self, w: Want, fetch: Fetch, done: ReadDone) {
@@ -184,63 +173,53 @@ impl Volume {
         None
     }
 
+    /// Whether the copy a ring read fetched is still the record's L2 copy;
+    /// asked under the record's lock, where a yes means no write came
+    /// between (a write drops the copy under that lock).
+    fn copy_still_current(&self, w: Want) -> bool {
+        self.cache.l2().is_some_and(|l2| l2.lookup(self.key(w.r)) == Some(w.ptr))
+    }
+
     /// A whole copy was read: checked by L2 against its checksum; kept if
     /// it is still the record's copy, then inserted and copied out.
     fn finish_whole(&self, w: Want, res: Result<Box<[u8]>, L2Miss>, done: ReadDone) {
-        let key = self.key(w.r);
         let Some((_lock, done)) = self.lock_or_answer(w, done) else { return };
-        let mut buf = vec![0u8; w.len];
-        let l2 = self.cache.l2().filter(|l2| l2.lookup(key) == Some(w.ptr));
-        let (Ok(bytes), Some(_)) = (res, l2) else {
+        let (Ok(bytes), true) = (res, self.copy_still_current(w)) else {
             return self.finish_blocking(w, done);
         };
-        let rr = self.record_range(w.r);
-        let Ok(rec) = Record::from_stored(bytes, (rr.end - rr.start) as u32, w.ptr.flags().compressed) else {
-            if let Some(l2) = self.cache.l2() {
-                l2.invalidate(key);
-            }
+        let Some(rec) = self.record_from_l2(w.r, w.ptr, bytes) else {
             return self.finish_blocking(w, done);
         };
-        let snap = self.wb.as_ref().map_or_else(Vec::new, |wb| wb.snapshot(self.id, rr));
+        let snap = self.wb.as_ref().map_or_else(Vec::new, |wb| wb.snapshot(self.id, self.record_range(w.r)));
         let rec = self.overlaid(w.r, Arc::new(rec), &snap);
-        self.cache.counters.l2_hits.fetch_add(1, Relaxed);
-        self.cache.counters.l2_ring_reads.fetch_add(1, Relaxed);
-        self.cache.count(Found::Miss, false, 1);
+        let mut buf = vec![0u8; w.len];
         if self.copy_out(w.r, &rec, w.offset, &mut buf).is_err() {
             return self.finish_blocking(w, done);
         }
-        self.cache.insert_read(key, rec, false);
+        let c = &self.cache.counters;
+        c.l2_hits.fetch_add(1, Relaxed);
+        c.l2_ring_reads.fetch_add(1, Relaxed);
+        self.cache.count(Found::Miss, false, 1);
+        self.cache.insert_read(self.key(w.r), rec, false);
         done(ReadEnd::Data(buf));
     }
 
     /// Half a copy was read for bytes within it; copied out, not cached.
     fn finish_half(&self, w: Want, which: u64, res: Result<Box<[u8]>, L2Miss>, done: ReadDone) {
-        let key = self.key(w.r);
         let Some((_lock, done)) = self.lock_or_answer(w, done) else { return };
-        let mut buf = vec![0u8; w.len];
-        let l2 = self.cache.l2().filter(|l2| l2.lookup(key) == Some(w.ptr));
-        let (Ok(mut bytes), Some(_)) = (res, l2) else {
+        let half = self.half_range(w.r, which);
+        let (Ok(mut bytes), true) = (res, self.copy_still_current(w)) else {
             return self.finish_blocking(w, done);
         };
-        let rr = self.record_range(w.r);
-        let half_len = (rr.end - rr.start) / 2;
-        let half_start = rr.start + which * half_len;
-        if bytes.len() as u64 != half_len {
+        if bytes.len() as u64 != half.end - half.start {
             return self.finish_blocking(w, done);
         }
-        let snap = self
-            .wb
-            .as_ref()
-            .map_or_else(Vec::new, |wb| wb.snapshot(self.id, half_start..half_start + half_len));
-        WriteBack::apply(&snap, half_start, &mut bytes);
-        let from = (w.offset - half_start) as usize;
-        buf.copy_from_slice(&bytes[from..from + w.len]);
-        let c = &self.cache.counters;
-        c.l2_hits.fetch_add(1, Relaxed);
-        c.l2_partial_reads.fetch_add(1, Relaxed);
-        c.l2_partial_read_bytes.fetch_add(half_len, Relaxed);
-        c.l2_ring_reads.fetch_add(1, Relaxed);
-        self.cache.count(Found::Miss, false, 1);
+        let snap = self.wb.as_ref().map_or_else(Vec::new, |wb| wb.snapshot(self.id, half.clone()));
+        WriteBack::apply(&snap, half.start, &mut bytes);
+        let from = (w.offset - half.start) as usize;
+        let buf = bytes[from..from + w.len].to_vec();
+        self.count_half_read(half.end - half.start);
+        self.cache.counters.l2_ring_reads.fetch_add(1, Relaxed);
         done(ReadEnd::Data(buf));
     }
 }
