@@ -295,6 +295,13 @@ impl Cache {
         }
     }
 
+    /// Keeps the L2 feed off records until [`Cache::end_write`].
+    pub(crate) fn hold_off_feed(&self, keys: &[Key]) {
+        if let Some(l2) = &self.l2 {
+            l2.hold_off_feed(keys);
+        }
+    }
+
     pub(crate) fn end_write(&self, keys: &[Key]) {
         if let Some(l2) = &self.l2 {
             l2.end_write(keys);

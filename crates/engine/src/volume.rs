@@ -633,10 +633,10 @@ impl Volume {
         let _locks = self.try_lock_records(s.first..s.end)?;
         let keys: Vec<Key> = (s.first..s.end).map(|r| self.key(r)).collect();
         self.count(&self.counts.writes, Some((&self.counts.write_bytes, data.len())));
-        Some(self.build_pages(wb, offset, data).map(|pages| {
-            wb.put(self.id, &keys, pages);
-            self.patch_cache(s.first..s.end, offset, data);
-        }))
+        Some(
+            self.build_pages(wb, offset, data)
+                .map(|pages| self.put_dirty(wb, &keys, pages, s.first..s.end, offset, data)),
+        )
     }
 
     fn try_lock_records(&self, records: Range<u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
@@ -684,9 +684,30 @@ impl Volume {
         let _locks = self.lock_records(rs.clone());
         let keys: Vec<Key> = rs.clone().map(|r| self.key(r)).collect();
         let pages = self.build_pages(wb, offset, data)?;
-        wb.put(self.id, &keys, pages);
-        self.patch_cache(rs, offset, data);
+        self.put_dirty(wb, &keys, pages, rs, offset, data);
         Ok(())
+    }
+
+    /// Queues a write's dirty pages and puts its bytes in the cached
+    /// records, with the feed kept off those records throughout. `put`
+    /// drops their L2 copies and holds the feed off until the txg is on the
+    /// backing store, but that txg can finish before the cached records are
+    /// patched; the feed would then copy the old record to L2 after the
+    /// write was acknowledged, and it would be read back once the write's
+    /// dirty pages are gone.
+    fn put_dirty(
+        &self,
+        wb: &WriteBack,
+        keys: &[Key],
+        pages: Vec<(u64, Page)>,
+        rs: Range<u64>,
+        offset: u64,
+        data: &[u8],
+    ) {
+        self.cache.hold_off_feed(keys);
+        wb.put(self.id, keys, pages);
+        self.patch_cache(rs, offset, data);
+        self.cache.end_write(keys);
     }
 
     /// The dirty pages a write makes; a sector it covers in part gets its

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use arcache_engine::{Cache, CacheConfig, Feed, FeedTunables, ReadDone, ReadEnd, Volume, VolumeConfig};
+use arcache_engine::{
+    Cache, CacheConfig, Feed, FeedTunables, ReadDone, ReadEnd, Volume, VolumeConfig, WriteBack, WriteTunables,
+};
 use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
 use blockdev::{BlockDev, FileDev, FileDevOptions, MemDev};
 use rand::{Rng, SeedableRng};
@@ -28,7 +30,9 @@ struct Rig {
 
 /// The L2 file lives under the build's target directory: a real disk
 /// filesystem, where O_DIRECT works (tmpfs refuses it, and the ring with it).
-fn rig(recordsize: u64) -> Rig {
+/// With `write_back`, writes stay dirty in RAM until a transaction group
+/// syncs them, as in the server (small dirty limit: frequent txgs).
+fn rig(recordsize: u64, write_back: bool) -> Rig {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let l2_path = dir.path().join("l2.img");
     let opts = FileDevOptions { direct: true, create_size: Some(L2_BYTES), ..Default::default() };
@@ -47,6 +51,14 @@ fn rig(recordsize: u64) -> Rig {
     tun.feed_min_ms.store(10, Relaxed);
     tun.write_boost.store(0, Relaxed);
     let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(arc_max))).unwrap();
+    if write_back {
+        let wtun = Arc::new(WriteTunables::default());
+        wtun.dirty_data_max.store(256 << 10, Relaxed);
+        wtun.txg_timeout_secs.store(1, Relaxed);
+        let wb = WriteBack::new(None, cache.l2().cloned(), wtun);
+        cache.set_writeback(Arc::clone(&wb));
+        wb.spawn();
+    }
     let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(DEV));
     let vol = Volume::new(
         0,
@@ -137,7 +149,7 @@ fn damage(path: &Path, stop: &AtomicBool) -> u64 {
 #[test]
 fn ring_reads_match_the_model_while_the_hand_wraps_and_l2_bytes_rot() {
     for recordsize in [16 << 10, 4 << 10] {
-        let r = rig(recordsize);
+        let r = rig(recordsize, false);
         let stop = Arc::new(AtomicBool::new(false));
         let feeder = r.feed.spawn(Arc::clone(&stop));
         let rot = Arc::new(AtomicBool::new(false));
@@ -177,7 +189,7 @@ fn ring_reads_match_the_model_while_the_hand_wraps_and_l2_bytes_rot() {
 /// still right.
 #[test]
 fn ring_reads_survive_the_device_disappearing() {
-    let r = rig(16 << 10);
+    let r = rig(16 << 10, false);
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = r.feed.spawn(Arc::clone(&stop));
     let cut = {
@@ -208,12 +220,18 @@ fn versioned(rec: u64, v: u64, len: usize) -> Vec<u8> {
 /// the ring, so ring reads are often in flight across a write to their
 /// record. A read must never return a version older than one acknowledged
 /// before it began: a ring read that completed after an overwrite and put
-/// its old bytes into the ARC would be caught by the next read.
+/// its old bytes into the ARC would be caught by the next read. Writes go
+/// through, then (as in the server) stay dirty in RAM until a txg.
 #[test]
 fn a_ring_read_overtaken_by_a_write_never_brings_back_the_old_version() {
+    overtaken_reads(false);
+    overtaken_reads(true);
+}
+
+fn overtaken_reads(write_back: bool) {
     const RS: u64 = 16 << 10;
     const RECORDS: u64 = 96;
-    let r = rig(RS);
+    let r = rig(RS, write_back);
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = r.feed.spawn(Arc::clone(&stop));
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..RECORDS).map(|_| AtomicU64::new(0)).collect());
@@ -259,6 +277,6 @@ fn a_ring_read_overtaken_by_a_write_never_brings_back_the_old_version() {
     stop.store(true, Relaxed);
     feeder.join().unwrap();
     let st = r.cache.stats();
-    assert!(st.l2_ring_reads > 1000, "reads went through the ring: {st:?}");
+    assert!(st.l2_ring_reads > 1000, "write_back {write_back}: reads went through the ring: {st:?}");
     r.cache.validate().unwrap();
 }

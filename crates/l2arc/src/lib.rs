@@ -437,6 +437,16 @@ impl L2Arc {
     /// index at once, and the returned tickets must be passed to
     /// [`L2Arc::make_durable`] before the write reaches the backing store.
     /// For write-back, where that happens in a later transaction group.
+    /// Keeps the feed off `keys` until a matching [`L2Arc::end_write`],
+    /// leaving their copies alone: for a writer that drops them itself and
+    /// must not see the feed take the old contents in between.
+    pub fn hold_off_feed(&self, keys: &[u64]) {
+        let mut m = self.meta.lock();
+        for &k in keys {
+            *m.writing.entry(k).or_insert(0) += 1;
+        }
+    }
+
     pub fn begin_write_deferred(&self, keys: &[u64]) -> Vec<Ticket> {
         let mut m = self.meta.lock();
         let mut t = Vec::new();
