@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use arcache_l2::format::{EntryKind, Header, LogPtr};
 use arcache_l2::{read_header, walk, HeaderRead, L2Device, WalkEnd};
-use blockdev::{FileDev, FileDevOptions};
+use blockdev::{DevLock, FileDev, FileDevOptions};
 use clap::{Args, Subcommand};
 
 #[derive(Debug, Args)]
@@ -30,7 +30,10 @@ enum L2Cmd {
 }
 
 fn open(path: &Path, write: bool) -> Result<L2Device> {
-    let opts = FileDevOptions { direct: false, read_only: !write, create_size: None, ..Default::default() };
+    // Changing a device a server holds would corrupt it: wait for none.
+    let lock = if write { DevLock::Exclusive } else { DevLock::None };
+    let opts =
+        FileDevOptions { direct: false, read_only: !write, create_size: None, lock, ..Default::default() };
     let dev = FileDev::open(path, opts).with_context(|| format!("opening {}", path.display()))?;
     L2Device::new(path.display().to_string(), Arc::new(dev)).map_err(anyhow::Error::msg)
 }
@@ -98,6 +101,7 @@ fn print_header(h: &Header) {
             e.tag, e.name, e.size, e.recordsize, e.identity
         );
     }
+    println!("  last owner   {}", h.owner.describe());
 }
 
 fn dump(path: &Path, verbose: u8) -> Result<()> {
@@ -115,6 +119,7 @@ fn dump(path: &Path, verbose: u8) -> Result<()> {
         }
     };
     print_header(&h);
+    println!("  held now     {}", crate::held_now(path));
     if !h.persistent() {
         println!("no persistent log (device not persistent)");
         return Ok(());

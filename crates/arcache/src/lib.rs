@@ -16,6 +16,7 @@ pub mod recorder;
 pub mod serve;
 pub mod simcmd;
 pub mod size;
+pub mod startup;
 pub mod statcmd;
 pub mod summary;
 pub mod tunables;
@@ -34,4 +35,10 @@ impl ControlArg {
     pub fn path(&self) -> PathBuf {
         self.control.clone().unwrap_or_else(config::default_control_path)
     }
+}
+
+/// Whether a server holds `path` now, for the dumps.
+pub fn held_now(path: &std::path::Path) -> String {
+    blockdev::current_holder(path)
+        .map_or_else(|| "no (no server has it open)".into(), |h| format!("yes, by {h}"))
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use blockdev::{BlockDev, FileDev, FileDevOptions};
+use blockdev::{BlockDev, DevLock, FileDev, FileDevOptions};
 use clap::{Args, Subcommand};
 use zil::{Entry, IntentLog};
 
@@ -31,7 +31,10 @@ enum LogCmd {
 }
 
 fn open(path: &Path, write: bool) -> Result<Arc<dyn BlockDev>> {
-    let opts = FileDevOptions { direct: false, read_only: !write, create_size: None, ..Default::default() };
+    // Changing a device a server holds would corrupt it: wait for none.
+    let lock = if write { DevLock::Exclusive } else { DevLock::None };
+    let opts =
+        FileDevOptions { direct: false, read_only: !write, create_size: None, lock, ..Default::default() };
     let dev = FileDev::open(path, opts).with_context(|| format!("opening {}", path.display()))?;
     Ok(Arc::new(dev))
 }
@@ -61,6 +64,8 @@ fn dump(path: &Path, verbose: u8) -> Result<()> {
     for e in &h.exports {
         println!("  export {}: {:?} size {} identity {:016x}", e.id, e.name, e.size, e.identity);
     }
+    println!("  last owner:   {}", h.owner.describe());
+    println!("  held now:     {}", crate::held_now(path));
     let log = IntentLog::open(dev, h.exports.clone())?;
     let (mut pages, mut discards, mut bytes) = (0u64, 0u64, 0u64);
     let stats = log.replay(&|_| true, &mut |x, e| {

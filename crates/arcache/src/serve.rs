@@ -13,7 +13,7 @@ use arcache_engine::{
     WriteTunables, ZfetchTunables, MAX_EXPORTS,
 };
 use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions};
-use blockdev::{BlockDev, FileDev, FileDevOptions, NbdDev};
+use blockdev::{BlockDev, DevLock, FileDev, FileDevOptions, NbdDev};
 use clap::Args;
 use nbd::{NbdUri, Server, ServerConfig, TlsPolicy};
 use parking_lot::Mutex;
@@ -31,6 +31,7 @@ use crate::exports::{ExportTable, NbdExport};
 use crate::metrics;
 use crate::recorder::{self, Recorder};
 use crate::size::parse_size;
+use crate::startup;
 use crate::tunables::{self, Tunables};
 
 #[derive(Debug, Args, Default, Clone)]
@@ -379,27 +380,36 @@ fn listen_all(
 }
 
 /// The NBD export `text` names, if it is an NBD URI; `what` for errors.
-fn connect_nbd(text: &str, what: &str) -> Result<Option<Arc<dyn BlockDev>>> {
+fn connect_nbd(text: &str, what: &str, t: &Tunables) -> Result<Option<Arc<dyn BlockDev>>> {
     if !NbdUri::is_nbd_uri(text) {
         return Ok(None);
     }
     let uri = NbdUri::parse(text)?;
-    let dev = NbdDev::connect(uri).with_context(|| format!("connecting to {what} {text}"))?;
+    let limit = match t.value("nbd_connect_timeout") {
+        0 => None,
+        secs => Some(Duration::from_secs(secs)),
+    };
+    let dev = NbdDev::connect_within(uri, limit)
+        .with_context(|| format!("connecting to {what} {text} (nbd_connect_timeout {limit:?})"))?;
     Ok(Some(Arc::new(dev)))
 }
 
-fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
-    if let Some(dev) = connect_nbd(&spec.backing, "backing")? {
+fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
+    if let Some(dev) = connect_nbd(&spec.backing, "backing", t)? {
         return Ok(dev);
     }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
         bail!("backing store {} does not exist", path.display());
     }
+    // Two caches over one writable store each hold writes the other never
+    // sees; a read-only export only needs the store not to change under it.
+    let lock = if spec.read_only { DevLock::Shared } else { DevLock::Exclusive };
     let opts = FileDevOptions {
         direct: spec.direct,
         read_only: spec.read_only,
         create_size: None,
+        lock,
         ..Default::default()
     };
     let dev = FileDev::open(&path, opts).with_context(|| format!("opening backing {}", path.display()))?;
@@ -411,9 +421,9 @@ fn open_backing(spec: &ExportSpec) -> Result<Arc<dyn BlockDev>> {
 
 /// Opens the intent log device: an NBD URI, or a file (created with its
 /// size if missing) or block device.
-fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
+fn open_log_dev(spec: &L2Spec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     let text = spec.path.display().to_string();
-    if let Some(dev) = connect_nbd(&text, "log")? {
+    if let Some(dev) = connect_nbd(&text, "log", t)? {
         return Ok(dev);
     }
     let p = &spec.path;
@@ -421,7 +431,13 @@ fn open_log_dev(spec: &L2Spec) -> Result<Arc<dyn BlockDev>> {
         bail!("log device {text} does not exist; give its size to create it: --log {text}:SIZE");
     }
     let fresh = !p.exists();
-    let opts = FileDevOptions { direct: true, read_only: false, create_size: spec.size, sync_writes: true };
+    let opts = FileDevOptions {
+        direct: true,
+        read_only: false,
+        create_size: spec.size,
+        sync_writes: true,
+        lock: DevLock::Exclusive,
+    };
     let dev = FileDev::open(p, opts).with_context(|| format!("opening log device {text}"))?;
     if fresh {
         // A sparse file makes every commit allocate blocks, and each flush
@@ -463,6 +479,21 @@ fn write_tunables(t: &Tunables, w: &WriteTunables) {
     }
 }
 
+/// Replay makes an unclosed log safe; the line says why there is something
+/// to replay (a crash, a kill, or a server on another host that has it).
+fn warn_if_not_closed(dev: &dyn BlockDev) {
+    if let Ok(Some(h)) = zil::read_header(dev) {
+        if h.owner.state == blockdev::owner::OwnerState::InUse {
+            warn!(
+                "intent log {} was not closed cleanly (last opened by host {} pid {})",
+                dev.describe(),
+                h.owner.host,
+                h.owner.pid
+            );
+        }
+    }
+}
+
 /// Write-back for every export, with the intent log when there is one.
 fn start_writeback(
     settings: &ServeSettings,
@@ -473,7 +504,8 @@ fn start_writeback(
     write_tunables(&settings.tunables, &tun);
     let log = match &settings.log {
         Some(spec) => {
-            let dev = open_log_dev(spec)?;
+            let dev = open_log_dev(spec, &settings.tunables)?;
+            warn_if_not_closed(dev.as_ref());
             let log = IntentLog::open(dev, exports)?;
             info!("intent log {}: {} bytes", log.name(), log.capacity());
             Some(Arc::new(log))
@@ -529,6 +561,7 @@ impl Running {
         }
         if let Some(l2) = self.cache.l2() {
             l2.sync_logs();
+            l2.mark_closed();
         }
         for v in &self.volumes {
             if v.read_only() {
@@ -548,7 +581,9 @@ impl Running {
 
 /// Opens every backing store, binds every socket and starts serving.
 pub fn start(settings: &ServeSettings, nbd_cfg: ServerConfig, with_control: bool) -> Result<Running> {
-    let devices = settings.exports.iter().map(open_backing).collect::<Result<Vec<_>>>()?;
+    startup::stage("opening the backing stores");
+    let devices =
+        settings.exports.iter().map(|e| open_backing(e, &settings.tunables)).collect::<Result<Vec<_>>>()?;
     start_on(settings, devices, nbd_cfg, with_control)
 }
 
@@ -568,8 +603,13 @@ fn open_l2(specs: &[L2Spec], exports: &[ExportDesc], opts: &PersistOptions) -> R
                 p.display()
             );
         }
-        let opts =
-            FileDevOptions { direct: true, read_only: false, create_size: spec.size, ..Default::default() };
+        let opts = FileDevOptions {
+            direct: true,
+            read_only: false,
+            create_size: spec.size,
+            lock: DevLock::Exclusive,
+            ..Default::default()
+        };
         let dev = FileDev::open(p, opts).with_context(|| format!("opening L2 device {}", p.display()))?;
         if !dev.is_direct() {
             warn!("L2 device {}: the filesystem refuses O_DIRECT; using buffered IO", p.display());
@@ -615,6 +655,7 @@ pub fn start_on(
         rebuild_enabled: t.value("l2arc_rebuild_enabled") != 0,
         min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
     };
+    startup::stage("opening the L2 devices");
     let l2 = open_l2(&settings.l2, &descs, &persist)?;
     if let Some(l2) = &l2 {
         // A batch of L2 reads finished together answers with one write per
@@ -641,6 +682,7 @@ pub fn start_on(
         bail!("at most {MAX_EXPORTS} exports");
     }
     let log_descs = log_exports(&descs);
+    startup::stage("opening the intent log");
     let writeback = start_writeback(settings, log_descs.clone(), &cache)?;
     let mut volumes = Vec::new();
     let mut table = ExportTable::default();
@@ -674,6 +716,7 @@ pub fn start_on(
     }
     // Before anything else reads or caches: the log's writes are the newest.
     let pairs: Vec<(LogExport, Arc<Volume>)> = log_descs.into_iter().zip(volumes.iter().cloned()).collect();
+    startup::stage("replaying the intent log");
     let replayed = writeback.replay(&pairs).context("replaying the intent log")?;
     if replayed.chunks > 0 {
         info!("intent log: {} writes replayed into the backing stores", replayed.pages + replayed.discards);
@@ -698,6 +741,7 @@ pub fn start_on(
         settings.apply_limits(ServerConfig { workers: settings.workers, ..nbd_cfg }),
         tls,
     );
+    startup::stage("binding the sockets");
     let (uris, sockets) = listen_all(settings, &server, &volumes)?;
     let control = if with_control {
         let handler = Arc::new(ControlState {
@@ -783,7 +827,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     }
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
+    let watch = startup::Watch::start(Arc::clone(&stop));
     let running = start(&settings, ServerConfig::default(), true)?;
+    watch.finish();
     for u in &running.uris {
         println!("serving {u}");
     }

@@ -109,6 +109,13 @@ pub const SPECS: &[Spec] = &[
     spec("zfs_delay_scale", Unit::Count, 0, 1_000_000_000, "Write delay scale in nanoseconds (delay = scale x (dirty - min) / (max - dirty))"),
     spec("zfs_vdev_async_write_max_active", Unit::Count, 1, 64, "Parallel backing-store writes while a txg syncs"),
     spec("zfs_vdev_sync_write_max_active", Unit::Count, 1, 3, "Intent-log commit writes in flight at once"),
+    spec(
+        "nbd_connect_timeout",
+        Unit::Seconds,
+        0,
+        3600,
+        "Seconds an NBD backing store or log may take to accept a connection and answer each step of the handshake before start-up fails (0: no limit)",
+    ),
 ];
 
 pub fn spec_of(name: &str) -> Result<&'static Spec> {
@@ -204,6 +211,9 @@ impl Tunables {
                     "zfs_vdev_async_write_max_active" => 32,
                     // OpenZFS: 10; one here, measured (docs/intent-log.md).
                     "zfs_vdev_sync_write_max_active" => 1,
+                    // Long enough for a loaded server across a WAN, short
+                    // enough that a hung one is reported, not waited for.
+                    "nbd_connect_timeout" => 10,
                     other => unreachable!("no default for {other}"),
                 };
                 (s.name, v)

@@ -14,9 +14,13 @@ fn server(read_only: bool) -> Serve {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("b.img");
     random_file(&p, 1 << 20, 1);
+    // A store of its own: two writable exports of one file are refused
+    // (each would cache writes the other never sees).
+    let second = dir.path().join("b2.img");
+    random_file(&second, 1 << 20, 1);
     let mut args = vec!["--export".to_string(), p.display().to_string()];
     args.push("--export".into());
-    args.push(format!("ro={}", p.display()));
+    args.push(format!("ro={}", second.display()));
     if read_only {
         args.push("--read-only".into());
     }

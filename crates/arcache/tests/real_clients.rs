@@ -84,6 +84,9 @@ fn nbdinfo_lists_several_exports() {
     let b = dir.path().join("b.img");
     std::fs::write(&a, vec![1u8; 1 << 20]).unwrap();
     std::fs::write(&b, vec![2u8; 2 << 20]).unwrap();
+    // Each export its own store: one writable file twice is refused.
+    let c = dir.path().join("c.img");
+    std::fs::write(&c, vec![3u8; 1 << 20]).unwrap();
     let s = Serve::start(
         dir,
         &[
@@ -92,7 +95,7 @@ fn nbdinfo_lists_several_exports() {
             "--export",
             &format!("beta={}", b.display()),
             "--export",
-            a.to_str().unwrap(),
+            c.to_str().unwrap(),
         ],
     );
     let o = run(Command::new("nbdinfo").arg("--list").arg(s.uri("")));

@@ -13,6 +13,8 @@ pub enum DevError {
     Injected { op: &'static str, offset: u64 },
     #[error("operation not supported by {0}")]
     Unsupported(String),
+    #[error("{dev} is in use{}; a device serves one server at a time", by(.holder))]
+    InUse { dev: String, holder: Option<String> },
     #[error("remote export: {0}")]
     Remote(String, i32),
 }
@@ -30,9 +32,14 @@ impl DevError {
             DevError::ReadOnly => libc::EPERM,
             DevError::Injected { .. } => libc::EIO,
             DevError::Unsupported(_) => libc::ENOTSUP,
+            DevError::InUse { .. } => libc::EBUSY,
             DevError::Remote(_, errno) => *errno,
         }
     }
+}
+
+fn by(holder: &Option<String>) -> String {
+    holder.as_ref().map_or_else(String::new, |h| format!(" by {h}"))
 }
 
 pub type DevResult<T> = Result<T, DevError>;

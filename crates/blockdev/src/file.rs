@@ -4,6 +4,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use crate::lock::{self, DevLock};
 use crate::{check_range, write_zeroes_by_writing, BlockDev, DevError, DevResult};
 
 /// O_DIRECT needs buffers, offsets and lengths aligned to the logical block
@@ -20,6 +21,9 @@ pub struct FileDevOptions {
     /// Aligned writes are durable when they return (O_DSYNC on the O_DIRECT
     /// descriptor): one request instead of a write and a flush, for logs.
     pub sync_writes: bool,
+    /// How the device is held against other servers, taken before anything
+    /// is written (see `lock.rs`).
+    pub lock: DevLock,
 }
 
 /// A regular file or a block device.
@@ -115,6 +119,31 @@ impl AlignedBuf {
     }
 }
 
+/// Opens an existing file or block device and takes `opts.lock` on it.
+fn open_locked(path: &Path, opts: &FileDevOptions) -> DevResult<File> {
+    let err = |source| io_err("open", path, 0, 0, source);
+    let is_block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    let exclusive_block = is_block && opts.lock == DevLock::Exclusive;
+    let mut o = OpenOptions::new();
+    o.read(true).write(!opts.read_only);
+    if exclusive_block {
+        // On a block device O_EXCL (without O_CREAT) claims it: refused
+        // while it is mounted or claimed by another program.
+        o.custom_flags(libc::O_EXCL);
+    }
+    let f = match o.open(path) {
+        Ok(f) => f,
+        Err(e) if exclusive_block && e.raw_os_error() == Some(libc::EBUSY) => {
+            let holder = File::open(path).ok().and_then(|f| lock::holder_of(&f));
+            let holder = holder.unwrap_or_else(|| "another program (mounted, or claimed exclusively)".into());
+            return Err(lock::in_use(path, Some(holder)));
+        }
+        Err(e) => return Err(err(e)),
+    };
+    lock::take(&f, path, opts.lock)?;
+    Ok(f)
+}
+
 fn is_aligned_ptr(p: *const u8) -> bool {
     (p as usize).is_multiple_of(DIRECT_ALIGN)
 }
@@ -122,11 +151,15 @@ fn is_aligned_ptr(p: *const u8) -> bool {
 impl FileDev {
     pub fn open(path: &Path, opts: FileDevOptions) -> DevResult<FileDev> {
         let err = |source| io_err("open", path, 0, 0, source);
-        if let (Some(size), false) = (opts.create_size, path.exists()) {
-            let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(err)?;
-            f.set_len(size).map_err(err)?;
-        }
-        let buffered = OpenOptions::new().read(true).write(!opts.read_only).open(path).map_err(err)?;
+        let buffered = match (opts.create_size, path.exists()) {
+            (Some(size), false) => {
+                let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(err)?;
+                lock::take(&f, path, opts.lock)?;
+                f.set_len(size).map_err(err)?;
+                f
+            }
+            _ => open_locked(path, &opts)?,
+        };
         let meta = buffered.metadata().map_err(err)?;
         let is_block = meta.file_type().is_block_device();
         let size = if is_block { block_device_size(&buffered).map_err(err)? } else { meta.len() };

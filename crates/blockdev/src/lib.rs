@@ -8,7 +8,9 @@ mod error;
 mod faulty;
 mod file;
 pub mod le;
+mod lock;
 mod mem;
+pub mod owner;
 mod remote;
 mod slow;
 
@@ -17,6 +19,7 @@ pub use crash::CrashDev;
 pub use error::{DevError, DevResult};
 pub use faulty::{FaultPlan, FaultyDev};
 pub use file::{AlignedBuf, FileDev, FileDevOptions};
+pub use lock::{current_holder, lock_holders, DevLock};
 pub use mem::MemDev;
 pub use remote::NbdDev;
 pub use slow::{SlowDev, SlowDevConfig};

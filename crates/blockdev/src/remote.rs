@@ -17,6 +17,8 @@ pub struct NbdDev {
     max_connections: usize,
     idle: Mutex<Vec<Client>>,
     open: Mutex<usize>,
+    /// Bound on connecting and the handshake, for every connection opened.
+    connect_limit: Option<std::time::Duration>,
 }
 
 fn remote_err(uri: &NbdUri, e: ClientError) -> DevError {
@@ -26,7 +28,13 @@ fn remote_err(uri: &NbdUri, e: ClientError) -> DevError {
 
 impl NbdDev {
     pub fn connect(uri: NbdUri) -> DevResult<NbdDev> {
-        let first = Client::connect_uri(&uri).map_err(|e| remote_err(&uri, e))?;
+        NbdDev::connect_within(uri, None)
+    }
+
+    /// Connects, giving up when connecting and the NBD handshake take longer
+    /// than `limit`; later connections of the pool get the same bound.
+    pub fn connect_within(uri: NbdUri, limit: Option<std::time::Duration>) -> DevResult<NbdDev> {
+        let first = Client::connect_uri_within(&uri, limit).map_err(|e| remote_err(&uri, e))?;
         let max_connections = if first.can_multi_conn() { MAX_CONNECTIONS } else { 1 };
         Ok(NbdDev {
             size: first.size(),
@@ -34,6 +42,7 @@ impl NbdDev {
             max_connections,
             idle: Mutex::new(vec![first]),
             open: Mutex::new(1),
+            connect_limit: limit,
             uri,
         })
     }
@@ -74,7 +83,7 @@ impl NbdDev {
                 if *open < self.max_connections {
                     *open += 1;
                     drop(open);
-                    return Client::connect_uri(&self.uri).map_err(|e| {
+                    return Client::connect_uri_within(&self.uri, self.connect_limit).map_err(|e| {
                         *self.open.lock() -= 1;
                         remote_err(&self.uri, e)
                     });

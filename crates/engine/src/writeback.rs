@@ -1002,6 +1002,8 @@ impl WriteBack {
             if let Some(log) = self.log_usable() {
                 if let Err(e) = log.reset() {
                     warn!("emptying the intent log at stop: {e} (it will be replayed at the next start)");
+                } else if let Err(e) = log.close() {
+                    warn!("recording the intent log's clean stop: {e}");
                 }
             }
         }

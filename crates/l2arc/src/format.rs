@@ -3,6 +3,7 @@
 //! return errors, never panic.
 
 use blockdev::le::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use blockdev::owner::Owner;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
 
 /// 2: a RAW blob of an even number of sectors has one 32-bit checksum per
@@ -161,6 +162,8 @@ pub struct Header {
     /// The largest export tag ever given in this incarnation.
     pub last_tag: u16,
     pub exports: Vec<ExportId>,
+    /// Who wrote this header, and whether they had closed the device.
+    pub owner: Owner,
 }
 
 impl Header {
@@ -201,6 +204,7 @@ impl Header {
             let name = truncate_utf8(&e.name, NAME_LEN);
             b[at + 32..at + 32 + name.len()].copy_from_slice(name.as_bytes());
         }
+        self.owner.write(&mut b);
         let sum = xxh3_64_with_seed(&b[..HEADER_SIZE - 8], HEADER_SEED);
         put_u64(&mut b, HEADER_SIZE - 8, sum);
         Ok(b)
@@ -257,6 +261,7 @@ impl Header {
             lb_asize: get_u64(b, 176),
             last_tag: get_u32(b, 188).min(u32::from(u16::MAX)) as u16,
             exports,
+            owner: Owner::read(b),
         })
     }
 }
@@ -486,6 +491,12 @@ mod tests {
                 identity: 0xfeed,
                 name: "disk0".into(),
             }],
+            owner: Owner {
+                state: blockdev::owner::OwnerState::InUse,
+                pid: 77,
+                since: 1_800_000_000,
+                host: "nas".into(),
+            },
         }
     }
 

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 
+use blockdev::owner::{Owner, OwnerState};
 use tracing::{info, warn};
 
 use crate::format::{
@@ -67,6 +68,8 @@ pub(crate) fn random_u64() -> u64 {
 }
 
 /// What the two header copies of a device say.
+// Read once per device at open and then taken apart: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum HeaderRead {
     /// The valid copy with the highest sequence number.
     Valid(Header),
@@ -316,6 +319,25 @@ impl L2Arc {
         }
     }
 
+    /// Records in every header that this server closed the device cleanly;
+    /// after [`L2Arc::sync_logs`], as the last write of a clean stop.
+    pub fn mark_closed(&self) {
+        for (d, dev) in self.devices.iter().enumerate() {
+            let mut g = self.persist[d].lock();
+            let written = match g.as_mut() {
+                Some(p) => {
+                    p.hdr.owner = Owner::this_process(OwnerState::Closed);
+                    self.write_header(d, p)
+                }
+                // Nothing to restore from it: a fresh empty header says so.
+                None => reset_header(dev, None, false, &[], OwnerState::Closed).map(|_| ()),
+            };
+            if let Err(e) = written {
+                warn!("L2 device {}: recording the clean stop: {e}", dev.path);
+            }
+        }
+    }
+
     /// Stops logging on a device leaving service, and tries to reset its
     /// header so its old log is never restored.
     pub(crate) fn abandon_log(&self, d: usize) {
@@ -327,7 +349,7 @@ impl L2Arc {
             m.logs[d] = Default::default();
         }
         if let Some(p) = had {
-            if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[]) {
+            if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[], OwnerState::InUse) {
                 warn!(
                     "could not reset the header of {} ({e}); run `arcache l2 forget {}` before using it again",
                     self.devices[d].path, self.devices[d].path
@@ -363,11 +385,19 @@ fn open_device(
         HeaderRead::Valid(h) => Some(h.clone()),
         _ => None,
     };
+    if let Some(h) = previous.as_ref().filter(|h| h.owner.state == OwnerState::InUse) {
+        // Safe to restore (the log is crash-consistent), but worth a line:
+        // a crash, a kill, or a server on another host that still has it.
+        warn!(
+            "L2 device {} was not closed cleanly (last opened by host {} pid {})",
+            dev.path, h.owner.host, h.owner.pid
+        );
+    }
     let reset = |why: Option<String>| -> Result<(Option<DevPersist>, bool), String> {
         if let Some(why) = why {
             warn!("L2 device {}: starting empty: {why}", dev.path);
         }
-        let hdr = reset_header(dev, previous.as_ref(), persistent, exports)
+        let hdr = reset_header(dev, previous.as_ref(), persistent, exports, OwnerState::InUse)
             .map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
         dev.restore_hand(0);
         Ok((persistent.then(|| persist_state(hdr)), false))
@@ -429,6 +459,7 @@ fn open_device(
     hdr.exports = kept;
     add_new_exports(&mut hdr, exports)?;
     let has_log = !hdr.newest[0].is_none();
+    hdr.owner = Owner::this_process(OwnerState::InUse);
     let mut p = persist_state(hdr);
     dev.restore_hand(p.hdr.evict_lpos);
     // The export table must be durable before any entry uses a new tag.
@@ -486,6 +517,7 @@ pub(crate) fn reset_header(
     previous: Option<&Header>,
     persistent: bool,
     exports: &[ExportDesc],
+    state: OwnerState,
 ) -> Result<Header, String> {
     let uuid =
         previous.map_or_else(|| (u128::from(random_u64()) << 64) | u128::from(random_u64()), |h| h.uuid);
@@ -506,6 +538,7 @@ pub(crate) fn reset_header(
         lb_asize: 0,
         last_tag: 0,
         exports: Vec::new(),
+        owner: Owner::this_process(state),
     };
     if persistent {
         add_new_exports(&mut hdr, exports)?;
@@ -522,7 +555,8 @@ pub fn forget(dev: &L2Device) -> Result<(), String> {
         HeaderRead::Valid(h) => Some(h),
         _ => None,
     };
-    reset_header(dev, previous.as_ref(), previous.as_ref().is_some_and(|h| h.persistent()), &[])?;
+    let persistent = previous.as_ref().is_some_and(|h| h.persistent());
+    reset_header(dev, previous.as_ref(), persistent, &[], OwnerState::Closed)?;
     info!("L2 device {}: contents forgotten", dev.path);
     Ok(())
 }

@@ -18,6 +18,10 @@ pub enum ClientError {
     Request { op: &'static str, errno: u32 },
     #[error("NBD TLS: {0}")]
     Tls(String),
+    #[error(
+        "no answer within {0:?}: the server accepted the connection but did not finish the NBD handshake"
+    )]
+    TimedOut(std::time::Duration),
 }
 
 impl ClientError {
@@ -68,7 +72,19 @@ impl Write for Stream {
     }
 }
 
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
 impl Stream {
+    /// The socket under TLS or not (socket options apply to both).
+    fn conn(&self) -> &Conn {
+        match self {
+            Stream::Plain(c) => c,
+            Stream::Tls(t) => &t.sock,
+        }
+    }
+
     fn shutdown(&mut self) {
         match self {
             Stream::Plain(c) => c.shutdown(),
@@ -102,7 +118,30 @@ impl Client {
 
     /// Connects to what `uri` names, negotiating TLS for `nbds` URIs.
     pub fn connect_uri(uri: &NbdUri) -> ClientResult<Client> {
-        let mut c = Client::greeted(&uri.target)?;
+        Client::connect_uri_within(uri, None)
+    }
+
+    /// As [`Client::connect_uri`], failing with [`ClientError::TimedOut`]
+    /// when connecting and the handshake take longer than `limit`: a server
+    /// that accepts and never answers must not hang its caller for ever.
+    pub fn connect_uri_within(uri: &NbdUri, limit: Option<std::time::Duration>) -> ClientResult<Client> {
+        let timed_out = |e: ClientError| match &e {
+            ClientError::Io(io) if is_timeout(io) => limit.map_or(e, ClientError::TimedOut),
+            _ => e,
+        };
+        let c = Client::negotiate(uri, limit).map_err(timed_out)?;
+        // Requests have no time limit here; the caller decides for them.
+        c.io.get_ref().conn().set_read_timeout(None)?;
+        c.io.get_ref().conn().set_write_timeout(None)?;
+        Ok(c)
+    }
+
+    fn negotiate(uri: &NbdUri, limit: Option<std::time::Duration>) -> ClientResult<Client> {
+        let conn = Conn::connect_within(&uri.target, limit)?;
+        conn.set_read_timeout(limit)?;
+        conn.set_write_timeout(limit)?;
+        let mut c = Client { io: BufReader::new(Stream::Plain(conn)), size: 0, flags: 0, next_handle: 1 };
+        c.greet()?;
         if let Some(tls) = &uri.tls {
             let config = crate::tls::client_config(tls).map_err(|e| ClientError::Tls(e.to_string()))?;
             let name = tls.hostname.clone().unwrap_or_else(|| match &uri.target {
@@ -145,8 +184,13 @@ impl Client {
         let mut tls =
             rustls::ClientConnection::new(config, server).map_err(|e| ClientError::Tls(e.to_string()))?;
         while tls.is_handshaking() {
-            tls.complete_io(&mut sock)
-                .map_err(|e| ClientError::Tls(format!("handshake with {name}: {e}")))?;
+            tls.complete_io(&mut sock).map_err(|e| {
+                if is_timeout(&e) {
+                    ClientError::Io(e)
+                } else {
+                    ClientError::Tls(format!("handshake with {name}: {e}"))
+                }
+            })?;
         }
         self.io = BufReader::new(Stream::Tls(Box::new(rustls::StreamOwned::new(tls, sock))));
         Ok(())

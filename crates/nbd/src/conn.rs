@@ -13,10 +13,19 @@ pub enum Conn {
 
 impl Conn {
     pub fn connect(target: &Target) -> io::Result<Conn> {
+        Conn::connect_within(target, None)
+    }
+
+    /// Connects, giving up on a TCP address that does not accept within
+    /// `limit` (a unix socket connects at once or fails).
+    pub fn connect_within(target: &Target, limit: Option<std::time::Duration>) -> io::Result<Conn> {
         match target {
             Target::Unix(p) => UnixStream::connect(p).map(Conn::Unix),
             Target::Tcp { host, port } => {
-                let s = TcpStream::connect((host.as_str(), *port))?;
+                let s = match limit {
+                    None => TcpStream::connect((host.as_str(), *port))?,
+                    Some(limit) => tcp_connect_within(host, *port, limit)?,
+                };
                 s.set_nodelay(true)?;
                 Ok(Conn::Tcp(s))
             }
@@ -65,6 +74,18 @@ impl Conn {
             Conn::Tcp(s) => s.set_write_timeout(t),
         }
     }
+}
+
+fn tcp_connect_within(host: &str, port: u16, limit: std::time::Duration) -> io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"));
+    for addr in (host, port).to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, limit) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 impl Read for Conn {

@@ -3,6 +3,7 @@
 //! and position is checked before it is used.
 
 use blockdev::le::{get_u16, get_u32, get_u64, put_bytes};
+use blockdev::owner::Owner;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub const HEADER_SIZE: usize = 4096;
@@ -65,6 +66,8 @@ pub struct Header {
     pub tail_lpos: u64,
     pub tail_seq: u64,
     pub exports: Vec<LogExport>,
+    /// Who wrote this header, and whether they had closed the log.
+    pub owner: Owner,
 }
 
 impl Header {
@@ -94,6 +97,7 @@ impl Header {
             put_bytes(&mut b, o + 16, &e.size.to_le_bytes());
             put_bytes(&mut b, o + 32, name);
         }
+        self.owner.write(&mut b);
         let sum = xxh3_64_with_seed(&b[..HEADER_SIZE - 8], HEADER_SEED);
         put_bytes(&mut b, HEADER_SIZE - 8, &sum.to_le_bytes());
         Ok(b)
@@ -141,6 +145,7 @@ impl Header {
             tail_lpos: get_u64(b, 56),
             tail_seq: get_u64(b, 64),
             exports,
+            owner: Owner::read(b),
         };
         if h.capacity == 0 || !h.capacity.is_multiple_of(ALIGN) || !h.tail_lpos.is_multiple_of(ALIGN) {
             return invalid("geometry is not 4 KiB aligned");
@@ -350,6 +355,12 @@ mod tests {
             tail_lpos: 4096,
             tail_seq: 3,
             exports: vec![LogExport { id: 0, name: "vm".into(), identity: 77, size: 1 << 30 }],
+            owner: Owner {
+                state: blockdev::owner::OwnerState::Closed,
+                pid: 12,
+                since: 1_800_000_000,
+                host: "nas".into(),
+            },
         };
         let b = h.encode().unwrap();
         assert_eq!(Header::decode(&b).unwrap(), h);
@@ -381,6 +392,7 @@ mod seeds {
             tail_lpos: 0,
             tail_seq: 1,
             exports: vec![super::LogExport { id: 0, name: "a".into(), identity: 1, size: 1 << 20 }],
+            owner: Default::default(),
         };
         std::fs::write(format!("{dir}/header"), h.encode().unwrap()).unwrap();
     }

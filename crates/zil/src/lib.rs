@@ -8,6 +8,7 @@ pub mod format;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
+use blockdev::owner::{Owner, OwnerState};
 use blockdev::{BlockDev, DevError};
 use parking_lot::Mutex;
 use tracing::info;
@@ -99,6 +100,7 @@ impl IntentLog {
             tail_lpos: 0,
             tail_seq: 1,
             exports: exports.clone(),
+            owner: Owner::this_process(OwnerState::InUse),
         };
         let st = State { hdr: fresh, head_lpos: 0, next_seq: 1, live: VecDeque::new(), to_replay: found };
         let log = IntentLog { dev, name, exports, st: Mutex::new(st) };
@@ -273,6 +275,14 @@ impl IntentLog {
         let at = (st.hdr.header_seq % 2) * HEADER_SIZE as u64;
         self.dev.write_at(&bytes, at).map_err(|e| self.io(e))?;
         self.dev.flush().map_err(|e| self.io(e))
+    }
+
+    /// Records in the header that this server closed the log cleanly: the
+    /// last write of a clean stop, after every txg it holds has synced.
+    pub fn close(&self) -> Result<(), LogError> {
+        let mut st = self.st.lock();
+        st.hdr.owner = Owner::this_process(OwnerState::Closed);
+        self.write_header(&mut st)
     }
 
     /// Bytes `entries` take as chunks, for a caller deciding whether to log
