@@ -213,6 +213,24 @@ impl L2Index {
         Some(old)
     }
 
+    /// Makes room for `additional` more records in one step, for a caller
+    /// that knows roughly how many are coming (a rebuild): growing a quarter
+    /// at a time would rehash the table dozens of times on the way.
+    pub fn reserve(&mut self, additional: usize) {
+        let want = ((self.len + additional) as f64 / MAX_LOAD).ceil() as usize + 1;
+        if want > self.slots.len() {
+            self.resize(want);
+        }
+    }
+
+    /// Gives back what a generous [`L2Index::reserve`] left unused, so the
+    /// table is back within its bytes-per-record budget.
+    pub fn shrink_to_budget(&mut self) {
+        if self.slots.len() > MIN_CAPACITY && (self.len as f64) < self.slots.len() as f64 * MIN_LOAD {
+            self.resize(((self.len as f64 / 0.75) as usize).max(MIN_CAPACITY));
+        }
+    }
+
     fn resize(&mut self, capacity: usize) {
         let old = std::mem::take(&mut self.slots);
         let mut slots = Vec::with_capacity(capacity);
@@ -249,6 +267,23 @@ mod tests {
         assert_eq!(p.flags(), f);
         assert_eq!(p.cksum, 77);
         assert_eq!(p.lsize(), 16384);
+    }
+
+    #[test]
+    fn reserve_then_shrink_keeps_every_entry_and_the_budget() {
+        let mut ix = L2Index::new();
+        let p = L2Ptr::new(0, 0, 512, BlobFlags::default(), 1);
+        ix.reserve(400_000);
+        let cap = ix.slots.len();
+        for k in 0..100_000u64 {
+            ix.insert(k * 31, p);
+        }
+        assert_eq!(ix.slots.len(), cap, "no resize within the reservation");
+        ix.shrink_to_budget();
+        let per = ix.allocated_bytes() as f64 / ix.len() as f64;
+        assert!(per <= 40.5, "{per} bytes per entry after the shrink");
+        assert!((0..100_000u64).all(|k| ix.get(k * 31) == Some(p)));
+        assert_eq!(ix.len(), 100_000);
     }
 
     #[test]

@@ -382,11 +382,13 @@ impl L2Arc {
             self.stats.l2_invalidated.fetch_add(1, Relaxed);
             devs |= 1 << p.dev();
         }
-        if !log {
-            return Vec::new();
-        }
+        // Also without `log`: the rebuild takes "in the index" for "met in a
+        // newer entry" (rebuild.rs, `Seen`), so a removal must say so.
         if self.is_rebuilding() {
             m.rebuild_killed.insert(key);
+        }
+        if !log {
+            return Vec::new();
         }
         let mut tickets = Vec::new();
         for d in 0..self.devices.len() {
@@ -727,6 +729,11 @@ impl L2Arc {
                     m.index.remove(k);
                     m.size -= p.lsize();
                     m.asize -= p.blob_len();
+                    // The rebuild takes "in the index" for "met in a newer
+                    // entry" (rebuild.rs, `Seen`): a removal must say so.
+                    if self.is_rebuilding() {
+                        m.rebuild_killed.insert(k);
+                    }
                 }
             }
         }
@@ -918,6 +925,9 @@ impl L2Arc {
                     m.index.remove(k);
                     m.size -= p.lsize();
                     m.asize -= p.blob_len();
+                    if self.is_rebuilding() {
+                        m.rebuild_killed.insert(k);
+                    }
                     n += 1;
                     let overwritten = p.daddr() < cleared.end && p.daddr() + p.blob_len() > cleared.start;
                     if !overwritten {
