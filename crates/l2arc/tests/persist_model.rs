@@ -314,18 +314,23 @@ fn damaged_headers_and_log_blocks_stop_the_rebuild_safely() {
     assert_eq!(l2.persist_stats().l2_rebuild_unsupported, 1);
 }
 
+/// Stops `w` cleanly and opens its image again, the rebuild not yet run.
+fn stopped_and_reopened(w: &World) -> (Arc<CrashDev>, L2Arc) {
+    w.l2.sync_logs();
+    let dev = Arc::new(CrashDev::from_bytes(w.dev.image_bytes(|_| true)));
+    let d = L2Device::new("p".into(), dev.clone() as Arc<dyn BlockDev>).unwrap();
+    let l2 =
+        L2Arc::open(vec![d], &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    (dev, l2)
+}
+
 #[test]
 fn writes_during_a_rebuild_are_never_undone_by_it() {
     let mut w = World::new(11);
     for _ in 0..300 {
         w.feed();
     }
-    w.l2.sync_logs();
-    let image = w.dev.image_bytes(|_| true);
-    let dev = Arc::new(CrashDev::from_bytes(image));
-    let d = L2Device::new("p".into(), dev.clone() as Arc<dyn BlockDev>).unwrap();
-    let l2 =
-        L2Arc::open(vec![d], &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let (dev, l2) = stopped_and_reopened(&w);
     assert!(l2.is_rebuilding());
     // Writes before the rebuild reads the log: they must win.
     let written: Vec<u64> = (0..RECORDS).step_by(7).collect();
@@ -366,12 +371,7 @@ fn writes_midway_through_a_rebuild_are_never_undone_by_older_blocks() {
             w.feed();
         }
     }
-    w.l2.sync_logs();
-    let image = w.dev.image_bytes(|_| true);
-    let dev = Arc::new(CrashDev::from_bytes(image));
-    let d = L2Device::new("p".into(), dev.clone() as Arc<dyn BlockDev>).unwrap();
-    let l2 =
-        L2Arc::open(vec![d], &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let (dev, l2) = stopped_and_reopened(&w);
     let versions = std::sync::Mutex::new(std::mem::take(&mut w.version));
     let touched = std::sync::Mutex::new(Vec::new());
     let blocks = std::sync::atomic::AtomicU64::new(0);
