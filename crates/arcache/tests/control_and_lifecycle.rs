@@ -220,8 +220,7 @@ fn demo_runs_and_its_warm_passes_come_from_ram() {
 
 #[test]
 fn sim_prints_one_json_object_per_policy_and_size() {
-    let trace =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/snia_samples/msr_hm0_sample.csv.gz");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/snia_samples/msr_hm0_sample.csv.gz");
     let o = run(Command::new(BIN).args([
         "sim",
         "--trace",

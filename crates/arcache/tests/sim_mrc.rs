@@ -9,7 +9,7 @@ use common::BIN;
 #[test]
 fn sim_mrc_writes_the_csv_and_a_png() {
     let out = tempfile::tempdir().unwrap();
-    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/arc_paper/P3.csv.gz");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/arc_paper/P3.csv.gz");
     let o = Command::new(BIN)
         .args(["sim", "--mrc", "--trace", trace, "--policy", "lru,arc", "--out"])
         .arg(out.path())
@@ -117,8 +117,7 @@ fn serve_4k(backing: &std::path::Path, extra: &[&str]) -> common::Serve {
 
 #[test]
 fn sim_l2_size_reports_arc_hits_l2_hits_and_misses() {
-    let trace =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/cloudphysics_io/cloudphysics_io.csv.gz");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/cloudphysics_io/cloudphysics_io.csv.gz");
     let run = |rate: &str| -> serde_json::Value {
         let o = Command::new(BIN)
             .args(["sim", "--json", "--policy", "arc", "--cache-blocks", "10000", "--l2-size", "512M"])

@@ -1,22 +1,21 @@
 //! The one-pass miss-ratio curves against full replays at the same sizes,
-//! on the real traces in shared/traces: LRU exactly, the ARCs within one
-//! percentage point (the bound), with the default sample minimum.
+//! on real traces: LRU exactly, the ARCs within one percentage point (the
+//! issue's bound), with the default sample minimum.
+
+mod common;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::Path;
 
 use arc_policy::by_name;
 use arcache_sim::{expand, log_sizes, lru_mrc, read_trace, replay, sampled_mrc};
+use common::{extended, shipped};
 
 const SAMPLE_MIN: u64 = 131_072;
 
-fn trace(name: &str) -> Vec<arcache_sim::BlockAccess> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces").join(name);
-    expand(&read_trace(&p).unwrap(), 4096, false)
-}
-
-fn check(name: &str) {
-    let acc = trace(name);
+fn check(path: &Path) {
+    let name = path.display();
+    let acc = expand(&read_trace(path).unwrap(), 4096, false);
     let unique = acc.iter().map(|a| a.key).collect::<HashSet<_>>().len() as u64;
     let sizes = log_sizes((unique / 1000).max(8), unique, 20);
     for (i, p) in lru_mrc(&acc, &sizes).iter().enumerate() {
@@ -38,12 +37,19 @@ fn check(name: &str) {
 
 #[test]
 fn mrc_agrees_with_full_replays_on_cloudphysics_io() {
-    check("cloudphysics_io/cloudphysics_io.csv.gz");
+    check(&shipped("cloudphysics_io/cloudphysics_io.csv.gz"));
 }
 
 #[test]
-fn mrc_agrees_with_full_replays_on_the_arc_paper_traces() {
-    for t in ["OLTP", "P2", "P3", "P6", "P12"] {
-        check(&format!("arc_paper/{t}.csv.gz"));
+fn mrc_agrees_with_full_replays_on_p3() {
+    check(&shipped("arc_paper/P3.csv.gz"));
+}
+
+/// Extended check (traces/README.md): the ARC paper's traces too big to ship.
+#[test]
+#[ignore = "needs the full trace set in ARCACHE_TRACES"]
+fn extended_mrc_agrees_with_full_replays_on_the_other_arc_paper_traces() {
+    for t in ["OLTP", "P2", "P6", "P12"] {
+        check(&extended(&format!("arc_paper/{t}.csv.gz")));
     }
 }
