@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{random_file, wait_timeout, Nbdkit, Serve, BIN};
+use common::{random_file, skip_or_fail, wait_timeout, Nbdkit, Serve, BIN};
 
 #[test]
 fn a_backing_read_error_fails_that_request_only() {
@@ -81,18 +81,26 @@ fn a_backing_write_error_is_never_reported_as_durable() {
     assert_eq!(buf, data, "the write reached the backing store");
 }
 
-/// A small tmpfs, unmounted on drop; None when mounting is not allowed.
+/// A small tmpfs, unmounted on drop; why not when mounting is not allowed.
 struct SmallFs(std::path::PathBuf);
 
 impl SmallFs {
-    fn mount(at: &Path, size: &str) -> Option<SmallFs> {
+    fn mount(at: &Path, size: &str) -> Result<SmallFs, String> {
         SmallFs::mount_with(at, &format!("size={size}"))
     }
 
-    fn mount_with(at: &Path, options: &str) -> Option<SmallFs> {
-        std::fs::create_dir_all(at).ok()?;
-        let ok = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(at).status();
-        ok.ok().filter(|s| s.success()).map(|_| SmallFs(at.to_path_buf()))
+    fn mount_with(at: &Path, options: &str) -> Result<SmallFs, String> {
+        std::fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(at).output();
+        match out {
+            Ok(o) if o.status.success() => Ok(SmallFs(at.to_path_buf())),
+            Ok(o) => Err(format!(
+                "cannot mount a tmpfs (needs root): mount {}: {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => Err(format!("cannot run mount: {e}")),
+        }
     }
 }
 
@@ -105,9 +113,9 @@ impl Drop for SmallFs {
 #[test]
 fn a_full_disk_under_the_l2_file_or_the_trace_degrades_them_and_serving_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(fs) = SmallFs::mount(&dir.path().join("small"), "2M") else {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
-        return;
+    let fs = match SmallFs::mount(&dir.path().join("small"), "2M") {
+        Ok(fs) => fs,
+        Err(why) => return skip_or_fail(&why),
     };
     let backing = dir.path().join("b.img");
     let data = random_file(&backing, 32 << 20, 6);
@@ -150,9 +158,9 @@ fn a_full_disk_under_the_l2_file_or_the_trace_degrades_them_and_serving_goes_on(
 #[test]
 fn a_full_disk_for_the_control_socket_does_not_stop_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(fs) = SmallFs::mount_with(&dir.path().join("full"), "size=1M,nr_inodes=8") else {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
-        return;
+    let fs = match SmallFs::mount_with(&dir.path().join("full"), "size=1M,nr_inodes=8") {
+        Ok(fs) => fs,
+        Err(why) => return skip_or_fail(&why),
     };
     // Use up every inode: binding a socket there then fails with ENOSPC.
     let filled = (0..100).take_while(|i| std::fs::File::create(fs.0.join(format!("f{i}"))).is_ok()).count();

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{need, random_file, run, Nbdkit, Serve, BIN};
+use common::{need, random_file, run, skip_or_fail, Nbdkit, Serve, BIN};
 use rand::{Rng, SeedableRng};
 
 /// Runs `arcache serve` expecting it to refuse to start; its stderr.
@@ -163,9 +163,11 @@ fn ext4_on_an_export_is_fsck_clean_after_kill_9() {
     need("nbdfuse");
     need("mkfs.ext4");
     need("e2fsck");
-    if !nix_is_root() || !Path::new("/dev/loop-control").exists() {
-        eprintln!("skipped: loop mounts need root and /dev/loop-control");
-        return;
+    if !nix_is_root() {
+        return skip_or_fail("loop mounts need root");
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return skip_or_fail("no loop devices (/dev/loop-control; modprobe loop)");
     }
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("fs.img");

@@ -141,6 +141,23 @@ pub fn need(tool: &str) -> PathBuf {
     })
 }
 
+/// For a test that cannot make its real check on this machine (no root,
+/// no loop devices...); the caller returns after it. Under CI (`CI=true`
+/// or `CI=1`, as CI services set it) it fails instead: CI provides what
+/// these tests need (`.ci/run`), so a pass there would claim coverage the
+/// run did not give. Elsewhere the skip is one loud line on stderr.
+#[track_caller]
+pub fn skip_or_fail(why: &str) {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let at = std::panic::Location::caller();
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    assert!(!ci, "{test} ({at}) cannot run its real check under CI: {why}");
+    // Written to fd 2 itself: the test harness captures eprintln! of a
+    // passing test, which would hide the skip.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test} ({at}): {why}");
+}
+
 /// A file of `size` pseudo-random bytes.
 pub fn random_file(path: &Path, size: usize, seed: u64) -> Vec<u8> {
     use rand::{Rng, SeedableRng};
