@@ -8,7 +8,9 @@
 # sequential reads, and the ratios that matter. Absolute numbers on a small
 # shared machine are noise; ratios from the same run are the result.
 #
-# Usage: bench/compare.sh [SIZE_MIB] [SECONDS_PER_JOB]
+# Usage: bench/compare.sh [SIZE_MIB] [SECONDS_PER_JOB]   (about 2 minutes at 256 8)
+# Writes bench/results/compare.md (commit and date on its first line); fio's
+# JSON and the servers' logs go to bench/out/.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 size_mib=${1:-256}
@@ -23,6 +25,10 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 out="$here/bench/out"; mkdir -p "$out"
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+result=$(bench_results compare.md)
+header=$(bench_header "$size_mib" "$secs")
 
 img="$work/disk.img"
 head -c $((size_mib << 20)) /dev/urandom > "$img"
@@ -72,9 +78,9 @@ nbdcopy "nbd+unix:///?socket=$work/front.sock" null: >/dev/null 2>&1 || true
 run_fio "front-warm-4k-qd16" "nbd+unix:///?socket=$work/front.sock" randread 4k 16 --size="$ws"
 "$bin" stat --json --control "$work/front.ctl" > "$out/front-stat.json"
 
-python3 - "$out" <<'PY'
+python3 - "$out" "$result" "$header" "$size_mib" "$secs" <<'PY'
 import json, sys, os
-out = sys.argv[1]
+out, result, header, size_mib, secs = sys.argv[1:]
 def r(name):
     with open(os.path.join(out, name + ".json")) as f:
         j = json.load(f)["jobs"][0]["read"]
@@ -84,7 +90,9 @@ rows = [
     ("4K random read, QD16", "4k-qd16"),
     ("128K sequential read, QD4", "128k-seq"),
 ]
-lines = ["| workload | nbdkit memory | arcache (ARC-resident) | arcache / nbdkit |", "|---|---|---|---|"]
+lines = [header, "",
+         f"{size_mib} MiB image of random bytes; fio --ioengine=nbd, {secs} s per job, --randseed=42.", "",
+         "| workload | nbdkit memory | arcache (ARC-resident) | arcache / nbdkit |", "|---|---|---|---|"]
 ratios = {}
 for label, key in rows:
     ni, nb = r("nbdkit-memory-" + key)
@@ -100,7 +108,7 @@ lines.append(f"| arcache in front, first run (starts cold) | {fc:,.0f} | {fc/so:
 lines.append(f"| arcache in front, working set resident | {fw:,.0f} | {fw/so:.1f}x |")
 text = "\n".join(lines)
 print(text)
-with open(os.path.join(out, "summary.md"), "w") as f:
+with open(result, "w") as f:
     f.write(text + "\n")
 print(f"\nratio_4k_qd16={ratios['4k-qd16']:.3f} (target >= 0.9)")
 PY

@@ -14,8 +14,10 @@
 # Seed 003: 4K random reads at queue depth 16 over a 1 GiB region, warm;
 #           and a thread-scaling sweep (queue depth 1..64) written as a PNG.
 #
-# Usage: bench/l2arc.sh [SECONDS_PER_RANDOM_JOB]   (default 20)
-# Needs fio, nbdkit, libnbd-bin, python3; writes bench/out/l2arc-*.
+# Usage: bench/l2arc.sh [SECONDS_PER_RANDOM_JOB]   (default 20; about 25 minutes)
+# Needs fio, nbdkit, libnbd-bin, python3. Writes bench/results/l2arc-summary.md
+# (commit and date on its first line) and bench/results/l2arc-thread-scaling.png;
+# fio's JSON and the server's log go to bench/out/l2arc-*.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-20}
@@ -26,6 +28,11 @@ python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib >/d
 cargo build --release --quiet --manifest-path "$here/Cargo.toml"
 bin="$here/target/release/arcache"
 out="$here/bench/out"; mkdir -p "$out"
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+result=$(bench_results l2arc-summary.md)
+plot=$(bench_results l2arc-thread-scaling.png)
+header=$(bench_header "$secs")
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/arcache-l2bench.XXXXXX")
 pids=(); cgroups=()
 cleanup() {
@@ -170,9 +177,9 @@ echo "== header RAM per L2 record at 5 million records"
 (cd "$here" && cargo test --release --quiet -p arcache-l2 --test ring_model hdr_bytes -- --nocapture 2>/dev/null \
   | grep "bytes" > "$out/l2arc-hdr.txt") || true
 
-python3 - "$out" <<'PY'
+python3 - "$out" "$result" "$plot" "$header" <<'PY'
 import json, os, sys
-out = sys.argv[1]
+out, result, plot, header = sys.argv[1:]
 def job(name):
     try:
         with open(os.path.join(out, f"l2arc-{name}.json")) as f:
@@ -200,6 +207,8 @@ def delta(k): return after2.get(k, 0) - before2.get(k, 0)
 hdr = open(os.path.join(out, "l2arc-hdr.txt")).read().strip() if os.path.exists(os.path.join(out, "l2arc-hdr.txt")) else "n/a"
 mem = open(os.path.join(out, "l2arc-memory.txt")).read().strip()
 lines = [
+    header,
+    "",
     "## Seed 000: 2 GiB sequential read, 1 MiB requests, QD1",
     "| server | pass 1 MB/s | pass 2 MB/s | pass 2 / pass 1 |", "|---|---|---|---|",
     f"| origin alone | {o1:,.0f} | | |",
@@ -240,7 +249,7 @@ lines = [
 ]
 text = "\n".join(lines)
 print(text)
-open(os.path.join(out, "l2arc-summary.md"), "w").write(text + "\n")
+open(result, "w").write(text + "\n")
 
 import matplotlib
 matplotlib.use("Agg")
@@ -255,6 +264,6 @@ for ax, t, y in [(ax1, "4K random read, 1 GiB region: IOPS", "IOPS"), (ax2, "Ave
     ax.set_xlabel("queue depth (outstanding requests)"); ax.set_ylabel(y); ax.set_title(t); ax.grid(alpha=.3)
 ax2.set_yscale("log"); ax1.legend()
 fig.tight_layout()
-fig.savefig(os.path.join(out, "l2arc-thread-scaling.png"), dpi=110)
-print("plot:", os.path.join(out, "l2arc-thread-scaling.png"))
+fig.savefig(plot, dpi=110)
+print("plot:", plot)
 PY

@@ -15,3 +15,24 @@ bench_cleanup() {
 }
 
 wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
+
+# bench_header ARGS...: the first line of a result file in bench/results/.
+# A published figure is only worth what this line lets a reader redo: the
+# script and its arguments, the commit the binary was built from ("-dirty"
+# when tracked files differ from it, result files aside, since the scripts
+# write those themselves), when it ran (UTC) and on how many cores.
+bench_header() {
+  local root commit
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  commit=$(git -C "$root" rev-parse --short HEAD)
+  git -C "$root" diff --quiet HEAD -- . ':(exclude)bench/results' || commit="$commit-dirty"
+  echo "# bench/$(basename "$0")${*:+ $*} at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
+}
+
+# bench_results NAME: the path of a published result file (bench/results/NAME).
+bench_results() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/results"
+  mkdir -p "$dir"
+  echo "$dir/$1"
+}

@@ -18,9 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MILLIONS=${1:-4}
 RUNS=${2:-3}
-OUT=bench/results/rebuild-${MILLIONS}M.txt
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+OUT=$(bench_results "rebuild-${MILLIONS}M.txt")
 exec > >(tee "$OUT") 2>&1
-echo "# bench/rebuild.sh $MILLIONS $RUNS at commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+uncommitted'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
+bench_header "$MILLIONS" "$RUNS"
 DIR=${BENCH_DIR:-/var/tmp/arcache-rebuild}
 BIN=target/release/arcache
 cargo build --release -q

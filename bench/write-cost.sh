@@ -1,29 +1,66 @@
 #!/usr/bin/env bash
-# What durable L2 invalidation costs writes: 4K random writes at QD16 over a
-# 256 MiB export whose records are partly on L2, with the L2 persistent and not.
-# Usage: bench/write-cost.sh   (about 2 minutes; needs fio, nbdcopy)
-# Write cost of durable invalidation: 4K random writes over records that are on L2.
+# What durable L2 invalidation costs writes: 4K random writes at QD16 for
+# 10 s over a 256 MiB export whose records are partly on L2 (one read pass
+# first), with the L2 not persistent (l2arc_rebuild_blocks_min_l2size=1T
+# keeps a 1 GiB device from logging) and persistent. Same run, same data.
+#
+# Usage: bench/write-cost.sh   (about 1 minute; needs fio, nbdcopy)
+# Writes bench/results/write-cost.md (commit and date on its first line).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+for t in fio nbdcopy python3; do
+  command -v "$t" >/dev/null || { echo "bench: $t is missing (apt-get install fio libnbd-bin)" >&2; exit 2; }
+done
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+result=$(bench_results write-cost.md)
+header=$(bench_header)
+cargo build --release --quiet --manifest-path "$here/Cargo.toml"
+bin="$here/target/release/arcache"
+bench_start arcache-wcost
+head -c 256M /dev/urandom > "$work/backing.img"
 
-D=/var/tmp/wb; rm -rf $D; mkdir -p $D
-BIN="$(cd "$(dirname "$0")/.." && pwd)/target/release/arcache"
-head -c 256M /dev/urandom > $D/backing.img
-cat > "$D/fioparse.py" <<'PY'
-import json, sys
-j = json.load(sys.stdin)["jobs"][0]["write"]
-print(f"write IOPS {j['iops']:.0f} mean lat {j['clat_ns']['mean']/1e6:.2f} ms")
-PY
-run() { # label minsize
-  rm -f $D/l2.img $D/*.sock
-  $BIN serve --export $D/backing.img --arc-max 32M --l2 $D/l2.img:1G --listen unix:$D/nbd.sock --control $D/ctl.sock \
-     --set l2arc_feed_min_ms=10 --set l2arc_rebuild_blocks_min_l2size=$2 2>/dev/null & P=$!
-  for i in $(seq 100); do [ -S $D/ctl.sock ] && break; sleep 0.05; done
-  nbdcopy "nbd+unix:///?socket=$D/nbd.sock" null:
+run() { # label min-l2size row-file
+  rm -f "$work/l2.img" "$work/nbd.sock" "$work/ctl.sock"
+  "$bin" serve --export "$work/backing.img" --arc-max 32M --l2 "$work/l2.img:1G" \
+    --listen "unix:$work/nbd.sock" --control "$work/ctl.sock" \
+    --set l2arc_feed_min_ms=10 --set l2arc_rebuild_blocks_min_l2size="$2" 2>>"$work/serve.log" &
+  local arc=$!; pids+=("$arc")
+  wait_sock "$work/nbd.sock"; wait_sock "$work/ctl.sock"
+  nbdcopy "nbd+unix:///?socket=$work/nbd.sock" null:
+  # Time for the feed to put what the pass left in the ARC's tails on L2.
   sleep 5
-  echo -n "$1: l2_records=$($BIN stat --json --control $D/ctl.sock | python3 -c 'import json,sys; print(json.load(sys.stdin)["l2_records"])') "
-  fio --name=w --ioengine=nbd --uri="nbd+unix:///?socket=$D/nbd.sock" --rw=randwrite --bs=4k --size=256M --iodepth=16 \
-      --time_based --runtime=10 --output-format=json --output="$D/wb.json" >/dev/null 2>&1; python3 "$D/fioparse.py" < "$D/wb.json"
-  $BIN stat --json --control $D/ctl.sock | python3 -c 'import json,sys; s=json.load(sys.stdin); print("   log commits", s["l2_log_commits"], "invalidated", s["l2_invalidated"])'
-  kill $P; wait $P || true
+  "$bin" stat --json --control "$work/ctl.sock" > "$work/before.json"
+  fio --name=w --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" --rw=randwrite --bs=4k \
+    --size=256M --iodepth=16 --time_based --runtime=10 --randseed=7 \
+    --output-format=json --output="$work/w.json" >/dev/null 2>&1
+  "$bin" stat --json --control "$work/ctl.sock" > "$work/after.json"
+  kill "$arc"; wait "$arc" || true
+  python3 - "$1" "$work/w.json" "$work/before.json" "$work/after.json" > "$3" <<'PY'
+import json, sys
+label, w, b, a = sys.argv[1:]
+j = json.load(open(w))["jobs"][0]["write"]
+b, a = json.load(open(b)), json.load(open(a))
+d = lambda k: a[k] - b[k]
+print(f"| {label} | {b['l2_records']:,} | {j['iops']:,.0f} | {j['clat_ns']['mean'] / 1e6:.2f} ms "
+      f"| {d('l2_log_commits'):,} | {d('l2_invalidated'):,} |")
+PY
 }
-run "L2 not persistent" 1T
-run "L2 persistent    " 0
+
+run "not persistent (l2arc_rebuild_blocks_min_l2size=1T)" 1T "$work/row-np"
+run "persistent" 0 "$work/row-p"
+{
+  echo "$header"
+  echo
+  echo "256 MiB export of random bytes, --arc-max 32M --l2 FILE:1G, one nbdcopy read pass, then"
+  echo "fio --ioengine=nbd --rw=randwrite --bs=4k --iodepth=16 --runtime=10 --randseed=7 (no FLUSH)."
+  echo
+  echo "| L2 | records on L2 before | write IOPS | mean latency | L2 log commits | L2 records invalidated |"
+  echo "|---|---|---|---|---|---|"
+  cat "$work/row-np" "$work/row-p"
+  python3 - "$work/row-np" "$work/row-p" <<'PY'
+import sys
+iops = [float(open(f).read().split("|")[3].replace(",", "")) for f in sys.argv[1:]]
+print(f"\npersistent / not persistent = {iops[1] / iops[0]:.2f}x")
+PY
+} | tee "$result"

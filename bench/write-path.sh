@@ -15,7 +15,8 @@
 # 2. Seed 002's sequence: sequential 1 MiB writes of a region twice the ARC
 #    (512 MiB, QD1 like dd, fsync at the end), reads of it after a restart
 #    ("dropped cache"), then three more reads ("without cache drop").
-# Writes a seed-002 style table to bench/out/write-path.txt.
+# Writes the tables to bench/results/write-path.txt (commit and date on its
+# first line).
 #
 # Usage: bench/write-path.sh [SECONDS_PER_RANDOM_JOB]   (default 15; about 4 minutes)
 set -euo pipefail
@@ -26,9 +27,10 @@ for t in fio nbdkit python3; do
 done
 cargo build --release --quiet --manifest-path "$here/Cargo.toml"
 bin="$here/target/release/arcache"
-out="$here/bench/out"; mkdir -p "$out"
 # shellcheck source=bench/lib.sh
 . "$here/bench/lib.sh"
+result=$(bench_results write-path.txt)
+header=$(bench_header "$secs")
 bench_start arcache-wbench
 
 origin_sock=$work/origin.sock
@@ -98,7 +100,7 @@ stop_arcache
 
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/max(float(sys.argv[2]),1):.2f}x')" "$1" "$2"; }
 {
-  echo "arcache write path, $(date -u +%Y-%m-%d), bench/write-path.sh $secs"
+  echo "$header"
   echo "origin: nbdkit memory + delay (rdelay=4ms wdelay=4ms) + rate (2400M); arcache --arc-max 256M, log 1 GiB file on local disk"
   echo
   echo "4K random writes, QD16, FLUSH after each write (fio --fsync=1)"
@@ -129,4 +131,4 @@ s = json.load(open(sys.argv[1]))
 print(f"  (write run: {s['txg_syncs']} txgs wrote {s['txg_sync_bytes']>>20} MiB, "
       f"throttle delays {s['throttle_delays']}, waits {s['throttle_waits']})")
 PY
-} | tee "$out/write-path.txt"
+} | tee "$result"
