@@ -1,24 +1,78 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for SECONDS (default 30) from its seed corpus.
+# fuzz/run-all.sh [SECONDS [TARGET...]]: runs every fuzz target (each
+# fuzz_targets/*.rs), or the TARGETs named, for SECONDS (default 30) from its
+# committed seed corpus, and prints each one's executions per second.
+#
+# It fails, naming the target, when a target has no seed corpus, does not
+# build, exits with an error, reports no executions, or leaves any artifact
+# (crash-, oom-, leak-, timeout-, slow-unit-): anything libFuzzer saves is a
+# finding. Findings are copied to fuzz/artifacts/TARGET/ to be turned into
+# regression tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-for t in zil_decode l2_decode trace_parsers nbd_session config_parse engine_model; do
-  mkdir -p "fuzz/corpus/$t"
+shift || true
+# cargo-fuzz needs nightly's -Z flags; the stable toolchain every machine
+# here has ships the sanitizer runtimes, and RUSTC_BOOTSTRAP lets it take
+# those flags, so fuzzing never depends on a second toolchain being there.
+export RUSTC_BOOTSTRAP=1
+# A single input running this long is a hang, not a slow path.
+per_input_timeout=10
+
+failed=()
+fail() {
+  echo "FUZZ FAILED: $1: $2" >&2
+  failed+=("$1")
+}
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for f in fuzz/fuzz_targets/*.rs; do
+    targets+=("$(basename "$f" .rs)")
+  done
+fi
+
+for t in "${targets[@]}"; do
+  corpus="fuzz/corpus/$t"
+  if [ -z "$(ls -A "$corpus" 2>/dev/null)" ]; then
+    fail "$t" "no seed corpus in $corpus"
+    continue
+  fi
   work=$(mktemp -d)
-  cp -r "fuzz/corpus/$t/." "$work/"
-  echo "== fuzz $t for ${secs}s"
+  found=$(mktemp -d)
+  log=$(mktemp)
+  # The run grows its corpus; the committed seeds stay as they are.
+  cp -r "$corpus/." "$work/"
   extra=()
   # The engine writes a txg with scoped threads, whose thread-local buffers
   # are freed after the join returns: LeakSanitizer's per-input check would
-  # report them. Its real leaks would show as growth, which -rss_limit_mb catches.
+  # report them. Real leaks show as growth, which -rss_limit_mb catches.
   [ "$t" = engine_model ] && extra=(-detect_leaks=0 -rss_limit_mb=1024)
-  cargo +nightly fuzz run "$t" "$work" -- -max_total_time="$secs" -print_final_stats=1 "${extra[@]}" 2>&1 \
-    | grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|ERROR|panicked|Done" || true
-  rm -rf "$work"
-  # A crash leaves fuzz/artifacts/$t/crash-*: fail loudly.
-  if ls "fuzz/artifacts/$t"/crash-* >/dev/null 2>&1; then
-    echo "fuzz target $t found a crash: fuzz/artifacts/$t" >&2
-    exit 1
+  echo "== fuzz $t for ${secs}s"
+  rc=0
+  cargo fuzz run "$t" "$work" -- -max_total_time="$secs" -timeout="$per_input_timeout" \
+    -print_final_stats=1 -artifact_prefix="$found/" "${extra[@]}" >"$log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  if [ -n "$(ls -A "$found")" ]; then
+    mkdir -p "fuzz/artifacts/$t"
+    cp "$found"/* "fuzz/artifacts/$t/"
+    grep -E "ERROR|panicked|SUMMARY|deadly signal|Test unit written" "$log" | head -20 >&2 || true
+    fail "$t" "left $(ls "$found" | tr '\n' ' ')(copied to fuzz/artifacts/$t/)"
+  elif [ "$rc" -ne 0 ]; then
+    tail -30 "$log" >&2
+    fail "$t" "cargo fuzz exited with status $rc (build failure or error above)"
+  elif [ -z "$execs" ] || [ "$execs" -eq 0 ]; then
+    tail -30 "$log" >&2
+    fail "$t" "ran no input"
+  else
+    echo "fuzz $t: ${execs} executions, ${rate} exec/s, no findings"
   fi
+  rm -rf "$work" "$found" "$log"
 done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz/run-all.sh: ${#failed[@]} of ${#targets[@]} targets failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz/run-all.sh: all ${#targets[@]} targets ran ${secs}s with no findings"

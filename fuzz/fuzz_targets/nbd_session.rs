@@ -79,7 +79,8 @@ fn tls_server() -> &'static Arc<Server> {
     static S: OnceLock<Arc<Server>> = OnceLock::new();
     S.get_or_init(|| {
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+        let cert =
+            rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
         let dir = std::env::temp_dir().join(format!("arcache-fuzz-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));

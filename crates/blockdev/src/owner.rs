@@ -77,7 +77,7 @@ impl Owner {
             _ => OwnerState::Unknown,
         };
         let len = usize::from(b[16]).min(HOST_MAX);
-        let host = String::from_utf8_lossy(&b[HOST_AT..HOST_AT + len]).into_owned();
+        let host = host_name(&b[HOST_AT..HOST_AT + len]);
         Owner { state, pid: get_u32(b, 4), since: get_u64(b, 8), host }
     }
 
@@ -126,6 +126,16 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..len]).into_owned()
 }
 
+/// A stored host name; bytes that are not UTF-8 read as one `?` each, so
+/// the name keeps its length and a header rewritten from what was read is
+/// the header that was read (a lossy U+FFFD is three bytes and would be cut).
+fn host_name(raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(s) => s.to_string(),
+        Err(_) => raw.iter().map(|&c| if c.is_ascii() { c as char } else { '?' }).collect(),
+    }
+}
+
 fn truncate_utf8(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
@@ -149,6 +159,20 @@ mod tests {
         me.write(&mut h);
         assert_eq!(Owner::read(&h), me);
         assert_eq!(me.pid, std::process::id());
+    }
+
+    /// Found by fuzz target zil_decode: a host name that is not UTF-8 read
+    /// as U+FFFD (3 bytes per bad byte) did not survive a rewrite.
+    #[test]
+    fn a_host_name_that_is_not_utf8_survives_a_rewrite() {
+        let mut h = vec![0u8; 4096];
+        h[OWNER_AT + 16] = HOST_MAX as u8;
+        h[OWNER_AT + HOST_AT..OWNER_AT + HOST_AT + HOST_MAX].fill(0xab);
+        let read = Owner::read(&h);
+        assert_eq!(read.host, "?".repeat(HOST_MAX));
+        let mut again = vec![0u8; 4096];
+        read.write(&mut again);
+        assert_eq!(Owner::read(&again), read);
     }
 
     #[test]
