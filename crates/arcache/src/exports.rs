@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arcache_engine::{CommitDone, ReadEnd, Volume};
-use blockdev::DevError;
-use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, NbdResult, ReadCompletion};
+use blockdev::{Alloc, DevError};
+use nbd::proto::{STATE_HOLE, STATE_ZERO};
+use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion};
 
 use crate::recorder::Recorder;
 use tracing::warn;
@@ -121,8 +122,30 @@ impl Export for NbdExport {
         self.vol.write_zeroes(offset, len, fua).map_err(|e| errno("write_zeroes", &e))
     }
 
+    fn write_zeroes_fast(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
+        match self.vol.write_zeroes_fast(offset, len, fua, false) {
+            // Expected and frequent (clients probe with it): not worth a warning.
+            Err(DevError::Unsupported(_)) => Err(Errno(libc::ENOTSUP)),
+            other => other.map_err(|e| errno("write_zeroes", &e)),
+        }
+    }
+
     fn cache(&self, offset: u64, len: u64) -> NbdResult {
         self.vol.prefetch(offset, len).map_err(|e| errno("cache", &e))
+    }
+
+    fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, Errno> {
+        let map = self.vol.allocation(offset, u64::from(len)).map_err(|e| errno("block status", &e))?;
+        Ok(map
+            .into_iter()
+            .map(|(len, kind)| Extent {
+                len: len.min(u64::from(u32::MAX)) as u32,
+                flags: match kind {
+                    Alloc::Data => 0,
+                    Alloc::Hole => STATE_HOLE | STATE_ZERO,
+                },
+            })
+            .collect())
     }
 }
 

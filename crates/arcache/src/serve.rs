@@ -116,7 +116,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Request and reply payload bytes one connection may hold at once
-    /// (default 64M, at least 32M): the bound on what one client can make
+    /// (default 64M, at least 64M, the largest request): the bound on what one client can make
     /// the server allocate.
     #[arg(long, value_name = "SIZE")]
     pub max_conn_memory: Option<String>,

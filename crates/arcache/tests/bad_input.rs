@@ -140,15 +140,19 @@ fn transmission_errors_are_answered_and_the_connection_continues() {
     assert_eq!(simple_reply(&mut c), (EINVAL, 1), "read past the end");
     request(&mut c, 77, 2, 0, 0);
     assert_eq!(simple_reply(&mut c), (EINVAL, 2), "unknown command");
-    request(&mut c, CMD_READ, 3, 0, 64 << 20);
+    request(&mut c, CMD_READ, 3, 0, (64 << 20) + 4096);
     assert_eq!(simple_reply(&mut c), (EINVAL, 3), "oversized read");
     request(&mut c, CMD_TRIM, 4, u64::MAX - 10, 100);
     assert_eq!(simple_reply(&mut c), (EINVAL, 4), "offset overflow");
     // An oversized write: its payload is skipped and the stream stays in step.
-    let big = (33u32 << 20) + 5;
+    let big = (64u32 << 20) + 5;
     request(&mut c, CMD_WRITE, 5, 0, big);
     c.write_all(&vec![0u8; big as usize]).unwrap();
     assert_eq!(simple_reply(&mut c), (EINVAL, 5), "oversized write");
+    // Within the limit but past the end: ENOSPC, as the protocol asks of writes.
+    request(&mut c, CMD_WRITE, 7, (1 << 20) - 512, 4096);
+    c.write_all(&[0u8; 4096]).unwrap();
+    assert_eq!(simple_reply(&mut c), (ENOSPC, 7), "write past the end");
     request(&mut c, CMD_READ, 6, 0, 512);
     assert_eq!(simple_reply(&mut c), (0, 6));
     let mut data = [0u8; 512];

@@ -1,6 +1,6 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::{BlockDev, DevResult};
+use crate::{Alloc, BlockDev, DevResult};
 
 /// A snapshot of what a [`CountingDev`] has seen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -82,6 +82,15 @@ impl<D: BlockDev> BlockDev for CountingDev<D> {
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
         self.zeroes.fetch_add(1, Relaxed);
         self.inner.write_zeroes(offset, len)
+    }
+    fn zeroes_fast(&self) -> bool {
+        self.inner.zeroes_fast()
+    }
+    fn zero_fast(&self, offset: u64, len: u64, keep_allocated: bool) -> DevResult<()> {
+        self.inner.zero_fast(offset, len, keep_allocated)
+    }
+    fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        self.inner.allocation(offset, len)
     }
     fn describe(&self) -> String {
         self.inner.describe()

@@ -5,7 +5,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::lock::{self, DevLock};
-use crate::{check_range, write_zeroes_by_writing, BlockDev, DevError, DevResult};
+use crate::{check_range, write_zeroes_by_writing, Alloc, BlockDev, DevError, DevResult};
 
 /// O_DIRECT needs buffers, offsets and lengths aligned to the logical block
 /// size; 4 KiB satisfies every device we meet.
@@ -40,6 +40,9 @@ pub struct FileDev {
     /// descriptor, which only a flush makes durable.
     buffered_dirty: std::sync::atomic::AtomicBool,
     sync_writes: bool,
+    /// Cleared when the file system refused a hole punch or zero range:
+    /// zeroing is no longer offered as fast.
+    fast_zero_works: std::sync::atomic::AtomicBool,
 }
 
 fn io_err(op: &'static str, dev: &Path, offset: u64, len: u64, source: io::Error) -> DevError {
@@ -74,6 +77,46 @@ fn range_ioctl(f: &File, request: libc::c_ulong, offset: u64, len: u64) -> io::R
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Most extents one answer lists; a client asks again for the rest.
+const MAX_EXTENTS: usize = 1024;
+
+/// Data and holes of a regular file over `[start, end)` by SEEK_DATA and
+/// SEEK_HOLE. A file system without them reports all data.
+fn extents_by_seek(f: &File, start: u64, end: u64) -> io::Result<Vec<(u64, Alloc)>> {
+    let seek = |whence: libc::c_int, at: u64| -> io::Result<Option<u64>> {
+        // SAFETY: lseek on an owned descriptor; the offset is only read back.
+        // pread/pwrite elsewhere do not use the file position.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), at as libc::off_t, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            // ENXIO: no data (SEEK_DATA) past `at`; the rest is a hole.
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        }
+    };
+    let mut out: Vec<(u64, Alloc)> = Vec::new();
+    let mut at = start;
+    while at < end && out.len() < MAX_EXTENTS {
+        let data = match seek(libc::SEEK_DATA, at) {
+            Ok(d) => d.unwrap_or(end).min(end),
+            Err(e) if unsupported(&e) => return Ok(vec![(end - start, Alloc::Data)]),
+            Err(e) => return Err(e),
+        };
+        if data > at {
+            out.push((data - at, Alloc::Hole));
+            at = data;
+            continue;
+        }
+        let hole = seek(libc::SEEK_HOLE, at)?.unwrap_or(end).min(end);
+        out.push((hole.max(at + 1) - at, Alloc::Data));
+        at = hole.max(at + 1);
+    }
+    Ok(out)
 }
 
 fn unsupported(e: &io::Error) -> bool {
@@ -179,6 +222,7 @@ impl FileDev {
             path: path.to_path_buf(),
             buffered,
             sync_writes: opts.sync_writes && direct.is_some(),
+            fast_zero_works: std::sync::atomic::AtomicBool::new(true),
             direct,
             size,
             is_block,
@@ -293,6 +337,41 @@ impl BlockDev for FileDev {
             Err(e) if unsupported(&e) => write_zeroes_by_writing(self, offset, len),
             Err(e) => Err(io_err("write_zeroes", &self.path, offset, len, e)),
         }
+    }
+
+    fn zeroes_fast(&self) -> bool {
+        // A block device may zero by writing (BLKZEROOUT falls back to it),
+        // and there is no cheap way to know in advance: never promised.
+        !self.is_block && !self.read_only && self.fast_zero_works.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn zero_fast(&self, offset: u64, len: u64, keep_allocated: bool) -> DevResult<()> {
+        if !self.zeroes_fast() {
+            return Err(DevError::Unsupported(format!("fast zeroing on {}", self.path.display())));
+        }
+        check_range(self.size, offset, len)?;
+        self.buffered_dirty.store(true, std::sync::atomic::Ordering::Release);
+        let mode = if keep_allocated { libc::FALLOC_FL_ZERO_RANGE } else { libc::FALLOC_FL_PUNCH_HOLE };
+        match fallocate(&self.buffered, mode | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+            Ok(()) => Ok(()),
+            Err(e) if unsupported(&e) => {
+                // The caller has already dropped cached and dirty bytes of
+                // the range on our word: zero it the slow way so nothing old
+                // shows, and stop offering fast zeroing.
+                self.fast_zero_works.store(false, std::sync::atomic::Ordering::Relaxed);
+                write_zeroes_by_writing(self, offset, len)
+            }
+            Err(e) => Err(io_err("zero_fast", &self.path, offset, len, e)),
+        }
+    }
+
+    fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        check_range(self.size, offset, len)?;
+        if self.is_block || len == 0 {
+            return Ok(vec![(len, Alloc::Data)]);
+        }
+        extents_by_seek(&self.buffered, offset, offset + len)
+            .map_err(|e| io_err("seek", &self.path, offset, len, e))
     }
 
     fn describe(&self) -> String {

@@ -24,6 +24,15 @@ pub use mem::MemDev;
 pub use remote::NbdDev;
 pub use slow::{SlowDev, SlowDevConfig};
 
+/// What a range of a store holds, as far as the store can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alloc {
+    /// Allocated, or not known to be a hole: contents unknown.
+    Data,
+    /// Not allocated: reads as zeroes.
+    Hole,
+}
+
 /// A random-access store of `size()` bytes. Implementations are shared
 /// between threads; every call may block.
 pub trait BlockDev: Send + Sync {
@@ -45,6 +54,27 @@ pub trait BlockDev: Send + Sync {
     /// Makes a range read as zeroes.
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
         write_zeroes_by_writing(self, offset, len)
+    }
+
+    /// True when [`BlockDev::zero_fast`] can zero a range without writing
+    /// the zeroes (asked before a cache changes anything for it).
+    fn zeroes_fast(&self) -> bool {
+        false
+    }
+
+    /// Makes a range read as zeroes without writing them: a hole punched
+    /// (`keep_allocated` false) or an extent marked zero in place (true).
+    /// Where that cannot be done, fails with `Unsupported` and changes
+    /// nothing.
+    fn zero_fast(&self, _offset: u64, _len: u64, _keep_allocated: bool) -> DevResult<()> {
+        Err(DevError::Unsupported(format!("fast zeroing on {}", self.describe())))
+    }
+
+    /// Which parts of `[offset, offset+len)` hold data and which are holes
+    /// (read as zeroes), in order from `offset`; may stop short of `len`
+    /// after many extents. The default, all data, is always true.
+    fn allocation(&self, _offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        Ok(vec![(len, Alloc::Data)])
     }
 
     /// A name for logs and errors.
@@ -115,6 +145,15 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
         (**self).write_zeroes(offset, len)
+    }
+    fn zeroes_fast(&self) -> bool {
+        (**self).zeroes_fast()
+    }
+    fn zero_fast(&self, offset: u64, len: u64, keep_allocated: bool) -> DevResult<()> {
+        (**self).zero_fast(offset, len, keep_allocated)
+    }
+    fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        (**self).allocation(offset, len)
     }
     fn describe(&self) -> String {
         (**self).describe()

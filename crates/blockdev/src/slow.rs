@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::{BlockDev, DevResult};
+use crate::{Alloc, BlockDev, DevResult};
 
 /// How slow a [`SlowDev`] is: a model of an array of spinning disks.
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +72,15 @@ impl<D: BlockDev> BlockDev for SlowDev<D> {
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
         self.occupy(0);
         self.inner.write_zeroes(offset, len)
+    }
+    fn zeroes_fast(&self) -> bool {
+        self.inner.zeroes_fast()
+    }
+    fn zero_fast(&self, offset: u64, len: u64, keep_allocated: bool) -> DevResult<()> {
+        self.inner.zero_fast(offset, len, keep_allocated)
+    }
+    fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        self.inner.allocation(offset, len)
     }
     fn describe(&self) -> String {
         format!("slow({})", self.inner.describe())

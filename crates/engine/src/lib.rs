@@ -6,6 +6,7 @@ mod cache;
 mod commit;
 mod committer;
 mod dirty;
+mod extents;
 mod feed;
 mod prefetch;
 mod record;

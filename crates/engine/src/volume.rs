@@ -882,6 +882,34 @@ impl Volume {
         self.discard(offset, len, fua, Change::Zero, |dev, o, l| dev.write_zeroes(o, l))
     }
 
+    /// Zeroing only if the backing store can do it without writing the
+    /// zeroes (NBD's FAST_ZERO): `Unsupported` at once otherwise, before
+    /// anything cached or dirty is touched. `keep_allocated`: the range
+    /// stays provisioned (NBD's NO_HOLE).
+    pub fn write_zeroes_fast(&self, offset: u64, len: u64, fua: bool, keep_allocated: bool) -> DevResult<()> {
+        if self.read_only {
+            return Err(DevError::ReadOnly);
+        }
+        if !self.dev.zeroes_fast() {
+            return Err(DevError::Unsupported(format!("fast zeroing on {}", self.dev.describe())));
+        }
+        self.discard(offset, len, fua, Change::Zero, |dev, o, l| dev.zero_fast(o, l, keep_allocated))
+    }
+
+    /// What `[offset, offset+len)` holds, for NBD's `base:allocation`: the
+    /// backing store's holes, except where dirty data not yet synced lies
+    /// over them (that part is data whatever the store says). May cover
+    /// less than `len`.
+    pub fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, blockdev::Alloc)>> {
+        self.check(offset, len)?;
+        // Taken before the store is asked: a txg that lands meanwhile has
+        // put the same bytes on the store, which then says data too.
+        let dirty = self.wb.as_ref().map(|wb| wb.snapshot(self.id, offset..offset + len)).unwrap_or_default();
+        let extents = self.dev.allocation(offset, len)?;
+        let pages: Vec<u64> = dirty.iter().map(|(page, _)| *page).collect();
+        Ok(crate::extents::overlay_dirty(offset, &extents, &pages, crate::dirty::PAGE))
+    }
+
     /// Trim and zeroing: the device changes a range, and every cached record
     /// touching it is dropped (a partial one included) so no old byte is
     /// ever served again.

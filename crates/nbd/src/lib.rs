@@ -14,8 +14,8 @@ pub mod uri;
 pub use client::{Client, ClientError};
 pub use conn::Conn;
 pub use server::{
-    answer_together, Completion, Errno, Export, ExportInfo, ExportSet, NbdResult, ReadCompletion, ReadEnd,
-    Server, ServerConfig,
+    answer_together, Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion,
+    ReadEnd, Server, ServerConfig,
 };
 pub use tls::{TlsPolicy, TlsSetupError};
 pub use uri::{NbdUri, Target};

@@ -29,6 +29,7 @@ pub const OPT_SET_META_CONTEXT: u32 = 10;
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_FLAG_ERROR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_FLAG_ERROR | 1;
 pub const REP_ERR_POLICY: u32 = REP_FLAG_ERROR | 2;
@@ -54,6 +55,7 @@ pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub const TFLAG_SEND_DF: u16 = 1 << 7;
 pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 pub const TFLAG_SEND_CACHE: u16 = 1 << 10;
+pub const TFLAG_SEND_FAST_ZERO: u16 = 1 << 11;
 
 // Commands and command flags.
 pub const CMD_READ: u16 = 0;
@@ -63,14 +65,24 @@ pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_CACHE: u16 = 5;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+
+// The one metadata context served: base:allocation, and its state bits.
+pub const META_BASE_ALLOCATION: &str = "base:allocation";
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
 
 // Structured reply types and flags.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 
 // Errors carried in replies.

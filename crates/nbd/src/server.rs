@@ -96,8 +96,33 @@ pub trait Export: Send + Sync {
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> NbdResult;
+
+    /// WRITE_ZEROES with FAST_ZERO: zeroes the range only if that is
+    /// quicker than writing zeroes (a hole punched, an extent recorded);
+    /// otherwise fails with ENOTSUP at once, having changed nothing.
+    fn write_zeroes_fast(&self, _offset: u64, _len: u64, _fua: bool) -> NbdResult {
+        Err(Errno(libc::ENOTSUP))
+    }
+
     /// Loads a range into whatever cache the export has (NBD_CMD_CACHE).
     fn cache(&self, offset: u64, len: u64) -> NbdResult;
+
+    /// The `base:allocation` state of the range from `offset`: extents in
+    /// order, the first starting at `offset`, each of nonzero length. They
+    /// may cover less than `len` (at least one byte) or run past it. The
+    /// default says "allocated, contents unknown" for all of it, which is
+    /// always true.
+    fn block_status(&self, _offset: u64, len: u32) -> Result<Vec<Extent>, Errno> {
+        Ok(vec![Extent { len, flags: 0 }])
+    }
+}
+
+/// One `base:allocation` descriptor: `len` bytes in the state `flags`
+/// ([`STATE_HOLE`], [`STATE_ZERO`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u32,
+    pub flags: u32,
 }
 
 /// The set of exports a server offers.
@@ -135,7 +160,10 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            max_request: 32 << 20,
+            // nbdkit takes 64 MiB and real clients send that much (qemu-img
+            // convert, nbdcopy with large requests); 32 MiB is only the
+            // size every server must take.
+            max_request: 64 << 20,
             max_in_flight: 64,
             max_conn_bytes: 64 << 20,
             max_connections: 128,
@@ -177,12 +205,46 @@ pub struct Server {
     tls: Option<TlsPolicy>,
 }
 
+/// What the handshake settled for the transmission phase.
+struct Session {
+    export: Arc<dyn Export>,
+    structured: bool,
+    /// `base:allocation` was selected for the export chosen (its context
+    /// id is [`META_ID`]): BLOCK_STATUS may be sent.
+    block_status: bool,
+    /// The transmission flags the client was given.
+    flags: u16,
+}
+
+/// The context id given to `base:allocation` by SET_META_CONTEXT.
+const META_ID: u32 = 1;
+
+/// What options have settled so far in one haggling (started again
+/// inside TLS, where nothing from before carries over).
+#[derive(Default)]
+struct Haggled {
+    structured: bool,
+    /// The export the last SET_META_CONTEXT named, and whether it
+    /// selected `base:allocation`.
+    meta: Option<(String, bool)>,
+}
+
+impl Haggled {
+    fn session(&self, server: &Server, name: &str, export: Arc<dyn Export>) -> Session {
+        let info = export.info();
+        let block_status = self.meta.as_ref().is_some_and(|(n, on)| *on && n == name);
+        Session {
+            flags: server.transmission_flags(&info, self.structured),
+            export,
+            structured: self.structured,
+            block_status,
+        }
+    }
+}
+
 /// Why a handshake ended without entering transmission.
 enum Negotiated {
-    Transmit {
-        export: Arc<dyn Export>,
-        structured: bool,
-    },
+    Transmit(Session),
     /// The client asked for TLS and was told yes; haggling restarts inside it.
     StartTls,
     Done,
@@ -311,9 +373,9 @@ impl Server {
         let mut rd = BufReader::with_capacity(64 << 10, Reader::Plain(conn));
         let no_zeroes = greet(&mut rd, &mut wr)?;
         let mut secure = false;
-        let (export, structured) = loop {
+        let session = loop {
             match self.haggle(&mut rd, &mut wr, no_zeroes, secure)? {
-                Negotiated::Transmit { export, structured } => break (export, structured),
+                Negotiated::Transmit(session) => break session,
                 Negotiated::Done => {
                     wr.close();
                     return Ok(());
@@ -337,7 +399,7 @@ impl Server {
         // One socket under both halves (and under TLS): this bounds every
         // reply write of the connection.
         rd.get_ref().socket().set_write_timeout(self.cfg.reply_timeout)?;
-        self.transmission(rd, wr, export, structured)
+        self.transmission(rd, wr, session)
     }
 
     // ---------------------------------------------------------------- handshake
@@ -352,7 +414,7 @@ impl Server {
         secure: bool,
     ) -> io::Result<Negotiated> {
         let tls_required = self.tls.as_ref().is_some_and(|t| t.required) && !secure;
-        let mut structured = false;
+        let mut st = Haggled::default();
         loop {
             let magic = read_u64(rd)?;
             if magic != IHAVEOPT {
@@ -381,15 +443,15 @@ impl Server {
                         warn!("client asked for unknown export {name:?}");
                         return Ok(Negotiated::Done);
                     };
-                    let info = export.info();
+                    let session = st.session(self, &name, export);
                     let mut reply = Vec::with_capacity(10 + 124);
-                    reply.extend_from_slice(&info.size.to_be_bytes());
-                    reply.extend_from_slice(&self.transmission_flags(&info).to_be_bytes());
+                    reply.extend_from_slice(&session.export.info().size.to_be_bytes());
+                    reply.extend_from_slice(&session.flags.to_be_bytes());
                     if !no_zeroes {
                         reply.extend_from_slice(&[0u8; 124]);
                     }
                     w.send(&[&reply])?;
-                    return Ok(Negotiated::Transmit { export, structured });
+                    return Ok(Negotiated::Transmit(session));
                 }
                 OPT_STARTTLS => {
                     if let Some(n) = self.start_tls(rd, w, &data, secure)? {
@@ -418,21 +480,14 @@ impl Server {
                     if !data.is_empty() {
                         option_error(w, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data")?;
                     } else {
-                        structured = true;
+                        st.structured = true;
                         option_reply(w, opt, REP_ACK, &[])?;
                     }
                 }
-                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                    if structured {
-                        // No metadata contexts are offered; an empty answer says so.
-                        option_reply(w, opt, REP_ACK, &[])?;
-                    } else {
-                        option_error(w, opt, REP_ERR_INVALID, "negotiate structured replies first")?;
-                    }
-                }
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(w, opt, &data, &mut st)?,
                 OPT_INFO | OPT_GO => {
-                    if let Some(export) = self.info_or_go(w, opt, &data)? {
-                        return Ok(Negotiated::Transmit { export, structured });
+                    if let Some(session) = self.info_or_go(w, opt, &data, &st)? {
+                        return Ok(Negotiated::Transmit(session));
                     }
                 }
                 _ => option_error(w, opt, REP_ERR_UNSUP, "option not supported")?,
@@ -466,8 +521,43 @@ impl Server {
         Ok(None)
     }
 
-    /// Answers INFO or GO; returns the export when GO succeeded.
-    fn info_or_go(&self, w: &mut Writer, opt: u32, data: &[u8]) -> io::Result<Option<Arc<dyn Export>>> {
+    /// Answers LIST_META_CONTEXT and SET_META_CONTEXT. The one context is
+    /// `base:allocation`; queries of other namespaces are ignored, as the
+    /// protocol asks, and a SET replaces what an earlier one chose even
+    /// when it fails.
+    fn meta_context(&self, w: &mut Writer, opt: u32, data: &[u8], st: &mut Haggled) -> io::Result<()> {
+        let set = opt == OPT_SET_META_CONTEXT;
+        if set {
+            st.meta = None;
+        }
+        if !st.structured {
+            return option_error(w, opt, REP_ERR_INVALID, "negotiate structured replies first");
+        }
+        let Some((name, queries)) = parse_meta_request(data) else {
+            return option_error(w, opt, REP_ERR_INVALID, "malformed meta context request");
+        };
+        if self.exports.open(&name).is_none() {
+            return option_error(w, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}"));
+        }
+        let base = |q: &String| q == META_BASE_ALLOCATION || (!set && q == "base:");
+        let chosen =
+            if set { queries.iter().any(base) } else { queries.is_empty() || queries.iter().any(base) };
+        if chosen {
+            // LIST answers carry id 0 (reserved there); SET gives the real one.
+            let id = if set { META_ID } else { 0 };
+            let mut p = Vec::with_capacity(4 + META_BASE_ALLOCATION.len());
+            p.extend_from_slice(&id.to_be_bytes());
+            p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+            option_reply(w, opt, REP_META_CONTEXT, &p)?;
+        }
+        if set {
+            st.meta = Some((name, chosen));
+        }
+        option_reply(w, opt, REP_ACK, &[])
+    }
+
+    /// Answers INFO or GO; returns the session when GO succeeded.
+    fn info_or_go(&self, w: &mut Writer, opt: u32, data: &[u8], st: &Haggled) -> io::Result<Option<Session>> {
         let Some((name, requests)) = parse_info_request(data) else {
             option_error(w, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
             return Ok(None);
@@ -480,7 +570,7 @@ impl Server {
         let mut p = Vec::with_capacity(12);
         p.extend_from_slice(&INFO_EXPORT.to_be_bytes());
         p.extend_from_slice(&info.size.to_be_bytes());
-        p.extend_from_slice(&self.transmission_flags(&info).to_be_bytes());
+        p.extend_from_slice(&self.transmission_flags(&info, st.structured).to_be_bytes());
         option_reply(w, opt, REP_INFO, &p)?;
         for req in requests {
             let mut p = Vec::new();
@@ -498,15 +588,21 @@ impl Server {
             option_reply(w, opt, REP_INFO, &p)?;
         }
         option_reply(w, opt, REP_ACK, &[])?;
-        Ok((opt == OPT_GO).then_some(export))
+        Ok((opt == OPT_GO).then(|| st.session(self, &name, export)))
     }
 
-    fn transmission_flags(&self, info: &ExportInfo) -> u16 {
-        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
+    fn transmission_flags(&self, info: &ExportInfo, structured: bool) -> u16 {
+        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_CACHE;
         if info.read_only {
+            // Nothing to make durable: FUA is not offered, so a FUA flag is
+            // refused like any flag not offered.
             f |= TFLAG_READ_ONLY;
         } else {
-            f |= TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
+            f |= TFLAG_SEND_FUA | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+        }
+        if structured {
+            // A read is always answered with one data chunk: never fragmented.
+            f |= TFLAG_SEND_DF;
         }
         if info.multi_conn {
             f |= TFLAG_CAN_MULTI_CONN;
@@ -523,17 +619,16 @@ impl Server {
         self: &Arc<Self>,
         mut rd: BufReader<Reader>,
         wr: Writer,
-        export: Arc<dyn Export>,
-        structured: bool,
+        session: Session,
     ) -> io::Result<()> {
-        let info = export.info();
+        let info = session.export.info();
         let shared = Arc::new(ConnShared {
             writer: Mutex::new(wr),
-            structured,
+            structured: session.structured,
             in_flight: Mutex::new(InFlight::default()),
             drained: Condvar::new(),
         });
-        let result = self.request_loop(&mut rd, &shared, &export, &info);
+        let result = self.request_loop(&mut rd, &shared, &session, &info);
         shared.wait_idle();
         shared.writer.lock().close();
         result
@@ -543,9 +638,10 @@ impl Server {
         self: &Arc<Self>,
         rd: &mut BufReader<Reader>,
         shared: &Arc<ConnShared>,
-        export: &Arc<dyn Export>,
+        session: &Session,
         info: &ExportInfo,
     ) -> io::Result<()> {
+        let export = &session.export;
         let mut scratch: Vec<u8> = Vec::new();
         // Requests that arrived together are answered together: replies
         // made here wait until the reader has nothing more buffered.
@@ -583,7 +679,7 @@ impl Server {
             } else {
                 None
             };
-            if let Err(errno) = self.validate(&req, info) {
+            if let Err(errno) = self.validate(&req, info, session) {
                 shared.reply_error(req, errno, &self.stats);
                 continue;
             }
@@ -616,6 +712,7 @@ impl Server {
                     continue;
                 }
             }
+            let fast_zero = req.flags & CMD_FLAG_FAST_ZERO != 0;
             self.dispatch(
                 slot,
                 req,
@@ -624,8 +721,15 @@ impl Server {
                         CMD_WRITE => ex.write(off, payload.as_deref().unwrap_or(&[]), fua),
                         CMD_FLUSH => ex.flush(),
                         CMD_TRIM => ex.trim(off, len, fua),
+                        CMD_WRITE_ZEROES if fast_zero => ex.write_zeroes_fast(off, len, fua),
                         CMD_WRITE_ZEROES => ex.write_zeroes(off, len, fua),
                         CMD_CACHE => ex.cache(off, len),
+                        CMD_BLOCK_STATUS => {
+                            return match ex.block_status(off, req.length) {
+                                Ok(extents) => (Ok(()), encode_extents(&extents, &req)),
+                                Err(e) => (Err(e), Vec::new()),
+                            }
+                        }
                         _ => Err(Errno(libc::EINVAL)),
                     };
                     (res, Vec::new())
@@ -688,23 +792,44 @@ impl Server {
         Ok(None)
     }
 
-    fn validate(&self, req: &Request, info: &ExportInfo) -> Result<(), u32> {
-        let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-        match req.kind {
-            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_FLUSH => {}
-            _ => return Err(EINVAL),
+    /// The checks the protocol asks of every request before it runs: an
+    /// unknown command or a flag not offered for it is EINVAL, a change to a
+    /// read-only export EPERM, a write or zeroing past the end ENOSPC, any
+    /// other request past the end EINVAL, and so is a zero-length request
+    /// (the protocol leaves it unspecified; EINVAL, as nbdkit answers, tells
+    /// a buggy client more than a silent success).
+    fn validate(&self, req: &Request, info: &ExportInfo, session: &Session) -> Result<(), u32> {
+        let offered = |flag: u16, cmd_flag: u16| if session.flags & flag != 0 { cmd_flag } else { 0 };
+        let valid_flags = offered(TFLAG_SEND_FUA, CMD_FLAG_FUA)
+            | match req.kind {
+                CMD_READ => offered(TFLAG_SEND_DF, CMD_FLAG_DF),
+                CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | offered(TFLAG_SEND_FAST_ZERO, CMD_FLAG_FAST_ZERO),
+                CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+                CMD_WRITE | CMD_TRIM | CMD_CACHE | CMD_FLUSH => 0,
+                _ => return Err(EINVAL),
+            };
+        if req.flags & !valid_flags != 0 {
+            return Err(EINVAL);
         }
+        let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
         if writes && info.read_only {
             return Err(EPERM);
         }
+        if req.kind == CMD_BLOCK_STATUS && !session.block_status {
+            return Err(EINVAL);
+        }
         if req.kind == CMD_FLUSH {
             return Ok(());
+        }
+        if req.length == 0 {
+            return Err(EINVAL);
         }
         if matches!(req.kind, CMD_READ | CMD_WRITE) && req.length > self.cfg.max_request {
             return Err(EINVAL);
         }
         match req.offset.checked_add(u64::from(req.length)) {
             Some(end) if end <= info.size => Ok(()),
+            _ if matches!(req.kind, CMD_WRITE | CMD_WRITE_ZEROES) => Err(ENOSPC),
             _ => Err(EINVAL),
         }
     }
@@ -745,10 +870,10 @@ impl Server {
         let job: Job = Box::new(move || {
             let shared = &slot.shared;
             let (res, buf) = work(export.as_ref());
-            if req.kind == CMD_READ {
-                shared.reply_read(req, res, &buf, &server.stats);
-            } else {
-                shared.reply_status(req, res, &server.stats);
+            match req.kind {
+                CMD_READ => shared.reply_read(req, res, &buf, &server.stats),
+                CMD_BLOCK_STATUS => shared.reply_block_status(req, res, &buf, &server.stats),
+                _ => shared.reply_status(req, res, &server.stats),
             }
             // The reply is out: dropping `slot` gives its budget back.
             drop(slot);
@@ -841,6 +966,22 @@ impl ConnShared {
             }
             Ok(()) => self.send(&[&simple_header(req.handle, 0)]),
         }
+    }
+
+    /// A BLOCK_STATUS answer: one chunk for the one context, `descriptors`
+    /// as [`encode_extents`] made them.
+    fn reply_block_status(
+        self: &Arc<Self>,
+        req: Request,
+        res: NbdResult,
+        descriptors: &[u8],
+        stats: &ServerStats,
+    ) {
+        if let Err(Errno(e)) = res {
+            return self.reply_error(req, wire_errno(e), stats);
+        }
+        let h = structured_header(req.handle, REPLY_TYPE_BLOCK_STATUS, 4 + descriptors.len() as u32);
+        self.send(&[&h, &META_ID.to_be_bytes(), descriptors]);
     }
 
     fn reply_error(self: &Arc<Self>, req: Request, errno: u32, stats: &ServerStats) {
@@ -971,6 +1112,53 @@ fn hold_slot(slot: Slot) {
         None => Some(slot),
     });
     drop(slot);
+}
+
+/// Descriptors as the protocol wants them, whatever the export gave:
+/// nonzero lengths, none starting at or past the request's end (the last
+/// may run past it), one no longer than the request for REQ_ONE, and at
+/// least one ("allocated, unknown" for the whole request if the export
+/// gave nothing usable).
+fn encode_extents(extents: &[Extent], req: &Request) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 * extents.len().max(1));
+    let mut covered = 0u64;
+    for e in extents.iter().filter(|e| e.len > 0) {
+        if covered >= u64::from(req.length) {
+            break;
+        }
+        let len = if req.flags & CMD_FLAG_REQ_ONE != 0 { e.len.min(req.length) } else { e.len };
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&e.flags.to_be_bytes());
+        covered += u64::from(len);
+        if req.flags & CMD_FLAG_REQ_ONE != 0 {
+            break;
+        }
+    }
+    if out.is_empty() {
+        out.extend_from_slice(&req.length.to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes());
+    }
+    out
+}
+
+/// Parses LIST/SET_META_CONTEXT data: the export name and the queries.
+pub fn parse_meta_request(data: &[u8]) -> Option<(String, Vec<String>)> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let b = data.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(b)
+    };
+    let word = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let name_len = word(take(4)?);
+    let name = String::from_utf8(take(name_len)?.to_vec()).ok()?;
+    let count = word(take(4)?);
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = word(take(4)?);
+        queries.push(String::from_utf8(take(len)?.to_vec()).ok()?);
+    }
+    (at == data.len()).then_some((name, queries))
 }
 
 fn simple_header(handle: u64, error: u32) -> [u8; 16] {

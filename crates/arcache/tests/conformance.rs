@@ -1,0 +1,96 @@
+//! NBD conformance of the real server, checked by
+//! `tests/conformance/nbd_conformance.py` (python3-libnbd and a raw-socket
+//! client, written from the protocol document): block status, fast zero,
+//! errors and limits the protocol asks for, and a verified replay of mixed
+//! requests of up to 64 MiB.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::Serve;
+
+const SIZE: u64 = 160 << 20;
+/// Where the image holds data; the rest is a hole.
+const DATA: [(u64, u64); 3] = [(0, 1 << 20), (8 << 20, 1 << 20), (100 << 20, 64 << 10)];
+
+fn sparse_image(path: &Path) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(SIZE).unwrap();
+    for (i, &(off, len)) in DATA.iter().enumerate() {
+        f.write_all_at(&vec![0x11 * (i as u8 + 1); len as usize], off).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+/// Debian's python3 with python3-libnbd (installed by `.ci/run`).
+fn python_with_libnbd() -> &'static str {
+    let py = "/usr/bin/python3";
+    let ok = Command::new(py).args(["-c", "import nbd"]).status().is_ok_and(|s| s.success());
+    assert!(ok, "{py} cannot import nbd: apt-get install python3-libnbd (.ci/run does)");
+    py
+}
+
+#[test]
+fn the_server_meets_the_protocol_document() {
+    let py = python_with_libnbd();
+    let rw_dir = tempfile::tempdir().unwrap();
+    let ro_dir = tempfile::tempdir().unwrap();
+    let (rw_img, ro_img) = (rw_dir.path().join("rw.img"), ro_dir.path().join("ro.img"));
+    sparse_image(&rw_img);
+    sparse_image(&ro_img);
+    let rw = Serve::start(rw_dir, &["--export", rw_img.to_str().unwrap(), "--arc-max", "512M"]);
+    let ro = Serve::start(ro_dir, &["--export", ro_img.to_str().unwrap(), "--read-only", "--arc-max", "64M"]);
+    let layout: Vec<String> = DATA.iter().map(|(o, l)| format!("{o}:{l}")).collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/nbd_conformance.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(&rw.sock)
+        .arg(&ro.sock)
+        .arg(SIZE.to_string())
+        .arg(layout.join(","))
+        .output()
+        .expect("run the conformance script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "conformance checks failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(" passed, 0 failed"), "no summary line:\n{text}");
+    rw.stop();
+    ro.stop();
+}
+
+/// nbdcopy uses the block-status map: copying a 1 GiB image that holds
+/// 64 MiB of data reads about that much from the backing store (a dense
+/// copy would read all 1 GiB), and the copy is exact.
+#[test]
+fn nbdcopy_skips_the_holes_block_status_reports() {
+    common::need("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("sparse.img");
+    let copy = dir.path().join("copy.img");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(1 << 30).unwrap();
+        // 64 MiB of data in 16 pieces of 4 MiB spread over the image.
+        for i in 0..16u64 {
+            let piece: Vec<u8> = (0..4u64 << 20).map(|b| (b * 31 + i * 7) as u8).collect();
+            f.write_all_at(&piece, i * (64 << 20) + (1 << 20)).unwrap();
+        }
+    }
+    let s = Serve::start(dir, &["--export", img.to_str().unwrap(), "--arc-max", "256M"]);
+    let before = s.stat()["backing_read_bytes"].as_u64().unwrap();
+    common::run(Command::new("nbdcopy").arg(s.uri("")).arg(&copy));
+    let read = s.stat()["backing_read_bytes"].as_u64().unwrap() - before;
+    assert!(read < 160 << 20, "nbdcopy made the server read {} MiB of a 64 MiB-data image", read >> 20);
+    let (a, b) = (std::fs::read(&img).unwrap(), std::fs::read(&copy).unwrap());
+    assert!(a == b, "the copy differs from the image");
+    s.stop();
+}
