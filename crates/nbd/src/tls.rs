@@ -36,6 +36,10 @@ pub enum TlsSetupError {
     NoCertificateDir,
     #[error("CA certificate {path}: {source}")]
     Ca { path: PathBuf, source: rustls::Error },
+    #[error("private key {path}: a {kind} key cannot be used ({reason}); usable keys are RSA (2048 to 8192 bits, any size between), ECDSA on P-256, P-384 or P-521, and Ed25519")]
+    Key { path: PathBuf, kind: &'static str, reason: String },
+    #[error("private key {key} does not match the certificate {cert} (the key of another certificate?)")]
+    KeyMismatch { key: PathBuf, cert: PathBuf },
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
     #[error("certificate and key: {0}")]
@@ -51,8 +55,10 @@ pub fn server_config(
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, TlsSetupError> {
     let chain = read_certs(cert)?;
+    let key_path = key;
     let key = read_key(key)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    check_key(&provider, &key, key_path)?;
     let builder =
         ServerConfig::builder_with_provider(Arc::clone(&provider)).with_safe_default_protocol_versions()?;
     let builder = match client_ca {
@@ -63,7 +69,49 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    Ok(Arc::new(builder.with_single_cert(chain, key)?))
+    builder.with_single_cert(chain, key).map(Arc::new).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => {
+            TlsSetupError::KeyMismatch { key: key_path.to_path_buf(), cert: cert.to_path_buf() }
+        }
+        other => other.into(),
+    })
+}
+
+/// Loads the key with the provider first, so a key it cannot use is
+/// reported with its path and kind rather than as a bare parse error.
+fn check_key(
+    provider: &rustls::crypto::CryptoProvider,
+    key: &PrivateKeyDer<'static>,
+    path: &Path,
+) -> Result<(), TlsSetupError> {
+    provider.key_provider.load_private_key(key.clone_key()).map(drop).map_err(|e| TlsSetupError::Key {
+        path: path.to_path_buf(),
+        kind: key_kind(key),
+        reason: e.to_string(),
+    })
+}
+
+/// The algorithm of a private key, from the object identifier near the
+/// start of its DER encoding (enough to name it in an error).
+fn key_kind(key: &PrivateKeyDer<'_>) -> &'static str {
+    const KINDS: [(&[u8], &str); 6] = [
+        (&[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01], "RSA"),
+        (&[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01], "ECDSA"),
+        (&[0x2a, 0x86, 0x48, 0xce, 0x38, 0x04, 0x01], "DSA"),
+        (&[0x2b, 0x65, 0x70], "Ed25519"),
+        (&[0x2b, 0x65, 0x71], "Ed448"),
+        (&[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x03, 0x01], "Diffie-Hellman"),
+    ];
+    let der = match key {
+        PrivateKeyDer::Pkcs1(_) => return "RSA",
+        PrivateKeyDer::Sec1(_) => return "ECDSA",
+        other => other.secret_der(),
+    };
+    let head = &der[..der.len().min(48)];
+    KINDS
+        .iter()
+        .find(|(oid, _)| head.windows(oid.len()).any(|w| w == *oid))
+        .map_or("private", |(_, name)| name)
 }
 
 /// A client configuration from a libnbd-style certificate directory:
@@ -76,7 +124,7 @@ pub fn client_config(tls: &crate::uri::ClientTls) -> Result<Arc<rustls::ClientCo
         Some(d) => d.clone(),
         None => default_certificate_dir().ok_or(TlsSetupError::NoCertificateDir)?,
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_root_certificates(read_roots(&dir.join("ca-cert.pem"))?);
