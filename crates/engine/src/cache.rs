@@ -359,6 +359,37 @@ impl Cache {
         }
     }
 
+    /// Puts `plain`, the decompressed contents of `old`, in `old`'s place if
+    /// `old` is still the cached record (a write may have replaced it
+    /// meanwhile; then nothing changes). Hot large records are kept
+    /// decompressed, as OpenZFS keeps hot buffers: decompressing a whole
+    /// large record for each small read was the cost of small IO on large
+    /// records. The L2 copy, of the same contents, stays.
+    pub(crate) fn keep_decompressed(&self, key: Key, old: &RecordData, plain: RecordData) {
+        let gone = {
+            let mut s = self.state.lock();
+            if !s.data.get(&key).is_some_and(|cur| Arc::ptr_eq(cur, old)) {
+                return;
+            }
+            self.insert_locked(&mut s, key, plain, false)
+        };
+        self.count_evicted(gone);
+    }
+
+    /// Writes `bytes` over bytes `at..` of the cached record `key` in place,
+    /// when it is uncompressed and nobody else holds it (a reader copying
+    /// out of it, the feed); false otherwise, having changed nothing. Call
+    /// with the record's lock held, between [`Cache::begin_write`] (or
+    /// [`Cache::hold_off_feed`]) and [`Cache::end_write`]: the feed must not
+    /// copy a record while it changes.
+    pub(crate) fn patch_in_place(&self, key: Key, at: usize, bytes: &[u8]) -> bool {
+        let mut s = self.state.lock();
+        let Some(rec) = s.data.get_mut(&key).and_then(Arc::get_mut) else {
+            return false;
+        };
+        rec.patch(at, bytes)
+    }
+
     /// Forgets `key` in RAM and on L2; returns true if it was in RAM.
     pub(crate) fn invalidate(&self, key: Key) -> bool {
         let mut s = self.state.lock();

@@ -49,6 +49,27 @@ impl Record {
         Record { stored: data.into(), lsize, compressed: false }
     }
 
+    /// Keeps `data` uncompressed, without copying it.
+    pub fn raw(data: Vec<u8>) -> Record {
+        let lsize = data.len() as u32;
+        Record { stored: data.into_boxed_slice(), lsize, compressed: false }
+    }
+
+    /// Writes `bytes` over logical bytes `at..` of an uncompressed record;
+    /// false (nothing changed) for a compressed one or a range outside it.
+    pub fn patch(&mut self, at: usize, bytes: &[u8]) -> bool {
+        if self.compressed {
+            return false;
+        }
+        match at.checked_add(bytes.len()).and_then(|end| self.stored.get_mut(at..end)) {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A record read back from L2, checked by decompressing it once.
     pub fn from_stored(stored: Box<[u8]>, lsize: u32, compressed: bool) -> Result<Record, Corrupt> {
         let r = Record { stored, lsize, compressed };
@@ -138,6 +159,18 @@ mod tests {
         let mut head_zeros = noise;
         head_zeros[..8192].fill(0);
         assert!(Record::new(&head_zeros, true).is_compressed());
+    }
+
+    #[test]
+    fn only_uncompressed_records_are_patched_in_place() {
+        let mut r = Record::raw(vec![1u8; 8192]);
+        assert!(r.patch(4096, &[9u8; 512]));
+        let v = r.to_vec().unwrap();
+        assert!(v[4096..4608].iter().all(|&b| b == 9) && v[4608] == 1 && v[4095] == 1);
+        assert!(!r.patch(8000, &[0u8; 512]), "past the end");
+        let mut c = Record::new(&[0u8; 8192], true);
+        assert!(c.is_compressed() && !c.patch(0, &[1u8; 16]));
+        assert!(c.to_vec().unwrap().iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -64,6 +64,10 @@ arcache_sync::thread_local! {
 /// Most records one backing IO fills or writes at once; bounds the locks
 /// one request holds and the size of a single device request.
 const MAX_RECORDS_PER_IO: u64 = 64;
+/// Compressed records at least this large are kept decompressed in RAM once
+/// read or written in part, so small IO on large records costs what it
+/// costs on small ones (see `Cache::keep_decompressed`).
+const HOT_PLAIN_MIN: u64 = 32 << 10;
 
 pub struct VolumeConfig {
     pub name: String,
@@ -222,12 +226,22 @@ impl Volume {
     }
 
     /// Copies the part of `record` that overlaps `[offset, offset+buf.len())`.
-    fn copy_out(&self, record: u64, data: &Record, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+    /// A large compressed record read in part is decompressed once and kept
+    /// that way.
+    fn copy_out(&self, record: u64, data: &RecordData, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         let r = self.record_range(record);
         let from = offset.max(r.start);
         let to = (offset + buf.len() as u64).min(r.end);
-        data.copy_to((from - r.start) as usize, &mut buf[(from - offset) as usize..(to - offset) as usize])
-            .map_err(|e| DevError::Unsupported(format!("cached record of {} is corrupt: {e}", self.name)))
+        let corrupt = |e| DevError::Unsupported(format!("cached record of {} is corrupt: {e}", self.name));
+        let out = &mut buf[(from - offset) as usize..(to - offset) as usize];
+        let at = (from - r.start) as usize;
+        if data.is_compressed() && data.lsize() >= HOT_PLAIN_MIN && (to - from) < data.lsize() {
+            let plain = data.to_vec().map_err(corrupt)?;
+            out.copy_from_slice(&plain[at..at + out.len()]);
+            self.cache.keep_decompressed(self.key(record), data, Arc::new(Record::raw(plain)));
+            return Ok(());
+        }
+        data.copy_to(at, out).map_err(corrupt)
     }
 
     /// Serves a read from RAM if every record is cached; false otherwise,
@@ -807,14 +821,23 @@ impl Volume {
                 self.cache.insert_written(key, Arc::new(Record::new(new, compress)));
                 continue;
             }
+            let (from, to) = (offset.max(rr.start), end.min(rr.end));
+            let part = &data[(from - offset) as usize..(to - offset) as usize];
+            let at = (from - rr.start) as usize;
+            if self.cache.patch_in_place(key, at, part) {
+                continue;
+            }
             let patched = self.cache.peek(key).and_then(|old| old.to_vec().ok()).map(|mut v| {
-                let from = offset.max(rr.start);
-                let to = end.min(rr.end);
-                v[(from - rr.start) as usize..(to - rr.start) as usize]
-                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                v[at..at + part.len()].copy_from_slice(part);
                 v
             });
             match patched {
+                // A large record written in part stays plain, so the next
+                // small write patches it in place instead of copying and
+                // compressing the whole record again.
+                Some(v) if v.len() as u64 >= HOT_PLAIN_MIN => {
+                    self.cache.insert_written(key, Arc::new(Record::raw(v)))
+                }
                 Some(v) => self.cache.insert_written(key, Arc::new(Record::new(&v, compress))),
                 // Not in RAM: nothing to patch (begin_write dropped any L2 copy).
                 None => {
@@ -977,6 +1000,59 @@ fn runs(sorted: &[u64]) -> Vec<Range<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn big_record_volume() -> (Arc<Volume>, Arc<blockdev::MemDev>) {
+        let cache = Cache::new(crate::CacheConfig {
+            arc_min: 8 << 20,
+            arc_max: 64 << 20,
+            min_prefetch_ms: 0,
+            compress: true,
+        });
+        let dev = Arc::new(blockdev::MemDev::new(4 << 20));
+        // Compressible but not uniform: a pattern LZ4 packs well.
+        let pattern: Vec<u8> = (0..4u32 << 20).map(|i| (i / 64 % 7) as u8).collect();
+        dev.write_at(&pattern, 0).unwrap();
+        let cfg = VolumeConfig { name: "big".into(), recordsize: 1 << 20, read_only: false };
+        (Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache), dev)
+    }
+
+    /// Small IO on a large compressed record: the first partial read keeps
+    /// it decompressed, later partial writes patch that same record in
+    /// place, and every byte read is the device's or the write's.
+    #[test]
+    fn a_large_record_read_in_part_stays_plain_and_is_patched_in_place() {
+        let (vol, dev) = big_record_volume();
+        let mut whole = vec![0u8; 1 << 20];
+        vol.read(1 << 20, &mut whole).unwrap();
+        let key = vol.key(1);
+        assert!(vol.cache.peek(key).unwrap().is_compressed(), "a whole read keeps it compressed");
+        let mut small = vec![0u8; 4096];
+        vol.read((1 << 20) + 8192, &mut small).unwrap();
+        assert_eq!(small, whole[8192..8192 + 4096]);
+        let plain = vol.cache.peek(key).unwrap();
+        assert!(!plain.is_compressed(), "a partial read leaves it plain");
+        let before = Arc::as_ptr(&plain);
+        drop(plain);
+        vol.write_through((1 << 20) + 4096, &[0xee; 4096], false).unwrap();
+        let after = vol.cache.peek(key).unwrap();
+        assert_eq!(Arc::as_ptr(&after), before, "patched in place, not copied");
+        drop(after);
+        vol.read((1 << 20) + 4096, &mut small).unwrap();
+        assert!(small.iter().all(|&b| b == 0xee));
+        let mut on_dev = vec![0u8; 4096];
+        dev.read_at(&mut on_dev, (1 << 20) + 4096).unwrap();
+        assert_eq!(on_dev, small, "written through to the device");
+        // A writer that finds the record held by a reader copies instead.
+        let held = vol.cache.peek(key).unwrap();
+        vol.write_through((1 << 20) + 4096, &[0x11; 512], false).unwrap();
+        let now = vol.cache.peek(key).unwrap();
+        assert!(!Arc::ptr_eq(&held, &now) && !now.is_compressed());
+        assert!(
+            held.to_vec().unwrap()[4096..4608].iter().all(|&b| b == 0xee),
+            "the reader's copy is untouched"
+        );
+        assert!(now.to_vec().unwrap()[4096..4608].iter().all(|&b| b == 0x11));
+    }
 
     #[test]
     fn runs_group_contiguous_records() {

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Small IO on large records, in one run: for each recordsize (16K, 128K,
+# 1M), arcache serves the same 256 MiB half-compressible file with every
+# record cached (read once whole first), then fio's nbd engine does 4K
+# random reads and 4K random writes at QD16. Reports IOPS and each
+# recordsize's ratio to 16K, and what a larger record costs on a miss: bytes
+# read from the backing store per byte a cold 4K random read asked for.
+#
+# Usage: bench/recordsize.sh [SECONDS_PER_JOB]   (about 2 minutes at 8)
+# Writes bench/results/recordsize.md (commit and date on its first line).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+secs=${1:-8}
+size_mib=256
+for t in fio nbdcopy python3; do
+  command -v "$t" >/dev/null || { echo "bench: $t is missing (apt-get install fio libnbd-bin)" >&2; exit 2; }
+done
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+cargo build --release --quiet --manifest-path "$here/Cargo.toml"
+bin="$here/target/release/arcache"
+bench_start arcache-recordsize
+result=$(bench_results recordsize.md)
+header=$(bench_header "$secs")
+
+# Half-compressible data, as fio writes it: compression is on by default and
+# a compressed record is what used to be decompressed whole for each read.
+img="$work/disk.img"
+fio --name=fill --filename="$img" --rw=write --bs=1M --size=${size_mib}M \
+    --buffer_compress_percentage=50 --refill_buffers --output=/dev/null
+
+stat_field() { "$bin" stat --json --control "$1" | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"; }
+
+fio_iops() { # uri rw -> IOPS
+  fio --name=j --ioengine=nbd --uri="$1" --rw="$2" --bs=4k --iodepth=16 --size=${size_mib}M \
+      --time_based --runtime="$secs" --randseed=42 --buffer_compress_percentage=50 \
+      --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; print(round(j['read']['iops'] + j['write']['iops']))"
+}
+
+declare -A reads writes amp
+for rs in 16K 128K 1M; do
+  sock="$work/$rs.sock" ctl="$work/$rs.ctl"
+  cp --sparse=never "$img" "$work/$rs.img"
+  "$bin" serve --export "$work/$rs.img" --recordsize "$rs" --listen "unix:$sock" --control "$ctl" \
+    --arc-max 1G >"$work/$rs.log" 2>&1 & pids+=($!)
+  wait_sock "$sock"; wait_sock "$ctl"
+  uri="nbd+unix:///?socket=$sock"
+  # Cold 4K random reads: what a miss costs at this recordsize.
+  b0=$(stat_field "$ctl" backing_read_bytes)
+  fio --name=cold --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=1 --size=${size_mib}M \
+      --number_ios=512 --randseed=7 --output=/dev/null
+  b1=$(stat_field "$ctl" backing_read_bytes)
+  amp[$rs]=$(python3 -c "print(f'{($b1 - $b0) / (512 * 4096):.1f}')")
+  nbdcopy "$uri" null:      # every record cached, whole
+  reads[$rs]=$(fio_iops "$uri" randread)
+  writes[$rs]=$(fio_iops "$uri" randwrite)
+  kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+  echo "recordsize $rs: 4K randread ${reads[$rs]} IOPS, randwrite ${writes[$rs]} IOPS, miss amplification ${amp[$rs]}x" >&2
+done
+
+ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
+{
+  echo "$header"
+  echo
+  echo "256 MiB half-compressible file, every record cached (ARC 1 GiB), fio nbd engine, 4K at QD16, ${secs} s per job."
+  echo
+  echo "| recordsize | 4K random read IOPS | vs 16K | 4K random write IOPS | vs 16K | backing bytes per byte asked, cold 4K reads |"
+  echo "|---|---|---|---|---|---|"
+  for rs in 16K 128K 1M; do
+    echo "| $rs | ${reads[$rs]} | $(ratio "${reads[$rs]}" "${reads[16K]}") | ${writes[$rs]} | $(ratio "${writes[$rs]}" "${writes[16K]}") | ${amp[$rs]}x |"
+  done
+} > "$result"
+cat "$result"
