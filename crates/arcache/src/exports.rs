@@ -143,6 +143,7 @@ impl Export for NbdExport {
                 flags: match kind {
                     Alloc::Data => 0,
                     Alloc::Hole => STATE_HOLE | STATE_ZERO,
+                    Alloc::Zero => STATE_ZERO,
                 },
             })
             .collect())

@@ -94,3 +94,56 @@ fn nbdcopy_skips_the_holes_block_status_reports() {
     assert!(a == b, "the copy differs from the image");
     s.stop();
 }
+
+/// `nbdinfo --map` output as (offset, length, flags) triples.
+fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, u32)> {
+    let out = common::run(Command::new(common::need("nbdinfo")).args(["--map", "--json", uri]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nbdinfo --map --json");
+    let mut map: Vec<(u64, u64, u32)> = Vec::new();
+    for e in v.as_array().expect("a JSON array") {
+        let (o, l, t) =
+            (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap(), e["type"].as_u64().unwrap());
+        match map.last_mut() {
+            Some(last) if last.2 == t as u32 && last.0 + last.1 == o => last.1 += l,
+            _ => map.push((o, l, t as u32)),
+        }
+    }
+    map
+}
+
+/// Through an NBD backing store, block status is the backing server's own
+/// (asked on a connection of its own with structured replies), with what
+/// is dirty in arcache laid over it.
+#[test]
+fn block_status_of_an_nbd_backing_is_the_backing_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("origin.img");
+    sparse_image(&img);
+    let origin = common::Nbdkit::start(dir.path(), "origin", &["file", img.to_str().unwrap()]);
+    let sdir = tempfile::tempdir().unwrap();
+    let s = Serve::start(sdir, &["--export", &origin.uri(), "--arc-max", "64M"]);
+    let want: Vec<(u64, u64, u32)> = {
+        let mut v = Vec::new();
+        let mut pos = 0;
+        for &(o, l) in &DATA {
+            if o > pos {
+                v.push((pos, o - pos, 3));
+            }
+            v.push((o, l, 0));
+            pos = o + l;
+        }
+        v.push((pos, SIZE - pos, 3));
+        v
+    };
+    assert_eq!(nbdinfo_map(&origin.uri()), want, "nbdkit's own map (the reference)");
+    assert_eq!(nbdinfo_map(&s.uri("")), want, "the same map through arcache");
+    // A write into a hole shows as data at once, before it reaches nbdkit.
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    c.write(50 << 20, &[7u8; 4096], false).unwrap();
+    let map = nbdinfo_map(&s.uri(""));
+    assert!(
+        map.iter().any(|&(o, l, t)| t == 0 && o <= 50 << 20 && o + l >= (50 << 20) + 4096),
+        "written range is data: {map:?}"
+    );
+    s.stop();
+}

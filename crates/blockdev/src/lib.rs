@@ -31,6 +31,8 @@ pub enum Alloc {
     Data,
     /// Not allocated: reads as zeroes.
     Hole,
+    /// Allocated, and reads as zeroes.
+    Zero,
 }
 
 /// A random-access store of `size()` bytes. Implementations are shared

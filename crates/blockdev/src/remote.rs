@@ -2,7 +2,7 @@ use parking_lot::Mutex;
 
 use nbd::{Client, ClientError, NbdUri};
 
-use crate::{check_range, BlockDev, DevError, DevResult};
+use crate::{check_range, Alloc, BlockDev, DevError, DevResult};
 
 /// Connections kept open to a remote server that allows several.
 const MAX_CONNECTIONS: usize = 32;
@@ -19,6 +19,16 @@ pub struct NbdDev {
     open: Mutex<usize>,
     /// Bound on connecting and the handshake, for every connection opened.
     connect_limit: Option<std::time::Duration>,
+    /// A connection of its own for block status (it needs structured
+    /// replies, which the data connections do without).
+    status: Mutex<StatusConn>,
+}
+
+enum StatusConn {
+    NotYet,
+    Open(Client),
+    /// The server offers no `base:allocation`: everything is data.
+    Unsupported,
 }
 
 fn remote_err(uri: &NbdUri, e: ClientError) -> DevError {
@@ -43,6 +53,7 @@ impl NbdDev {
             idle: Mutex::new(vec![first]),
             open: Mutex::new(1),
             connect_limit: limit,
+            status: Mutex::new(StatusConn::NotYet),
             uri,
         })
     }
@@ -138,6 +149,44 @@ impl BlockDev for NbdDev {
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
         check_range(self.size, offset, len)?;
         self.split(offset, len, |c, o, l| c.write_zeroes(o, l))
+    }
+
+    /// The remote server's own `base:allocation` map, when it has one.
+    fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        check_range(self.size, offset, len)?;
+        let all_data = Ok(vec![(len, Alloc::Data)]);
+        let mut status = self.status.lock();
+        if let StatusConn::NotYet = *status {
+            *status = match Client::connect_for_block_status(&self.uri, self.connect_limit) {
+                Ok(c) => StatusConn::Open(c),
+                Err(e) => {
+                    tracing::debug!("{}: no block status: {e}", self.uri);
+                    StatusConn::Unsupported
+                }
+            };
+        }
+        let StatusConn::Open(client) = &mut *status else {
+            return all_data;
+        };
+        match client.block_status(offset, len.min(MAX_CHUNK) as u32) {
+            Ok(extents) => Ok(extents
+                .into_iter()
+                .map(|(l, flags)| {
+                    let kind = match (flags & 1 != 0, flags & 2 != 0) {
+                        (true, true) => Alloc::Hole,
+                        (false, true) => Alloc::Zero,
+                        _ => Alloc::Data,
+                    };
+                    (u64::from(l), kind)
+                })
+                .collect()),
+            Err(e @ ClientError::Request { .. }) => Err(remote_err(&self.uri, e)),
+            Err(e) => {
+                // The link broke: try a fresh connection next time.
+                *status = StatusConn::NotYet;
+                Err(remote_err(&self.uri, e))
+            }
+        }
     }
 
     fn describe(&self) -> String {

@@ -33,19 +33,19 @@ pub fn overlay_dirty(
             at = end;
             continue;
         }
-        // A hole: cut out the dirty ranges that overlap it.
+        // Zeroes (a hole or not): cut out the dirty ranges over them.
         let mut pos = at;
         for &(d0, d1) in dirty.iter().filter(|&&(d0, d1)| d1 > at && d0 < end) {
             let (d0, d1) = (d0.max(pos), d1.min(end));
             if d0 > pos {
-                push(d0 - pos, Alloc::Hole);
+                push(d0 - pos, kind);
             }
             if d1 > d0 {
                 push(d1 - d0, Alloc::Data);
                 pos = d1;
             }
         }
-        push(end - pos, Alloc::Hole);
+        push(end - pos, kind);
         at = end;
     }
     out
@@ -70,6 +70,12 @@ mod tests {
         assert_eq!(got, vec![(2048, Data), (8192, Hole)]);
         let total: u64 = got.iter().map(|e| e.0).sum();
         assert_eq!(total, 10240);
+    }
+
+    #[test]
+    fn allocated_zeroes_keep_their_kind_around_dirty_pages() {
+        let got = overlay_dirty(0, &[(16384, Alloc::Zero)], &[1], 4096);
+        assert_eq!(got, vec![(4096, Alloc::Zero), (4096, Data), (8192, Alloc::Zero)]);
     }
 
     #[test]

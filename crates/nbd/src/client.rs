@@ -102,6 +102,13 @@ pub struct Client {
     size: u64,
     flags: u16,
     next_handle: u64,
+    /// The context id of `base:allocation`, on a connection opened for
+    /// block status (structured replies negotiated).
+    status_context: Option<u32>,
+}
+
+fn bad_reply(msg: String) -> ClientError {
+    ClientError::Io(io::Error::new(io::ErrorKind::InvalidData, msg))
 }
 
 fn handshake_err(msg: impl Into<String>) -> ClientError {
@@ -129,18 +136,37 @@ impl Client {
             ClientError::Io(io) if is_timeout(io) => limit.map_or(e, ClientError::TimedOut),
             _ => e,
         };
-        let c = Client::negotiate(uri, limit).map_err(timed_out)?;
+        let c = Client::negotiate(uri, limit, false).map_err(timed_out)?;
         // Requests have no time limit here; the caller decides for them.
         c.io.get_ref().conn().set_read_timeout(None)?;
         c.io.get_ref().conn().set_write_timeout(None)?;
         Ok(c)
     }
 
-    fn negotiate(uri: &NbdUri, limit: Option<std::time::Duration>) -> ClientResult<Client> {
+    /// A connection for [`Client::block_status`] only: structured replies
+    /// and `base:allocation` negotiated (an error if the server offers
+    /// them not). Other requests are not to be sent on it.
+    pub fn connect_for_block_status(
+        uri: &NbdUri,
+        limit: Option<std::time::Duration>,
+    ) -> ClientResult<Client> {
+        let c = Client::negotiate(uri, limit, true)?;
+        c.io.get_ref().conn().set_read_timeout(None)?;
+        c.io.get_ref().conn().set_write_timeout(None)?;
+        Ok(c)
+    }
+
+    fn negotiate(uri: &NbdUri, limit: Option<std::time::Duration>, for_status: bool) -> ClientResult<Client> {
         let conn = Conn::connect_within(&uri.target, limit)?;
         conn.set_read_timeout(limit)?;
         conn.set_write_timeout(limit)?;
-        let mut c = Client { io: BufReader::new(Stream::Plain(conn)), size: 0, flags: 0, next_handle: 1 };
+        let mut c = Client {
+            io: BufReader::new(Stream::Plain(conn)),
+            size: 0,
+            flags: 0,
+            next_handle: 1,
+            status_context: None,
+        };
         c.greet()?;
         if let Some(tls) = &uri.tls {
             let config = crate::tls::client_config(tls).map_err(|e| ClientError::Tls(e.to_string()))?;
@@ -150,6 +176,9 @@ impl Client {
             });
             c.start_tls(config, name)?;
         }
+        if for_status {
+            c.status_context = Some(c.select_base_allocation(&uri.export)?);
+        }
         c.go(&uri.export)?;
         Ok(c)
     }
@@ -157,7 +186,13 @@ impl Client {
     /// A connection that has finished the greeting and may send options.
     fn greeted(target: &Target) -> ClientResult<Client> {
         let conn = Conn::connect(target)?;
-        let mut c = Client { io: BufReader::new(Stream::Plain(conn)), size: 0, flags: 0, next_handle: 1 };
+        let mut c = Client {
+            io: BufReader::new(Stream::Plain(conn)),
+            size: 0,
+            flags: 0,
+            next_handle: 1,
+            status_context: None,
+        };
         c.greet()?;
         Ok(c)
     }
@@ -249,6 +284,104 @@ impl Client {
         }
         self.io.get_mut().write_all(&cf.to_be_bytes())?;
         Ok(())
+    }
+
+    /// Negotiates structured replies and selects `base:allocation` for
+    /// `export`; returns its context id.
+    fn select_base_allocation(&mut self, export: &str) -> ClientResult<u32> {
+        self.send_option(OPT_STRUCTURED_REPLY, &[])?;
+        if self.option_reply(OPT_STRUCTURED_REPLY)?.0 != REP_ACK {
+            return Err(handshake_err("the server has no structured replies"));
+        }
+        let mut d = Vec::new();
+        d.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        d.extend_from_slice(export.as_bytes());
+        d.extend_from_slice(&1u32.to_be_bytes());
+        d.extend_from_slice(&(META_BASE_ALLOCATION.len() as u32).to_be_bytes());
+        d.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+        self.send_option(OPT_SET_META_CONTEXT, &d)?;
+        let mut id = None;
+        loop {
+            match self.option_reply(OPT_SET_META_CONTEXT)? {
+                (REP_META_CONTEXT, data)
+                    if data.len() >= 4 && &data[4..] == META_BASE_ALLOCATION.as_bytes() =>
+                {
+                    id = Some(u32::from_be_bytes([data[0], data[1], data[2], data[3]]));
+                }
+                (REP_META_CONTEXT, _) => {}
+                (REP_ACK, _) => break,
+                (err, _) => return Err(handshake_err(format!("SET_META_CONTEXT refused ({err:#x})"))),
+            }
+        }
+        id.ok_or_else(|| handshake_err("the server does not offer base:allocation"))
+    }
+
+    /// The `base:allocation` extents of `[offset, offset+len)` as
+    /// (length, flags) from `offset`, as the server gave them; on a
+    /// connection from [`Client::connect_for_block_status`].
+    pub fn block_status(&mut self, offset: u64, len: u32) -> ClientResult<Vec<(u32, u32)>> {
+        let Some(ctx) = self.status_context else {
+            return Err(handshake_err("block status asked on a connection not opened for it"));
+        };
+        let handle = self.request(CMD_BLOCK_STATUS, 0, offset, len, &[])?;
+        let mut extents = Vec::new();
+        loop {
+            let (flags, kind, payload) = self.structured_chunk(handle)?;
+            match kind {
+                REPLY_TYPE_BLOCK_STATUS if payload.len() >= 4 && (payload.len() - 4) % 8 == 0 => {
+                    if u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) == ctx {
+                        extents.extend(payload[4..].chunks_exact(8).map(|d| {
+                            (
+                                u32::from_be_bytes([d[0], d[1], d[2], d[3]]),
+                                u32::from_be_bytes([d[4], d[5], d[6], d[7]]),
+                            )
+                        }));
+                    }
+                }
+                REPLY_TYPE_NONE => {}
+                k if k & 0x8000 != 0 && payload.len() >= 4 => {
+                    let errno = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                    return Err(ClientError::Request { op: "block status", errno });
+                }
+                other => return Err(bad_reply(format!("unexpected block status chunk type {other}"))),
+            }
+            if flags & REPLY_FLAG_DONE != 0 {
+                return Ok(extents);
+            }
+        }
+    }
+
+    /// One structured reply chunk for `handle`: (flags, type, payload). A
+    /// simple reply (servers may send one for an error) comes back as an
+    /// error chunk.
+    fn structured_chunk(&mut self, handle: u64) -> ClientResult<(u16, u16, Vec<u8>)> {
+        let mut magic = [0u8; 4];
+        self.io.read_exact(&mut magic)?;
+        if magic == SIMPLE_REPLY_MAGIC.to_be_bytes() {
+            let mut rest = [0u8; 12];
+            self.io.read_exact(&mut rest)?;
+            let errno = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            return Ok((REPLY_FLAG_DONE, REPLY_TYPE_ERROR, errno.to_be_bytes().to_vec()));
+        }
+        if magic != STRUCTURED_REPLY_MAGIC.to_be_bytes() {
+            return Err(bad_reply("bad reply magic".into()));
+        }
+        let mut h = [0u8; 16];
+        self.io.read_exact(&mut h)?;
+        let flags = u16::from_be_bytes([h[0], h[1]]);
+        let kind = u16::from_be_bytes([h[2], h[3]]);
+        let got = u64::from_be_bytes(h[4..12].try_into().map_err(|_| bad_reply("short reply".into()))?);
+        let len = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+        if got != handle {
+            return Err(bad_reply("reply for another request".into()));
+        }
+        // A block status answer for one request: a few MiB at the very most.
+        if len > 16 << 20 {
+            return Err(bad_reply(format!("a {len}-byte reply chunk")));
+        }
+        let mut payload = vec![0u8; len as usize];
+        self.io.read_exact(&mut payload)?;
+        Ok((flags, kind, payload))
     }
 
     fn send_option(&mut self, opt: u32, data: &[u8]) -> ClientResult<()> {
