@@ -11,7 +11,9 @@
 //!    so it can drop their data).
 
 mod lru;
+pub mod mrc;
 mod paper;
+pub mod replay;
 mod seen;
 mod slab;
 mod zfs;
@@ -21,8 +23,43 @@ pub use paper::PaperArc;
 pub use seen::SeenFilter;
 pub use zfs::{ZfsArc, ZfsArcConfig};
 
-/// Identity of a cached unit. The engine packs (export, record index) into it.
+/// Identity of a cached unit. The engine packs (export, record index) into
+/// it, as [`key`] lays out.
 pub type Key = u64;
+
+/// The one layout of a [`Key`], used by the engine, its dirty pages and
+/// the L2 index and rebuild: an export's id in the top 16 bits, a record
+/// (or 4 KiB page) number below.
+pub mod key {
+    use super::Key;
+
+    /// Bits that hold the record number.
+    pub const RECORD_BITS: u32 = 48;
+    /// The largest record number a key can carry.
+    pub const MAX_RECORD: u64 = (1 << RECORD_BITS) - 1;
+
+    pub const fn make(export: u16, record: u64) -> Key {
+        ((export as u64) << RECORD_BITS) | (record & MAX_RECORD)
+    }
+
+    pub const fn export(key: Key) -> u16 {
+        (key >> RECORD_BITS) as u16
+    }
+
+    pub const fn record(key: Key) -> u64 {
+        key & MAX_RECORD
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn export_and_record_round_trip() {
+            let k = super::make(4095, (1 << 48) - 1);
+            assert_eq!((super::export(k), super::record(k)), (4095, (1 << 48) - 1));
+            assert_eq!(super::make(1, 5), (1 << 48) | 5);
+        }
+    }
+}
 
 /// Which resident or ghost list a lookup found the key on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -215,7 +215,7 @@ impl Cache {
     }
 
     fn l2_allowed(&self, key: Key) -> bool {
-        self.secondary.read().get((key >> 48) as usize).copied().unwrap_or(false)
+        self.secondary.read().get(usize::from(arc_policy::key::export(key))).copied().unwrap_or(false)
     }
 
     fn access(&self, prefetch: bool) -> Access {
@@ -423,7 +423,8 @@ impl Cache {
                 if taken >= rules.budget {
                     return false;
                 }
-                let allowed = secondary.get((key >> 48) as usize).copied().unwrap_or(false);
+                let allowed =
+                    secondary.get(usize::from(arc_policy::key::export(key))).copied().unwrap_or(false);
                 if !allowed || (prefetch && !rules.include_prefetch) {
                     return true;
                 }

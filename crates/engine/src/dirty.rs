@@ -18,15 +18,15 @@ pub const SECTOR: u64 = 512;
 pub type PageKey = u64;
 
 pub fn page_key(vol: u16, page: u64) -> PageKey {
-    (u64::from(vol) << 48) | page
+    arc_policy::key::make(vol, page)
 }
 
 pub fn key_vol(key: PageKey) -> u16 {
-    (key >> 48) as u16
+    arc_policy::key::export(key)
 }
 
 pub fn key_page(key: PageKey) -> u64 {
-    key & ((1 << 48) - 1)
+    arc_policy::key::record(key)
 }
 
 #[derive(Debug)]

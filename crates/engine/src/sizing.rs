@@ -6,7 +6,8 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use arcache_sim::{lru_mrc, BlockAccess};
+use arc_policy::mrc::lru_mrc;
+use arc_policy::replay::BlockAccess;
 use arcache_sync::Mutex;
 
 /// One record in this many is sampled.

@@ -177,7 +177,7 @@ impl Volume {
     }
 
     fn key(&self, record: u64) -> Key {
-        (u64::from(self.id) << 48) | record
+        arc_policy::key::make(self.id, record)
     }
 
     fn span(&self, offset: u64, len: u64) -> Span {

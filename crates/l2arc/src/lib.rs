@@ -30,9 +30,6 @@ pub use rebuild::{pointer_ok, read_block, walk, PersistStats, WalkEnd};
 use format::{Entry, EntryKind};
 use persist::DevPersist;
 
-/// Bits of an engine key that hold the record index; the export id is above.
-pub const RECORD_BITS: u32 = 48;
-
 /// Longest single device read when copies lie back to back.
 const MAX_COALESCED_READ: u64 = 1 << 20;
 
@@ -247,7 +244,7 @@ impl Part {
 }
 
 fn split_key(key: u64) -> (usize, u64) {
-    ((key >> RECORD_BITS) as usize, key & ((1 << RECORD_BITS) - 1))
+    (usize::from(arc_policy::key::export(key)), arc_policy::key::record(key))
 }
 
 impl L2Arc {

@@ -13,7 +13,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::format::{self, Entry, EntryKind, Header, LogBlock, LogPtr};
-use crate::{BlobFlags, L2Arc, L2Device, L2Ptr, ALIGN, RECORD_BITS, SECTOR};
+use crate::{BlobFlags, L2Arc, L2Device, L2Ptr, ALIGN, SECTOR};
 
 /// Progress of one device's rebuild, for `arcache stat`.
 #[derive(Debug, Default, Serialize)]
@@ -360,7 +360,7 @@ impl L2Arc {
                 invalid += 1;
                 continue;
             };
-            let key = (id << RECORD_BITS) | e.record.min((1 << RECORD_BITS) - 1);
+            let key = (id << arc_policy::key::RECORD_BITS) | e.record.min(arc_policy::key::MAX_RECORD);
             if e.kind == EntryKind::Invalidate {
                 let count = e.lpos_or_count.min(records.saturating_sub(e.record)).min(1 << 16);
                 for r in 0..count {

@@ -1,22 +1,15 @@
 //! Block traces and their replay through the policy core, without any IO.
 
 mod l2;
-mod mrc;
 mod trace;
 
+pub use arc_policy::mrc::{log_sizes, lru_mrc, sampled_mrc, MrcPoint};
+pub use arc_policy::replay::{step, BlockAccess};
 pub use l2::{replay_l2, L2SimResult};
-pub use mrc::{log_sizes, lru_mrc, sampled_mrc, MrcPoint};
 pub use trace::{parse_csv, parse_lis, parse_oracle_general, read_trace, TraceError, TraceRequest};
 
-use arc_policy::{Access, Policy};
+use arc_policy::Policy;
 use serde::Serialize;
-
-/// One block-sized access derived from a trace request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockAccess {
-    pub key: u64,
-    pub now_ns: u64,
-}
 
 /// Splits requests into block accesses: a request touches blocks
 /// `off/bs ..= (off+len-1)/bs`, each one access. Multi-volume traces key a
@@ -43,17 +36,6 @@ pub struct SimResult {
     pub requests: u64,
     pub hits: u64,
     pub hit_ratio: f64,
-}
-
-/// One demand access: a hit, or a miss that inserts the block (unit size).
-pub fn step(policy: &mut dyn Policy, a: &BlockAccess, evicted: &mut Vec<u64>) -> bool {
-    let access = Access::demand(a.now_ns);
-    if policy.lookup(a.key, access).is_hit() {
-        return true;
-    }
-    policy.insert(a.key, 1, access, evicted);
-    evicted.clear();
-    false
 }
 
 /// Replays `accesses` through `policy`, each block of unit size.

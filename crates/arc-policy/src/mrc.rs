@@ -12,10 +12,10 @@
 //!   chosen per size so every miniature cache holds at least `min_blocks`
 //!   blocks; small sizes are simulated in full.
 
-use arc_policy::by_name;
 use rustc_hash::FxHashMap;
 
-use crate::{step, BlockAccess};
+use crate::by_name;
+use crate::replay::{step, BlockAccess};
 
 /// One point of a miss-ratio curve.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -170,7 +170,7 @@ pub fn log_sizes(lo: u64, hi: u64, count: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay;
+    use crate::replay::hit_ratio;
 
     fn trace(n: usize, universe: u64, seed: u64) -> Vec<BlockAccess> {
         let mut x = seed | 1;
@@ -192,8 +192,8 @@ mod tests {
         let sizes = [1, 10, 100, 500, 1000, 4000, 10_000];
         for p in lru_mrc(&t, &sizes) {
             let mut lru = by_name("lru", p.cache_blocks).unwrap();
-            let full = replay(lru.as_mut(), p.cache_blocks, &t);
-            assert_eq!(p.hit_ratio, full.hit_ratio, "size {}", p.cache_blocks);
+            let full = hit_ratio(lru.as_mut(), &t);
+            assert_eq!(p.hit_ratio, full, "size {}", p.cache_blocks);
         }
     }
 
@@ -202,7 +202,7 @@ mod tests {
         let t = trace(200_000, 50_000, 3);
         let sizes = [100, 2000, 20_000];
         let full: Vec<f64> =
-            sizes.iter().map(|&c| replay(by_name("arc", c).unwrap().as_mut(), c, &t).hit_ratio).collect();
+            sizes.iter().map(|&c| hit_ratio(by_name("arc", c).unwrap().as_mut(), &t)).collect();
         let exact = sampled_mrc("arc", &t, &sizes, u64::MAX).unwrap();
         for (p, f) in exact.iter().zip(&full) {
             assert_eq!(p.hit_ratio, *f);
