@@ -13,7 +13,8 @@ use arcache_engine::{
     WriteTunables, ZfetchTunables, MAX_EXPORTS,
 };
 use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions};
-use blockdev::{BlockDev, DevLock, FileDev, FileDevOptions, NbdDev};
+use arcache_remote::NbdDev;
+use blockdev::{BlockDev, DevLock, FileDev, FileDevOptions};
 use clap::Args;
 use nbd::{NbdUri, Server, ServerConfig, TlsPolicy};
 use parking_lot::Mutex;

@@ -1,5 +1,5 @@
 //! Block devices behind one trait: where bytes live (a file, a block device,
-//! RAM, a remote NBD export) apart from how they behave under test (slow,
+//! RAM; a remote NBD export is `arcache-remote`'s) apart from how they behave under test (slow,
 //! faulty, counted), which decorators add around any device.
 
 mod counting;
@@ -11,7 +11,6 @@ pub mod le;
 mod lock;
 mod mem;
 pub mod owner;
-mod remote;
 mod slow;
 
 pub use counting::{CountingDev, IoCounts};
@@ -21,7 +20,6 @@ pub use faulty::{FaultPlan, FaultyDev};
 pub use file::{AlignedBuf, FileDev, FileDevOptions};
 pub use lock::{current_holder, lock_holders, DevLock};
 pub use mem::MemDev;
-pub use remote::NbdDev;
 pub use slow::{SlowDev, SlowDevConfig};
 
 /// What a range of a store holds, as far as the store can tell.

@@ -1,8 +1,14 @@
+//! Another NBD server's export as a [`BlockDev`]: a pool of client
+//! connections (one when the server does not allow several), and a
+//! connection of its own for block status. Kept out of `blockdev`, which
+//! knows local devices only, so storage crates do not pull in the NBD
+//! protocol and TLS.
+
 use parking_lot::Mutex;
 
 use nbd::{Client, ClientError, NbdUri};
 
-use crate::{check_range, Alloc, BlockDev, DevError, DevResult};
+use blockdev::{check_range, Alloc, BlockDev, DevError, DevResult};
 
 /// Connections kept open to a remote server that allows several.
 const MAX_CONNECTIONS: usize = 32;
