@@ -155,6 +155,17 @@ pub trait Policy: Send {
 
     fn stats(&self) -> PolicyStats;
 
+    /// Walks resident list `list` from its eviction end, at most `max_size`
+    /// units deep, calling `f(key, size, prefetch)` until it returns false:
+    /// what leaves next, for the L2 feed. A policy with one list has it all
+    /// under [`ListKind::Mru`] and an empty [`ListKind::Mfu`].
+    fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool);
+
+    /// How long a prefetched entry is kept before it may be evicted
+    /// unused (`zfs_arc_min_prefetch_ms`); a policy without prefetch
+    /// protection ignores it.
+    fn set_min_prefetch_ns(&mut self, _ns: u64) {}
+
     /// Checks every structural invariant; returns a description of the first
     /// violation. Cheap enough for tests and fuzzing, not for every request.
     fn validate(&self) -> Result<(), String>;
@@ -172,3 +183,54 @@ pub fn by_name(name: &str, capacity: u64) -> Option<Box<dyn Policy>> {
 
 /// The names accepted by [`by_name`].
 pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru"];
+
+/// The policies a server can run: sizes in bytes, limits that move at run
+/// time. The first is the default.
+pub const SERVING_POLICIES: &[&str] = &["arc", "lru"];
+
+/// A policy for a server's ARC, by name: between `c_min` and `c_max`
+/// bytes, prefetches kept `min_prefetch_ns`. `None` for a name that is not
+/// in [`SERVING_POLICIES`].
+pub fn serving(name: &str, c_min: u64, c_max: u64, min_prefetch_ns: u64) -> Option<Box<dyn Policy>> {
+    let mut p: Box<dyn Policy> = match name {
+        "arc" => Box::new(ZfsArc::new(ZfsArcConfig::growing(c_min, c_max))),
+        "lru" => Box::new(Lru::new(c_max)),
+        _ => return None,
+    };
+    p.set_min_prefetch_ns(min_prefetch_ns);
+    Some(p)
+}
+
+#[cfg(test)]
+mod serving_tests {
+    use super::*;
+
+    /// What the L2 feed asks of every serving policy: the next to leave,
+    /// eviction end first, with their sizes and prefetch marks.
+    #[test]
+    fn every_serving_policy_walks_its_eviction_end() {
+        for &name in SERVING_POLICIES {
+            let mut p = serving(name, 1000, 1000, 0).unwrap();
+            let mut ev = Vec::new();
+            p.insert(1, 100, Access { now_ns: 1, prefetch: true }, &mut ev);
+            p.insert(2, 200, Access::demand(2), &mut ev);
+            p.insert(3, 300, Access::demand(3), &mut ev);
+            let mut seen = Vec::new();
+            for list in [ListKind::Mru, ListKind::Mfu] {
+                p.scan_tail(list, u64::MAX, &mut |k, size, prefetch| {
+                    seen.push((k, size, prefetch));
+                    true
+                });
+            }
+            assert_eq!(seen, vec![(1, 100, true), (2, 200, false), (3, 300, false)], "{name}");
+            let mut first = Vec::new();
+            p.scan_tail(ListKind::Mru, 150, &mut |k, _, _| {
+                first.push(k);
+                true
+            });
+            assert_eq!(first, vec![1, 2], "{name}: stops once 150 units are behind it");
+            p.validate().unwrap();
+        }
+        assert!(serving("arc-paper", 1, 1, 0).is_none());
+    }
+}

@@ -9,6 +9,8 @@ use crate::{Access, Key, ListKind, Lookup, Policy, PolicyStats};
 struct Entry {
     key: Key,
     size: u64,
+    /// Brought in by a prefetch and not read since.
+    prefetch: bool,
 }
 
 pub struct Lru {
@@ -57,11 +59,16 @@ impl Policy for Lru {
         "lru"
     }
 
-    fn lookup(&mut self, key: Key, _access: Access) -> Lookup {
+    fn lookup(&mut self, key: Key, access: Access) -> Lookup {
         match self.index.get(&key) {
             Some(&idx) => {
                 self.stats.hits += 1;
                 self.stats.mru_hits += 1;
+                let e = self.slab.get_mut(idx);
+                if e.prefetch && !access.prefetch {
+                    e.prefetch = false;
+                    self.stats.demand_hit_prefetch += 1;
+                }
                 self.slab.unlink(&mut self.list, idx);
                 self.slab.push_head(&mut self.list, idx);
                 Lookup::Hit(ListKind::Mru)
@@ -73,7 +80,7 @@ impl Policy for Lru {
         }
     }
 
-    fn insert(&mut self, key: Key, size: u64, _access: Access, evicted: &mut Vec<Key>) {
+    fn insert(&mut self, key: Key, size: u64, access: Access, evicted: &mut Vec<Key>) {
         if let Some(&idx) = self.index.get(&key) {
             self.unlink_free(idx);
         }
@@ -81,7 +88,7 @@ impl Policy for Lru {
             return;
         }
         self.evict_to(self.capacity - size, evicted);
-        let idx = self.slab.alloc(Entry { key, size });
+        let idx = self.slab.alloc(Entry { key, size, prefetch: access.prefetch });
         self.slab.push_head(&mut self.list, idx);
         self.index.insert(key, idx);
         self.size += size;
@@ -99,6 +106,22 @@ impl Policy for Lru {
 
     fn contains(&self, key: Key) -> bool {
         self.index.contains_key(&key)
+    }
+
+    fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
+        if list != ListKind::Mru {
+            return;
+        }
+        let mut seen = 0;
+        let mut cur = self.list.tail();
+        while let Some(idx) = cur {
+            let e = self.slab.get(idx);
+            if seen >= max_size || !f(e.key, e.size, e.prefetch) {
+                return;
+            }
+            seen += e.size;
+            cur = self.slab.prev_of(idx);
+        }
     }
 
     fn set_limits(&mut self, _c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {

@@ -203,6 +203,22 @@ impl Policy for PaperArc {
         self.index.get(&key).is_some_and(|&i| matches!(self.slab.get(i).at, Where::T1 | Where::T2))
     }
 
+    fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
+        let l = match list {
+            ListKind::Mru => &self.t1,
+            ListKind::Mfu => &self.t2,
+        };
+        let mut seen = 0;
+        let mut cur = l.tail();
+        while let Some(idx) = cur {
+            if seen >= max_size || !f(self.slab.get(idx).key, 1, false) {
+                return;
+            }
+            seen += 1;
+            cur = self.slab.prev_of(idx);
+        }
+    }
+
     fn set_limits(&mut self, _c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {
         // The paper has a fixed c; shrinking demotes until the bounds hold again.
         self.c = c_max;

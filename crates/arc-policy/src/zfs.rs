@@ -383,6 +383,14 @@ impl Policy for ZfsArc {
         self.trim_ghosts();
     }
 
+    fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
+        ZfsArc::scan_tail(self, list, max_size, f)
+    }
+
+    fn set_min_prefetch_ns(&mut self, ns: u64) {
+        ZfsArc::set_min_prefetch_ns(self, ns)
+    }
+
     fn remove(&mut self, key: Key) -> bool {
         let Some(&idx) = self.index.get(&key) else {
             return false;

@@ -53,6 +53,8 @@ pub struct ConfigFile {
     pub listen: Vec<String>,
     pub control: Option<PathBuf>,
     pub workers: Option<usize>,
+    /// The ARC's replacement policy, as `--policy`.
+    pub policy: Option<String>,
     /// L2 devices, `PATH[:SIZE]` as with `--l2`.
     #[serde(default)]
     pub l2: Vec<String>,
@@ -173,6 +175,8 @@ pub struct ServeSettings {
     pub control: PathBuf,
     pub tunables: Tunables,
     pub workers: usize,
+    /// The ARC's replacement policy (one of `arc_policy::SERVING_POLICIES`).
+    pub policy: &'static str,
     pub l2: Vec<L2Spec>,
     /// The intent log device, `--log PATH[:SIZE]` (or an NBD URI).
     pub log: Option<L2Spec>,

@@ -249,6 +249,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         control: dir.path().join("control.sock"),
         tunables,
         workers: 32,
+        policy: arc_policy::SERVING_POLICIES[0],
         l2: Vec::new(),
         log: None,
         metrics: None,

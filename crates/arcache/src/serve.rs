@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// Worker threads for requests that must wait for the backing store.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// The ARC's replacement policy, a name `arcache sim --policy` takes
+    /// that runs on bytes: arc (the default, OpenZFS's) or lru.
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
     /// An L2ARC cache device: a file (created with SIZE if missing) or a
     /// block device, opened with O_DIRECT. Repeatable.
     #[arg(long = "l2", value_name = "PATH[:SIZE]")]
@@ -283,6 +287,7 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
         control: args.control.clone().or(file.control).unwrap_or_else(default_control_path),
         tunables: t,
         workers: args.workers.or(file.workers).unwrap_or(32),
+        policy: serving_policy(args.policy.as_deref().or(file.policy.as_deref()))?,
         l2: args.l2.iter().chain(file.l2.iter()).map(|s| parse_l2(s)).collect::<Result<Vec<_>>>()?,
         log: args.log.as_ref().or(file.log.as_ref()).map(|s| parse_l2(s)).transpose()?,
         metrics: args.metrics.clone().or(file.metrics),
@@ -381,6 +386,24 @@ fn listen_all(
 }
 
 /// The NBD export `text` names, if it is an NBD URI; `what` for errors.
+/// The serving policy a name picks (default: the first of
+/// `arc_policy::SERVING_POLICIES`); an error names the ones there are.
+fn serving_policy(name: Option<&str>) -> Result<&'static str> {
+    let Some(name) = name else { return Ok(arc_policy::SERVING_POLICIES[0]) };
+    if let Some(&p) = arc_policy::SERVING_POLICIES.iter().find(|&&p| p == name) {
+        return Ok(p);
+    }
+    let why = if arc_policy::POLICY_NAMES.contains(&name) {
+        " (it counts entries, not bytes: the simulator runs it, a server cannot)"
+    } else {
+        ""
+    };
+    bail!(
+        "--policy {name}: not a serving policy{why}; choose one of {}",
+        arc_policy::SERVING_POLICIES.join(", ")
+    )
+}
+
 fn connect_nbd(text: &str, what: &str, t: &Tunables) -> Result<Option<Arc<dyn BlockDev>>> {
     if !NbdUri::is_nbd_uri(text) {
         return Ok(None);
@@ -665,7 +688,7 @@ pub fn start_on(
             info!("io_uring unavailable ({e}): L2 reads are done by worker threads");
         }
     }
-    let cache = Cache::with_l2(
+    let cache = Cache::with_policy(
         CacheConfig {
             arc_min: t.value("zfs_arc_min"),
             arc_max: t.value("zfs_arc_max"),
@@ -673,7 +696,9 @@ pub fn start_on(
             compress: t.value("zfs_compressed_arc_enabled") != 0,
         },
         l2,
-    );
+        settings.policy,
+    )
+    .with_context(|| format!("no serving policy named {}", settings.policy))?;
     cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
     if let Some(l2) = cache.l2() {
         l2.set_ring_reads(t.value("l2arc_ring_reads") != 0);
@@ -929,6 +954,7 @@ impl ControlState {
         obj.insert("nbd_refused_connections".into(), json!(s.refused_connections.load(Relaxed)));
         obj.insert("nbd_budget_waits".into(), json!(s.budget_waits.load(Relaxed)));
         obj.insert("exports".into(), json!(self.volumes.len()));
+        obj.insert("policy".into(), json!(self.cache.policy_name()));
         obj.insert("uptime_secs".into(), json!(self.started.elapsed().as_secs_f64()));
         obj.insert("backing_read_bw".into(), json!(self.cache.backing_read_bandwidth()));
         if let Some(r) = &self.recorder {

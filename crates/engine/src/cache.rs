@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arc_policy::{Access, Key, ListKind, Lookup, Policy, SeenFilter, ZfsArc, ZfsArcConfig};
+use arc_policy::{Access, Key, ListKind, Lookup, Policy, SeenFilter};
 use arcache_l2::{BlobFlags, FeedItem, L2Arc};
 use arcache_sync::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -42,7 +42,7 @@ pub struct CacheConfig {
 }
 
 struct State {
-    policy: ZfsArc,
+    policy: Box<dyn Policy>,
     data: FxHashMap<Key, RecordData>,
     psize: u64,
     lsize: u64,
@@ -127,12 +127,19 @@ impl Cache {
         Self::with_l2(cfg, None)
     }
 
+    /// A cache running the default policy (the first of
+    /// [`arc_policy::SERVING_POLICIES`]).
     pub fn with_l2(cfg: CacheConfig, l2: Option<Arc<L2Arc>>) -> Arc<Cache> {
-        let mut zc = ZfsArcConfig::growing(cfg.arc_min, cfg.arc_max);
-        zc.min_prefetch_ns = cfg.min_prefetch_ms * 1_000_000;
-        Arc::new(Cache {
+        Self::with_policy(cfg, l2, arc_policy::SERVING_POLICIES[0]).expect("the default policy exists")
+    }
+
+    /// A cache running the serving policy `name`; `None` for a name not in
+    /// [`arc_policy::SERVING_POLICIES`].
+    pub fn with_policy(cfg: CacheConfig, l2: Option<Arc<L2Arc>>, name: &str) -> Option<Arc<Cache>> {
+        let policy = arc_policy::serving(name, cfg.arc_min, cfg.arc_max, cfg.min_prefetch_ms * 1_000_000)?;
+        Some(Arc::new(Cache {
             state: Mutex::new(State {
-                policy: ZfsArc::new(zc),
+                policy,
                 data: FxHashMap::default(),
                 psize: 0,
                 lsize: 0,
@@ -151,7 +158,12 @@ impl Cache {
             zfetch_active: Arc::new(AtomicU64::new(0)),
             writeback: std::sync::OnceLock::new(),
             sampler: crate::sizing::Sampler::default(),
-        })
+        }))
+    }
+
+    /// The name of the replacement policy this cache runs.
+    pub fn policy_name(&self) -> &'static str {
+        self.state.lock().policy.name()
     }
 
     pub(crate) fn zfetch_stats_active(&self) -> Arc<AtomicU64> {
@@ -419,7 +431,7 @@ impl Cache {
         let lists: &[ListKind] =
             if rules.mfu_only { &[ListKind::Mfu] } else { &[ListKind::Mfu, ListKind::Mru] };
         for &list in lists {
-            s.policy.scan_tail(list, rules.scan_bytes, |key, _, prefetch| {
+            s.policy.scan_tail(list, rules.scan_bytes, &mut |key, _, prefetch| {
                 if taken >= rules.budget {
                     return false;
                 }
