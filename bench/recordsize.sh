@@ -32,10 +32,11 @@ fio --name=fill --filename="$img" --rw=write --bs=1M --size=${size_mib}M \
 stat_field() { "$bin" stat --json --control "$1" | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"; }
 
 fio_iops() { # uri rw -> IOPS
+  # The nbd engine prints a line of its own on stdout: JSON goes to a file.
   fio --name=j --ioengine=nbd --uri="$1" --rw="$2" --bs=4k --iodepth=16 --size=${size_mib}M \
       --time_based --runtime="$secs" --randseed=42 --buffer_compress_percentage=50 \
-      --output-format=json 2>/dev/null |
-    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; print(round(j['read']['iops'] + j['write']['iops']))"
+      --output-format=json --output="$work/fio.json" >/dev/null
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(round(j['read']['iops'] + j['write']['iops']))" "$work/fio.json"
 }
 
 declare -A reads writes amp
