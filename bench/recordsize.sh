@@ -39,7 +39,7 @@ fio_iops() { # uri rw -> IOPS
   python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(round(j['read']['iops'] + j['write']['iops']))" "$work/fio.json"
 }
 
-declare -A reads writes amp
+declare -A reads writes amp hdr warm_mib hot_mib
 for rs in 16K 128K 1M; do
   sock="$work/$rs.sock" ctl="$work/$rs.ctl"
   cp --sparse=never "$img" "$work/$rs.img"
@@ -54,8 +54,13 @@ for rs in 16K 128K 1M; do
   b1=$(stat_field "$ctl" backing_read_bytes)
   amp[$rs]=$(python3 -c "print(f'{($b1 - $b0) / (512 * 4096):.1f}')")
   nbdcopy "$uri" null:      # every record cached, whole
+  records=$(( (size_mib << 20) / $(numfmt --from=iec "$rs") ))
+  hdr[$rs]=$(( $(stat_field "$ctl" hdr_size) / records ))
+  warm_mib[$rs]=$(( $(stat_field "$ctl" data_size) >> 20 ))
   reads[$rs]=$(fio_iops "$uri" randread)
   writes[$rs]=$(fio_iops "$uri" randwrite)
+  # Records read or written in part are kept plain (decompressed) while hot.
+  hot_mib[$rs]=$(( $(stat_field "$ctl" data_size) >> 20 ))
   kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
   echo "recordsize $rs: 4K randread ${reads[$rs]} IOPS, randwrite ${writes[$rs]} IOPS, miss amplification ${amp[$rs]}x" >&2
 done
@@ -66,10 +71,10 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
   echo
   echo "256 MiB half-compressible file, every record cached (ARC 1 GiB), fio nbd engine, 4K at QD16, ${secs} s per job."
   echo
-  echo "| recordsize | 4K random read IOPS | vs 16K | 4K random write IOPS | vs 16K | backing bytes per byte asked, cold 4K reads |"
-  echo "|---|---|---|---|---|---|"
+  echo "| recordsize | 4K random read IOPS | vs 16K | 4K random write IOPS | vs 16K | backing bytes per byte asked, 512 cold 4K reads | ARC header bytes per record | ARC data MiB after a whole read (compressed) | after the 4K jobs (hot records plain) |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   for rs in 16K 128K 1M; do
-    echo "| $rs | ${reads[$rs]} | $(ratio "${reads[$rs]}" "${reads[16K]}") | ${writes[$rs]} | $(ratio "${writes[$rs]}" "${writes[16K]}") | ${amp[$rs]}x |"
+    echo "| $rs | ${reads[$rs]} | $(ratio "${reads[$rs]}" "${reads[16K]}") | ${writes[$rs]} | $(ratio "${writes[$rs]}" "${writes[16K]}") | ${amp[$rs]}x | ${hdr[$rs]} | ${warm_mib[$rs]} | ${hot_mib[$rs]} |"
   done
 } > "$result"
 cat "$result"
