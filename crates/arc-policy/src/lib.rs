@@ -14,13 +14,19 @@ mod lru;
 pub mod mrc;
 mod paper;
 pub mod replay;
+mod s3fifo;
 mod seen;
+mod sieve;
 mod slab;
+mod twoq;
 mod zfs;
 
 pub use lru::Lru;
 pub use paper::PaperArc;
+pub use s3fifo::S3Fifo;
 pub use seen::SeenFilter;
+pub use sieve::Sieve;
+pub use twoq::TwoQ;
 pub use zfs::{ZfsArc, ZfsArcConfig};
 
 /// Identity of a cached unit. The engine packs (export, record index) into
@@ -177,12 +183,15 @@ pub fn by_name(name: &str, capacity: u64) -> Option<Box<dyn Policy>> {
         "arc" => Some(Box::new(ZfsArc::new(ZfsArcConfig::fixed(capacity)))),
         "arc-paper" => Some(Box::new(PaperArc::new(capacity))),
         "lru" => Some(Box::new(Lru::new(capacity))),
+        "s3fifo" => Some(Box::new(S3Fifo::new(capacity))),
+        "2q" => Some(Box::new(TwoQ::new(capacity))),
+        "sieve" => Some(Box::new(Sieve::new(capacity))),
         _ => None,
     }
 }
 
 /// The names accepted by [`by_name`].
-pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru"];
+pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru", "s3fifo", "2q", "sieve"];
 
 /// The policies a server can run: sizes in bytes, limits that move at run
 /// time. The first is the default.

@@ -124,6 +124,28 @@ impl<T> Slab<T> {
         (p != NIL).then_some(p)
     }
 
+    /// Walks `list` from its tail (the next to leave) towards the head, at
+    /// most `max_size` units deep, as [`crate::Policy::scan_tail`] wants;
+    /// `view` tells an entry's key, size and prefetch mark.
+    pub(crate) fn walk_tail(
+        &self,
+        list: &List,
+        max_size: u64,
+        view: impl Fn(&T) -> (u64, u64, bool),
+        f: &mut dyn FnMut(u64, u64, bool) -> bool,
+    ) {
+        let mut seen = 0;
+        let mut cur = list.tail();
+        while let Some(idx) = cur {
+            let (key, size, prefetch) = view(self.get(idx));
+            if seen >= max_size || !f(key, size, prefetch) {
+                return;
+            }
+            seen += size;
+            cur = self.prev_of(idx);
+        }
+    }
+
     /// Walks a list from head to tail; used by invariant checks only.
     pub(crate) fn iter<'a>(&'a self, list: &List) -> impl Iterator<Item = (u32, &'a T)> + 'a {
         let mut cur = list.head;
