@@ -10,6 +10,7 @@
 //!    [`Policy::insert`], which may evict other keys (returned to the caller
 //!    so it can drop their data).
 
+mod blocks;
 mod lru;
 pub mod mrc;
 mod paper;
@@ -21,6 +22,7 @@ mod slab;
 mod twoq;
 mod zfs;
 
+pub use blocks::InBlocks;
 pub use lru::Lru;
 pub use paper::PaperArc;
 pub use s3fifo::S3Fifo;

@@ -14,8 +14,8 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::by_name;
 use crate::replay::{step, BlockAccess};
+use crate::{by_name, Policy};
 
 /// One point of a miss-ratio curve.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,13 +110,26 @@ pub fn sampled_mrc(
     sizes: &[u64],
     min_blocks: u64,
 ) -> Option<Vec<MrcPoint>> {
-    by_name(name, 1)?;
+    sampled_mrc_with(&|c| by_name(name, c), accesses, sizes, min_blocks)
+}
+
+/// [`sampled_mrc`] for a policy made by `build(capacity in blocks)`, for
+/// policies [`by_name`] does not know (the simulator's "default").
+pub fn sampled_mrc_with(
+    build: &(dyn Fn(u64) -> Option<Box<dyn Policy>> + Sync),
+    accesses: &[BlockAccess],
+    sizes: &[u64],
+    min_blocks: u64,
+) -> Option<Vec<MrcPoint>> {
+    build(1)?;
     let hashes: Vec<u64> = accesses.iter().map(|a| spread(a.key)).collect();
     let one = |c: u64| -> MrcPoint {
         let rate = (min_blocks as f64 / c.max(1) as f64).min(1.0);
         let scaled = ((c as f64 * rate).round() as u64).max(1);
         let threshold = if rate >= 1.0 { u64::MAX } else { (rate * u64::MAX as f64) as u64 };
-        let mut policy = by_name(name, scaled).expect("checked above");
+        let Some(mut policy) = build(scaled) else {
+            return MrcPoint { cache_blocks: c, hit_ratio: f64::NAN };
+        };
         let (mut requests, mut hits) = (0u64, 0u64);
         let mut evicted = Vec::new();
         for (a, &h) in accesses.iter().zip(&hashes) {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use arcache_sim::{log_sizes, lru_mrc, sampled_mrc, BlockAccess, MrcPoint};
+use arcache_sim::{log_sizes, lru_mrc, sampled_mrc_with, BlockAccess, MrcPoint};
 
 use crate::plot;
 use crate::simcmd::SimArgs;
@@ -29,7 +29,8 @@ pub fn run(a: &SimArgs, accesses: &[BlockAccess]) -> Result<()> {
         let points = if p == "lru" {
             lru_mrc(accesses, &sizes)
         } else {
-            sampled_mrc(p, accesses, &sizes, a.sample_min).context("policy names were checked")?
+            let build = |c: u64| crate::simcmd::build(p, c, a.block_size);
+            sampled_mrc_with(&build, accesses, &sizes, a.sample_min).context("policy names were checked")?
         };
         eprintln!(
             "{p}: {} sizes from {} accesses ({unique} unique blocks) in {:.2} s",
@@ -45,7 +46,12 @@ pub fn run(a: &SimArgs, accesses: &[BlockAccess]) -> Result<()> {
     let csv_path = out.join("mrc.csv");
     std::fs::write(&csv_path, csv).with_context(|| format!("writing {}", csv_path.display()))?;
     let png_path = out.join("mrc.png");
-    let title = a.trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let title = a
+        .trace
+        .as_ref()
+        .and_then(|t| t.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     plot::miss_ratio_png(&png_path, &title, &curves)?;
     println!("wrote {} and {}", csv_path.display(), png_path.display());
     Ok(())

@@ -1,0 +1,104 @@
+//! `arcache sim --policy`: the names it accepts, `default` as the server
+//! runs it, and the clock of traces without timestamps.
+
+mod common;
+
+use std::process::Command;
+
+use arc_policy::{serving, Access, SERVING_POLICIES};
+use arcache::tunables::Tunables;
+use arcache_sim::{expand, read_trace};
+use common::BIN;
+
+const P3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/arc_paper/P3.csv.gz");
+const P3_LIS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/arc_paper/P3.first10000.lis.zst");
+const CLOUD: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/cloudphysics_io/cloudphysics_io.csv.gz");
+
+fn sim(args: &[&str]) -> Vec<serde_json::Value> {
+    let o = Command::new(BIN).arg("sim").arg("--json").args(args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn hits(args: &[&str]) -> u64 {
+    sim(args)[0]["hits"].as_u64().unwrap()
+}
+
+#[test]
+fn sim_lists_every_policy_it_accepts() {
+    let o = Command::new(BIN).args(["sim", "--list-policies"]).output().unwrap();
+    assert!(o.status.success());
+    let listed: Vec<String> = String::from_utf8(o.stdout).unwrap().lines().map(String::from).collect();
+    let help = String::from_utf8(Command::new(BIN).args(["sim", "--help"]).output().unwrap().stdout).unwrap();
+    let mut want = vec!["default"];
+    want.extend(arc_policy::POLICY_NAMES);
+    assert_eq!(listed, want);
+    for name in &want {
+        assert!(help.contains(&format!("{name} (")) || help.contains(&format!("{name},")), "--help: {name}");
+        // Every listed name runs.
+        assert_eq!(sim(&["--trace", P3_LIS, "--policy", name, "--cache-blocks", "100"]).len(), 1);
+    }
+    let o = Command::new(BIN)
+        .args(["sim", "--trace", P3, "--policy", "nope", "--cache-blocks", "9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && want.iter().all(|n| err.contains(n)), "{err}");
+}
+
+/// `default` is the server's first serving policy in bytes, with the
+/// limits `arcache serve --arc-max SIZE` sets from the tunables.
+#[test]
+fn sim_default_replays_what_serve_runs() {
+    let blocks = 5117u64;
+    let c_max = blocks * 4096;
+    let mut t = Tunables::defaults();
+    t.set("zfs_arc_max", c_max).unwrap();
+    let ns = t.value("zfs_arc_min_prefetch_ms") * 1_000_000;
+    let mut p = serving(SERVING_POLICIES[0], t.value("zfs_arc_min"), c_max, ns).unwrap();
+    let mut reqs = read_trace(std::path::Path::new(CLOUD)).unwrap();
+    reqs.truncate(40_000);
+    let path = tempfile::NamedTempFile::with_suffix(".csv").unwrap();
+    let csv: String = std::iter::once("timestamp_us,op,offset_bytes,length_bytes\n".to_string())
+        .chain(
+            reqs.iter()
+                .map(|r| format!("{},{},{},{}\n", r.ts_us, if r.write { "W" } else { "R" }, r.offset, r.len)),
+        )
+        .collect();
+    std::fs::write(path.path(), csv).unwrap();
+    let (mut want, mut ev) = (0, Vec::new());
+    for a in expand(&reqs, 4096, false) {
+        let acc = Access::demand(a.now_ns);
+        if p.lookup(a.key, acc).is_hit() {
+            want += 1;
+        } else {
+            p.insert(a.key, 4096, acc, &mut ev);
+        }
+    }
+    let trace = path.path().to_str().unwrap();
+    let r = &sim(&["--trace", trace, "--policy", "default", "--cache-blocks", &blocks.to_string()])[0];
+    assert_eq!(r["policy"], format!("default:{}", SERVING_POLICIES[0]));
+    assert_eq!(r["hits"].as_u64(), Some(want));
+}
+
+/// Without timestamps the replay is 1 ms a request unless told otherwise;
+/// at the trace's own 1 µs a line no re-access would ever pass the 62.5 ms
+/// promotion rule, which changes what the ARC does.
+#[test]
+fn sim_traces_without_time_get_a_clock() {
+    let at = |spacing: Option<&str>| {
+        let mut args = vec!["--trace", P3_LIS, "--policy", "arc", "--cache-blocks", "2000"];
+        if let Some(s) = spacing {
+            args.extend(["--request-spacing-us", s]);
+        }
+        hits(&args)
+    };
+    assert_eq!(at(None), at(Some("1000")));
+    assert_ne!(at(Some("1")), at(Some("1000")));
+    // A trace with timestamps keeps them.
+    let own = hits(&["--trace", CLOUD, "--policy", "arc", "--cache-blocks", "2692"]);
+    let reqs = read_trace(std::path::Path::new(CLOUD)).unwrap();
+    let mut p = arc_policy::by_name("arc", 2692).unwrap();
+    assert_eq!(own, arcache_sim::replay(p.as_mut(), 2692, &expand(&reqs, 4096, false)).hits);
+}
