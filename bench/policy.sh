@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Hit ratios of every policy `arcache sim` knows on every trace of the
+# reference suite, at the suite's reference sizes (1, 5, 10 and 25 % of
+# each trace's unique 4 KiB blocks, `4k` mode: reads and writes), beside
+# libCacheSim 0.3.5's LIRS and Belady from reference_hit_ratios.json; then
+# each serving policy's mean and its worst points against every other.
+#
+# Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
+# repository's traces/, which has 6 of the 10 traces; about 4 minutes on
+# the full set, 2 cores)
+# Writes bench/results/policy.md (commit and date on its first line, the
+# trace set it ran on on the second).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+dir=$(cd "${1:-${ARCACHE_TRACES:-$here/traces}}" && pwd)
+[ -f "$dir/reference_hit_ratios.json" ] || { echo "bench: no reference_hit_ratios.json in $dir" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "bench: python3 is missing" >&2; exit 2; }
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+cargo build --release --quiet --manifest-path "$here/Cargo.toml"
+bin="$here/target/release/arcache"
+bench_start arcache-policy
+result=$(bench_results policy.md)
+header=$(bench_header "$dir")
+policies=$("$bin" sim --list-policies | paste -sd, -)
+
+# One sim run per trace: every policy at every reference size, JSON lines.
+python3 - "$dir" > "$work/runs" <<'EOF'
+import json, os, sys
+d = sys.argv[1]
+refs = json.load(open(os.path.join(d, "reference_hit_ratios.json")))
+for name, t in refs["traces"].items():
+    m = t["modes"].get("4k")
+    if m and os.path.exists(os.path.join(d, t["csv"])):
+        print(name, os.path.join(d, t["csv"]), ",".join(str(s) for s in m["sizes_blocks"]))
+EOF
+while read -r name csv sizes; do
+  echo "bench: $name" >&2
+  "$bin" sim --json --trace "$csv" --policy "$policies" --cache-blocks "$sizes" 2>"$work/$name.err" \
+    | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/sim.jsonl"
+  grep -h "no timestamps" "$work/$name.err" >> "$work/clock" || true
+done < "$work/runs"
+
+python3 - "$dir" "$work/sim.jsonl" "$header" "$work/clock" > "$result" <<'EOF'
+import json, os, sys
+d, runs, header, clock = sys.argv[1:5]
+refs = json.load(open(os.path.join(d, "reference_hit_ratios.json")))
+rows = [json.loads(l) for l in open(runs)]
+names = []
+for r in rows:
+    if r["policy"] not in names:
+        names.append(r["policy"])
+cols = names + ["LIRS*", "Belady*"]
+points = {}
+for r in rows:
+    points.setdefault((r["trace"], r["cache_blocks"]), {})[r["policy"]] = 100 * r["hit_ratio"]
+for (t, c), v in points.items():
+    ref = refs["traces"][t]["modes"]["4k"]["hit_ratio"][str(c)]
+    v["LIRS*"], v["Belady*"] = 100 * ref["LIRS"], 100 * ref["Belady"]
+out = [header]
+print_set = "the full trace set" if len({t for t, _ in points}) >= 10 else "a partial trace set"
+out.append(f"# trace set: {d} ({len({t for t, _ in points})} traces, {len(points)} points: {print_set})")
+out.append("")
+out.append("Hit ratio (%) of every policy of `arcache sim --list-policies` at the reference points "
+           "(`4k` mode: every request split into 4 KiB blocks, reads and writes, the whole replay "
+           "counted). Columns marked * are libCacheSim 0.3.5's, from reference_hit_ratios.json. "
+           "s3fifo, 2q, sieve, arc-paper and lru give libCacheSim's counts exactly "
+           "(crates/sim/tests/libcachesim_reference.rs).")
+out.append("")
+seen = sorted(set(open(clock).read().splitlines()))
+out.append("Clock: traces without timestamps (" +
+           (", ".join(sorted({os.path.basename(l.split(':')[0]) for l in seen})) or "none") +
+           ") are replayed 1 ms a request (`arcache sim`'s default).")
+out.append("")
+out.append("| trace | cache blocks | " + " | ".join(cols) + " |")
+out.append("|---|---:|" + "---:|" * len(cols))
+for (t, c), v in points.items():
+    out.append(f"| {t} | {c} | " + " | ".join(f"{v[p]:.2f}" for p in cols) + " |")
+out.append("")
+out.append("Mean over the points:")
+out.append("")
+out.append("| policy | mean hit ratio (%) |")
+out.append("|---|---:|")
+for p in sorted(cols, key=lambda p: -sum(v[p] for v in points.values())):
+    out.append(f"| {p} | {sum(v[p] for v in points.values()) / len(points):.2f} |")
+serving = [p for p in names if p.startswith("default") or p == "arc-adaptive"]
+for s in serving:
+    out.append("")
+    out.append(f"`{s}` against each policy: mean difference and its three worst points (pp):")
+    out.append("")
+    out.append("| against | mean | worst points |")
+    out.append("|---|---:|---|")
+    for p in cols:
+        if p == s:
+            continue
+        diffs = sorted(((v[s] - v[p], t, c) for (t, c), v in points.items()))
+        mean = sum(x for x, _, _ in diffs) / len(diffs)
+        worst = ", ".join(f"{x:+.2f} ({t} {c})" for x, t, c in diffs[:3])
+        out.append(f"| {p} | {mean:+.2f} | {worst} |")
+    worst = sorted((v[s] - max(v["lru"], v["arc-paper"]), t, c) for (t, c), v in points.items())
+    out.append("")
+    out.append(f"`{s}` against max(lru, arc-paper) at each point: worst "
+               + ", ".join(f"{x:+.2f} pp ({t} {c})" for x, t, c in worst[:3]) + ".")
+print("\n".join(out))
+EOF
+cat "$result"
