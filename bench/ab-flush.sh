@@ -51,6 +51,7 @@ for _ in $(seq "$rounds"); do
       'import json,sys; j=json.load(sys.stdin); print(j["zil_commit_count"], "FLUSHes,", j["zil_commit_writer_count"], "log commits,", j["zil_commit_us"], "us each")')
     echo "$spec $iops IOPS ($stats)"
     printf '%s\t%s\n' "$n" "$iops" >>"$work/runs.tsv"
+    echo "| $n | $iops | $stats |" >>"$work/runs.md"
     kill "$arc"; wait "$arc" || true
   done
 done
@@ -69,4 +70,12 @@ for n, spec in enumerate(sys.argv[2:], 1):
     v = [int(i) for a, i in runs if a == str(n)]
     print(f"| {n} | `{spec}` | {' / '.join(f'{i:,}' for i in v)} | {sum(v) / len(v):,.0f} |")
 PY
+  # The log's own latency moves from run to run on a shared disk; each
+  # run's log IO per commit says how much of a difference it explains.
+  echo
+  echo "Each run, in the order run: arm, IOPS, and the server's zil counters."
+  echo
+  echo "| arm | IOPS | FLUSHes, log commits, log IO per commit |"
+  echo "|---|---|---|"
+  cat "$work/runs.md"
 } | tee "$result"
