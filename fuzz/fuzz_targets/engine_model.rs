@@ -22,12 +22,12 @@ struct Rig {
     feed: Feed,
 }
 
-fn rig(backing: &Arc<MemDev>, l2dev: &Arc<FaultyDev<MemDev>>) -> Rig {
+fn rig(backing: &Arc<MemDev>, l2dev: &Arc<FaultyDev<MemDev>>, recordsize: u64) -> Rig {
     let l2 = Arc::new(
         L2Arc::new(vec![L2Device::new("l2".into(), l2dev.clone() as Arc<dyn BlockDev>).unwrap()]).unwrap(),
     );
     let cache = Cache::with_l2(
-        CacheConfig { arc_min: 32 << 10, arc_max: 64 << 10, min_prefetch_ms: 0, compress: true },
+        CacheConfig { arc_min: 32 << 10, arc_max: 256 << 10, min_prefetch_ms: 0, compress: true },
         Some(Arc::clone(&l2)),
     );
     // No prefetch: its thread pool would be started again by every rig.
@@ -36,7 +36,7 @@ fn rig(backing: &Arc<MemDev>, l2dev: &Arc<FaultyDev<MemDev>>) -> Rig {
     cache.set_writeback(Arc::clone(&wb));
     let vol = Volume::new(
         0,
-        VolumeConfig { name: "f".into(), recordsize: 4096, read_only: false },
+        VolumeConfig { name: "f".into(), recordsize, read_only: false },
         backing.clone() as Arc<dyn BlockDev>,
         Arc::clone(&cache),
     );
@@ -46,9 +46,14 @@ fn rig(backing: &Arc<MemDev>, l2dev: &Arc<FaultyDev<MemDev>>) -> Rig {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // The first byte picks the record size: 64 KiB records take the paths
+    // of large records (kept plain once read or written in part, patched
+    // in place).
+    let Some((&pick, data)) = data.split_first() else { return };
+    let recordsize = [4096, 16384, 65536][usize::from(pick) % 3];
     let backing = Arc::new(MemDev::new(SIZE as u64));
     let l2dev = Arc::new(FaultyDev::new(MemDev::new(HEADER_RESERVED + (4 << 20)), 5));
-    let mut r = rig(&backing, &l2dev);
+    let mut r = rig(&backing, &l2dev, recordsize);
     let mut model = vec![0u8; SIZE];
     let mut buf = vec![0u8; 64 << 10];
     for (i, op) in data.chunks(5).enumerate() {
@@ -82,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
             _ => {
                 // A clean restart: dirty data synced, a new cache over the same disks.
                 r.wb.shutdown().unwrap();
-                r = rig(&backing, &l2dev);
+                r = rig(&backing, &l2dev, recordsize);
             }
         }
     }
