@@ -22,7 +22,10 @@ use crate::writeback::{Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
 mod async_read;
+mod record_write;
+
 pub use async_read::{ReadDone, ReadEnd};
+use record_write::RecordWrite;
 
 /// The ZFS `sync` property of an export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -644,12 +647,11 @@ impl Volume {
         if s.end - s.first > MAX_RECORDS_PER_IO || wb.would_throttle() {
             return None;
         }
-        let _locks = self.try_lock_records(s.first..s.end)?;
-        let keys: Vec<Key> = (s.first..s.end).map(|r| self.key(r)).collect();
+        let mut guard = self.try_write_guard(s.first..s.end)?;
         self.count(&self.counts.writes, Some((&self.counts.write_bytes, data.len())));
         Some(
             self.build_pages(wb, offset, data)
-                .map(|pages| self.put_dirty(wb, &keys, pages, s.first..s.end, offset, data)),
+                .map(|pages| self.put_dirty(wb, &mut guard, pages, offset, data)),
         )
     }
 
@@ -669,36 +671,36 @@ impl Volume {
     /// parallel with other writes, and replaces any dirty bytes it covers.
     fn write_direct(&self, wb: &WriteBack, offset: u64, data: &[u8]) -> DevResult<()> {
         self.for_each_piece(offset, data, |rs, lo, part| {
-            let (start, end) = (rs.start, rs.end);
-            let _locks = self.lock_records(start..end);
-            let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
-            self.cache.begin_write(&keys);
+            let mut guard = self.write_guard(rs);
+            guard.drop_l2_copies();
             let c = &self.cache.counters;
             c.backing_writes.fetch_add(1, Relaxed);
             c.backing_write_bytes.fetch_add(part.len() as u64, Relaxed);
-            let res = wb.discard(self.id, &keys, lo..lo + part.len() as u64, Change::Overwrite(part), || {
-                self.dev.write_at(part, lo)
-            });
+            let res = wb.discard(
+                self.id,
+                guard.keys(),
+                lo..lo + part.len() as u64,
+                Change::Overwrite(part),
+                || self.dev.write_at(part, lo),
+            );
             match &res {
-                Ok(()) => self.patch_cache(start..end, lo, part),
+                Ok(()) => self.patch_cache(&guard, lo, part),
                 Err(_) => {
                     c.backing_errors.fetch_add(1, Relaxed);
-                    for r in start..end {
-                        self.cache.invalidate(self.key(r));
+                    for &k in guard.keys() {
+                        self.cache.invalidate(k);
                     }
                 }
             }
-            self.cache.end_write(&keys);
             res
         })?;
         self.dev.flush()
     }
 
     fn write_dirty(&self, wb: &WriteBack, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
-        let _locks = self.lock_records(rs.clone());
-        let keys: Vec<Key> = rs.clone().map(|r| self.key(r)).collect();
+        let mut guard = self.write_guard(rs);
         let pages = self.build_pages(wb, offset, data)?;
-        self.put_dirty(wb, &keys, pages, rs, offset, data);
+        self.put_dirty(wb, &mut guard, pages, offset, data);
         Ok(())
     }
 
@@ -712,16 +714,14 @@ impl Volume {
     fn put_dirty(
         &self,
         wb: &WriteBack,
-        keys: &[Key],
+        guard: &mut RecordWrite<'_>,
         pages: Vec<(u64, Page)>,
-        rs: Range<u64>,
         offset: u64,
         data: &[u8],
     ) {
-        self.cache.hold_off_feed(keys);
-        wb.put(self.id, keys, pages);
-        self.patch_cache(rs, offset, data);
-        self.cache.end_write(keys);
+        guard.hold_off_feed();
+        wb.put(self.id, guard.keys(), pages);
+        self.patch_cache(guard, offset, data);
     }
 
     /// The dirty pages a write makes; a sector it covers in part gets its
@@ -783,37 +783,37 @@ impl Volume {
     }
 
     fn write_records(&self, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
-        let _locks = self.lock_records(rs.clone());
-        let keys: Vec<Key> = rs.clone().map(|r| self.key(r)).collect();
-        self.cache.begin_write(&keys);
-        let res = self.write_locked(rs, offset, data);
-        self.cache.end_write(&keys);
-        res
+        let mut guard = self.write_guard(rs);
+        guard.drop_l2_copies();
+        self.write_locked(&guard, offset, data)
     }
 
-    /// Writes records whose locks are held and whose L2 copies are gone.
-    fn write_locked(&self, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
+    /// Writes the records of `guard`, whose L2 copies are gone.
+    fn write_locked(&self, guard: &RecordWrite<'_>, offset: u64, data: &[u8]) -> DevResult<()> {
         let c = &self.cache.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
         if let Err(e) = self.dev.write_at(data, offset) {
             c.backing_errors.fetch_add(1, Relaxed);
             // What reached the device is unknown; the device is the truth.
-            for r in rs {
-                self.cache.invalidate(self.key(r));
+            for &k in guard.keys() {
+                self.cache.invalidate(k);
             }
             return Err(e);
         }
-        self.patch_cache(rs, offset, data);
+        self.patch_cache(guard, offset, data);
         Ok(())
     }
 
     /// After a write: whole records become the new contents, cached partial
     /// records are patched, uncached partial records stay uncached.
-    fn patch_cache(&self, rs: Range<u64>, offset: u64, data: &[u8]) {
+    fn patch_cache(&self, guard: &RecordWrite<'_>, offset: u64, data: &[u8]) {
+        // Changing a cached record with the feed free to copy it could put
+        // a half-changed or old record on L2 after the write is answered.
+        assert!(guard.may_change_cache(), "cached records change only with the L2 kept off them");
         let end = offset + data.len() as u64;
         let compress = self.cache.compress_enabled();
-        for r in rs {
+        for r in guard.records() {
             let rr = self.record_range(r);
             let key = self.key(r);
             if offset <= rr.start && end >= rr.end {
@@ -967,17 +967,18 @@ impl Volume {
             let end = (start + 4 * MAX_RECORDS_PER_IO).min(s.end);
             let lo = self.record_range(start).start.max(offset);
             let hi = self.record_range(end - 1).end.min(offset + len);
-            let _locks = self.lock_records(start..end);
-            let keys: Vec<Key> = (start..end).map(|r| self.key(r)).collect();
-            self.cache.begin_write(&keys);
+            let mut guard = self.write_guard(start..end);
+            guard.drop_l2_copies();
             let res = match wb {
-                Some(wb) => wb.discard(self.id, &keys, lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo)),
+                Some(wb) => {
+                    wb.discard(self.id, guard.keys(), lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo))
+                }
                 None => op(self.dev.as_ref(), lo, hi - lo),
             };
-            for &k in &keys {
+            for &k in guard.keys() {
                 self.cache.invalidate(k);
             }
-            self.cache.end_write(&keys);
+            drop(guard);
             res?;
             start = end;
         }
