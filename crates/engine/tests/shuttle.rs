@@ -78,6 +78,10 @@ struct Reached {
     l2_hits: AtomicU64,
     hand_evictions: AtomicU64,
     evicted_while_reading: AtomicU64,
+    /// Reads during which a write of the same record was acknowledged:
+    /// the race the stale-read check is about. Sequential schedules never
+    /// produce one.
+    reads_overtaken: AtomicU64,
 }
 
 impl Reached {
@@ -89,13 +93,14 @@ impl Reached {
     }
 
     fn report(&self, what: &str) -> (u64, u64, u64) {
-        let (runs, hits, hand, reading) = (
+        let (runs, hits, hand, reading, overtaken) = (
             self.runs.load(SeqCst),
             self.l2_hits.load(SeqCst),
             self.hand_evictions.load(SeqCst),
             self.evicted_while_reading.load(SeqCst),
+            self.reads_overtaken.load(SeqCst),
         );
-        eprintln!("{what}: {runs} schedules, {hits} L2 hits, {hand} hand evictions, {reading} copies overwritten while being read");
+        eprintln!("{what}: {runs} schedules, {hits} L2 hits, {hand} hand evictions, {reading} copies overwritten while being read, {overtaken} reads overtaken by a write");
         (hits, hand, reading)
     }
 }
@@ -135,7 +140,7 @@ fn read_record(vol: &Volume, r: u64) -> (u64, u8) {
 /// the ARC and the feed moves records to L2 and wraps the L2 hand. A read
 /// must never return a version older than one acknowledged before it
 /// began, nor another record's bytes, nor garbage.
-fn writes_reads_feed_and_eviction(reached: &Reached) {
+fn writes_reads_feed_and_eviction(reached: &Arc<Reached>) {
     let rig = Arc::new(rig());
     let acked = Arc::new(AtomicU8::new(0));
     let writer = {
@@ -148,13 +153,16 @@ fn writes_reads_feed_and_eviction(reached: &Reached) {
         })
     };
     let reader = {
-        let (rig, acked) = (Arc::clone(&rig), Arc::clone(&acked));
+        let (rig, acked, reached) = (Arc::clone(&rig), Arc::clone(&acked), Arc::clone(reached));
         thread::spawn(move || {
             for _ in 0..3 {
                 let floor = acked.load(SeqCst);
                 let (r, v) = read_record(&rig.vol, 0);
                 assert_eq!(r, 0, "record 0 read back another record's bytes");
                 assert!(v >= floor, "stale read: version {v} after version {floor} was acknowledged");
+                if acked.load(SeqCst) > floor {
+                    reached.reads_overtaken.fetch_add(1, SeqCst);
+                }
             }
         })
     };
@@ -192,6 +200,10 @@ fn arc_and_l2_races_random_schedules() {
     shuttle::check_random(move || writes_reads_feed_and_eviction(&r), 300);
     let (hits, hand, _) = reached.report("random");
     assert!(hits > 0 && hand > 0, "the schedules read from L2 and lapped it");
+    assert!(
+        reached.reads_overtaken.load(SeqCst) > 0,
+        "some schedule acknowledged a write during a read of its record"
+    );
 }
 
 #[test]
@@ -202,6 +214,10 @@ fn arc_and_l2_races_pct_schedules() {
     shuttle::check_pct(move || writes_reads_feed_and_eviction(&r), 300, 3);
     let (hits, hand, _) = reached.report("pct");
     assert!(hits > 0 && hand > 0, "the schedules read from L2 and lapped it");
+    assert!(
+        reached.reads_overtaken.load(SeqCst) > 0,
+        "some schedule acknowledged a write during a read of its record"
+    );
 }
 
 /// Bytes the L2 hands back for `key` are `key`'s, whole, whatever the
