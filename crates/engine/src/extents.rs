@@ -1,7 +1,105 @@
 //! Allocation maps for NBD's `base:allocation`: a backing store's extents
 //! with dirty pages laid over them.
 
+use std::collections::BTreeMap;
+use std::ops::Range;
+
 use blockdev::Alloc;
+
+/// Byte ranges of an export known to read as zeroes because a zeroing
+/// reached the backing store and nothing has been written there since:
+/// what lets block status say "zero" for a store that cannot tell itself
+/// (a block device). Kept in RAM only; after a restart nothing is known.
+/// Updated under the records' write guard, before a write is answered.
+#[derive(Debug, Default)]
+pub struct ZeroMap {
+    /// Disjoint, non-adjacent ranges: start -> end.
+    ranges: BTreeMap<u64, u64>,
+}
+
+/// At most this many ranges are remembered; past it the map forgets all
+/// (knowing nothing is always safe).
+const MAX_ZERO_RANGES: usize = 65_536;
+
+impl ZeroMap {
+    pub fn zeroed(&mut self, r: Range<u64>) {
+        if r.is_empty() {
+            return;
+        }
+        let (mut start, mut end) = (r.start, r.end);
+        // Merge with every range that overlaps or touches it.
+        let touching: Vec<(u64, u64)> =
+            self.ranges.range(..=end).filter(|&(_, &e)| e >= start).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in touching {
+            self.ranges.remove(&s);
+            start = start.min(s);
+            end = end.max(e);
+        }
+        self.ranges.insert(start, end);
+        if self.ranges.len() > MAX_ZERO_RANGES {
+            self.ranges.clear();
+        }
+    }
+
+    /// Bytes `r` were written (or trimmed: undefined): no longer known zero.
+    pub fn changed(&mut self, r: Range<u64>) {
+        if r.is_empty() || self.ranges.is_empty() {
+            return;
+        }
+        let hit: Vec<(u64, u64)> =
+            self.ranges.range(..r.end).filter(|&(_, &e)| e > r.start).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in hit {
+            self.ranges.remove(&s);
+            if s < r.start {
+                self.ranges.insert(s, r.start);
+            }
+            if e > r.end {
+                self.ranges.insert(r.end, e);
+            }
+        }
+    }
+
+    /// `extents` (from `start`) with the known-zero parts of data extents
+    /// marked [`Alloc::Zero`].
+    pub fn overlay(&self, start: u64, extents: &[(u64, Alloc)]) -> Vec<(u64, Alloc)> {
+        if self.ranges.is_empty() {
+            return extents.to_vec();
+        }
+        let mut out: Vec<(u64, Alloc)> = Vec::with_capacity(extents.len());
+        let mut push = |len: u64, kind: Alloc| {
+            if len == 0 {
+                return;
+            }
+            match out.last_mut() {
+                Some((l, k)) if *k == kind => *l += len,
+                _ => out.push((len, kind)),
+            }
+        };
+        let mut at = start;
+        for &(len, kind) in extents {
+            let end = at + len;
+            if kind != Alloc::Data {
+                push(len, kind);
+                at = end;
+                continue;
+            }
+            let mut pos = at;
+            for (&s, &e) in self.ranges.range(..end).filter(|&(_, &e)| e > at) {
+                let (s, e) = (s.max(pos), e.min(end));
+                if s > pos {
+                    push(s - pos, Alloc::Data);
+                }
+                if e > s {
+                    push(e - s, Alloc::Zero);
+                    pos = e;
+                }
+            }
+            push(end - pos, Alloc::Data);
+            at = end;
+        }
+        out
+    }
+}
 
 /// `extents` (lengths from `start`, as a store reported them) with every
 /// page in `dirty_pages` (page numbers of `page_size` bytes, any order)
@@ -76,6 +174,23 @@ mod tests {
     fn allocated_zeroes_keep_their_kind_around_dirty_pages() {
         let got = overlay_dirty(0, &[(16384, Alloc::Zero)], &[1], 4096);
         assert_eq!(got, vec![(4096, Alloc::Zero), (4096, Data), (8192, Alloc::Zero)]);
+    }
+
+    #[test]
+    fn known_zeroes_are_forgotten_where_written_and_marked_in_data() {
+        let mut z = ZeroMap::default();
+        z.zeroed(4096..16384);
+        z.zeroed(16384..20480); // touching: merged
+        z.changed(8192..12288); // a write in the middle splits it
+        let got = z.overlay(0, &[(32768, Data)]);
+        assert_eq!(
+            got,
+            vec![(4096, Data), (4096, Alloc::Zero), (4096, Data), (8192, Alloc::Zero), (12288, Data)]
+        );
+        // Holes stay holes; only data extents can be known zero.
+        assert_eq!(z.overlay(0, &[(32768, Hole)]), vec![(32768, Hole)]);
+        z.changed(0..1 << 20);
+        assert_eq!(z.overlay(0, &[(32768, Data)]), vec![(32768, Data)]);
     }
 
     #[test]

@@ -87,6 +87,8 @@ pub struct Volume {
     read_only: bool,
     cache: Arc<Cache>,
     stripes: Vec<Mutex<()>>,
+    /// Ranges known to read as zeroes, for block status (see `ZeroMap`).
+    zeroed: Mutex<crate::extents::ZeroMap>,
     zfetch: Zfetch,
     /// For prefetch jobs, which outlive the request that started them.
     this: Weak<Volume>,
@@ -132,6 +134,7 @@ impl Volume {
             dev,
             cache,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            zeroed: Mutex::new(crate::extents::ZeroMap::default()),
             zfetch: Zfetch::new(cfg.recordsize, size),
             this: this.clone(),
             wb,
@@ -673,6 +676,7 @@ impl Volume {
         self.for_each_piece(offset, data, |rs, lo, part| {
             let mut guard = self.write_guard(rs);
             guard.drop_l2_copies();
+            self.zeroed.lock().changed(lo..lo + part.len() as u64);
             let c = &self.cache.counters;
             c.backing_writes.fetch_add(1, Relaxed);
             c.backing_write_bytes.fetch_add(part.len() as u64, Relaxed);
@@ -720,6 +724,7 @@ impl Volume {
         data: &[u8],
     ) {
         guard.hold_off_feed();
+        self.zeroed.lock().changed(offset..offset + data.len() as u64);
         wb.put(self.id, guard.keys(), pages);
         self.patch_cache(guard, offset, data);
     }
@@ -790,6 +795,7 @@ impl Volume {
 
     /// Writes the records of `guard`, whose L2 copies are gone.
     fn write_locked(&self, guard: &RecordWrite<'_>, offset: u64, data: &[u8]) -> DevResult<()> {
+        self.zeroed.lock().changed(offset..offset + data.len() as u64);
         let c = &self.cache.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
@@ -928,7 +934,7 @@ impl Volume {
         // Taken before the store is asked: a txg that lands meanwhile has
         // put the same bytes on the store, which then says data too.
         let dirty = self.wb.as_ref().map(|wb| wb.snapshot(self.id, offset..offset + len)).unwrap_or_default();
-        let extents = self.dev.allocation(offset, len)?;
+        let extents = self.zeroed.lock().overlay(offset, &self.dev.allocation(offset, len)?);
         let pages: Vec<u64> = dirty.iter().map(|(page, _)| *page).collect();
         Ok(crate::extents::overlay_dirty(offset, &extents, &pages, crate::dirty::PAGE))
     }
@@ -969,6 +975,9 @@ impl Volume {
             let hi = self.record_range(end - 1).end.min(offset + len);
             let mut guard = self.write_guard(start..end);
             guard.drop_l2_copies();
+            // Known zero only once the zeroing is on the store; a trim
+            // leaves the contents undefined.
+            self.zeroed.lock().changed(lo..hi);
             let res = match wb {
                 Some(wb) => {
                     wb.discard(self.id, guard.keys(), lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo))
@@ -977,6 +986,9 @@ impl Volume {
             };
             for &k in guard.keys() {
                 self.cache.invalidate(k);
+            }
+            if res.is_ok() && matches!(change, Change::Zero) {
+                self.zeroed.lock().zeroed(lo..hi);
             }
             drop(guard);
             res?;
@@ -1053,6 +1065,32 @@ mod tests {
             "the reader's copy is untouched"
         );
         assert!(now.to_vec().unwrap()[4096..4608].iter().all(|&b| b == 0x11));
+    }
+
+    /// A store that cannot tell holes (a block device, here memory): block
+    /// status still says "zero" where a zeroing reached it and nothing was
+    /// written since, and "data" again once something is.
+    #[test]
+    fn zeroed_ranges_are_known_until_written() {
+        use blockdev::Alloc::{Data, Zero};
+        let (vol, _) = big_record_volume();
+        assert_eq!(vol.allocation(0, 4 << 20).unwrap(), vec![(4 << 20, Data)]);
+        vol.write_zeroes(1 << 20, 2 << 20, false).unwrap();
+        assert_eq!(
+            vol.allocation(0, 4 << 20).unwrap(),
+            vec![(1 << 20, Data), (2 << 20, Zero), (1 << 20, Data)]
+        );
+        vol.write_through((2 << 20) + 4096, &[1u8; 4096], false).unwrap();
+        assert_eq!(
+            vol.allocation(1 << 20, 2 << 20).unwrap(),
+            vec![((1 << 20) + 4096, Zero), (4096, Data), ((1 << 20) - 8192, Zero)]
+        );
+        vol.trim(1 << 20, 4096, false).unwrap();
+        assert_eq!(
+            vol.allocation(1 << 20, 8192).unwrap(),
+            vec![(4096, Data), (4096, Zero)],
+            "a trim is not a zeroing"
+        );
     }
 
     #[test]
