@@ -5,8 +5,13 @@
 # libCacheSim 0.3.5's LIRS and Belady from reference_hit_ratios.json; then
 # each serving policy's mean and its worst points against every other.
 #
+# Then the same on synthetic traces (traces/tools/synthetic.py: hot sets
+# with scans, loops a little larger than the cache, shifting working sets,
+# Zipf), beside libCacheSim's own figures when the libcachesim Python
+# package is installed (`pip install libcachesim==0.3.5 numpy`).
+#
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
-# repository's traces/, which has 6 of the 10 traces; about 4 minutes on
+# repository's traces/, which has 6 of the 10 traces; about 2 minutes on
 # the full set, 2 cores)
 # Writes bench/results/policy.md (commit and date on its first line, the
 # trace set it ran on on the second).
@@ -101,6 +106,42 @@ for s in serving:
     out.append("")
     out.append(f"`{s}` against max(lru, arc-paper) at each point: worst "
                + ", ".join(f"{x:+.2f} pp ({t} {c})" for x, t, c in worst[:3]) + ".")
+print("\n".join(out))
+EOF
+# Synthetic traces, made afresh (deterministic) in the work directory.
+python3 "$here/traces/tools/synthetic.py" "$work/syn"
+lcs=no
+python3 -c "import libcachesim, numpy" 2>/dev/null && lcs=yes
+: > "$work/syn.jsonl"
+while read -r name sizes; do
+  echo "bench: synthetic $name" >&2
+  "$bin" sim --json --trace "$work/syn/$name.csv.gz" --policy "$policies" --cache-blocks "$sizes" 2>/dev/null \
+    | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/syn.jsonl"
+  if [ $lcs = yes ]; then
+    python3 "$here/traces/tools/lcs_hits.py" "$work/syn/$name.csv.gz" "$sizes" LRU,ARC,S3FIFO,TwoQ,LIRS,Sieve \
+      | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/syn.jsonl"
+  fi
+done < "$work/syn/sizes.txt"
+python3 - "$work/syn.jsonl" "$lcs" >> "$result" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+names, pts = [], {}
+for r in rows:
+    if r["policy"] not in names:
+        names.append(r["policy"])
+    pts.setdefault((r["trace"], r["cache_blocks"]), {})[r["policy"]] = 100 * r["hit_ratio"]
+out = ["", "## Synthetic traces", "",
+       "traces/tools/synthetic.py (400,000 reads of 4 KiB, 1 ms apart, fixed seeds). "
+       + ("Columns marked * are libCacheSim 0.3.5's on the same blocks (traces/tools/lcs_hits.py)."
+          if sys.argv[2] == "yes" else "libcachesim is not installed here: no libCacheSim columns."), "",
+       "| trace | cache blocks | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+for (t, c), v in pts.items():
+    out.append(f"| {t} | {c} | " + " | ".join(f"{v[p]:.2f}" for p in names) + " |")
+out.append("| mean | | " + " | ".join(f"{sum(v[p] for v in pts.values()) / len(pts):.2f}" for p in names) + " |")
+if "arc-adaptive" in names:
+    worst = sorted((v["arc-adaptive"] - max(v["lru"], v["arc-paper"]), t, c) for (t, c), v in pts.items())
+    out += ["", "`arc-adaptive` against max(lru, arc-paper): worst "
+            + ", ".join(f"{x:+.2f} pp ({t} {c})" for x, t, c in worst[:3]) + "."]
 print("\n".join(out))
 EOF
 cat "$result"

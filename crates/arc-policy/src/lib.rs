@@ -10,6 +10,7 @@
 //!    [`Policy::insert`], which may evict other keys (returned to the caller
 //!    so it can drop their data).
 
+mod adaptive;
 mod blocks;
 mod lru;
 pub mod mrc;
@@ -17,11 +18,13 @@ mod paper;
 pub mod replay;
 mod s3fifo;
 mod seen;
+mod select;
 mod sieve;
 mod slab;
 mod twoq;
 mod zfs;
 
+pub use adaptive::AdaptiveArc;
 pub use blocks::InBlocks;
 pub use lru::Lru;
 pub use paper::PaperArc;
@@ -188,16 +191,17 @@ pub fn by_name(name: &str, capacity: u64) -> Option<Box<dyn Policy>> {
         "s3fifo" => Some(Box::new(S3Fifo::new(capacity))),
         "2q" => Some(Box::new(TwoQ::new(capacity))),
         "sieve" => Some(Box::new(Sieve::new(capacity))),
+        "arc-adaptive" => Some(Box::new(AdaptiveArc::new(ZfsArcConfig::fixed(capacity)))),
         _ => None,
     }
 }
 
 /// The names accepted by [`by_name`].
-pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru", "s3fifo", "2q", "sieve"];
+pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru", "s3fifo", "2q", "sieve", "arc-adaptive"];
 
 /// The policies a server can run: sizes in bytes, limits that move at run
 /// time. The first is the default.
-pub const SERVING_POLICIES: &[&str] = &["arc", "lru"];
+pub const SERVING_POLICIES: &[&str] = &["arc", "lru", "arc-adaptive"];
 
 /// A policy for a server's ARC, by name: between `c_min` and `c_max`
 /// bytes, prefetches kept `min_prefetch_ns`. `None` for a name that is not
@@ -206,6 +210,7 @@ pub fn serving(name: &str, c_min: u64, c_max: u64, min_prefetch_ns: u64) -> Opti
     let mut p: Box<dyn Policy> = match name {
         "arc" => Box::new(ZfsArc::new(ZfsArcConfig::growing(c_min, c_max))),
         "lru" => Box::new(Lru::new(c_max)),
+        "arc-adaptive" => Box::new(AdaptiveArc::new(ZfsArcConfig::growing(c_min, c_max))),
         _ => return None,
     };
     p.set_min_prefetch_ns(min_prefetch_ns);

@@ -94,7 +94,7 @@ fn ratio(hits: u64, n: u64) -> f64 {
 }
 
 /// The sampling hash: spreads block keys uniformly over u64.
-fn spread(key: u64) -> u64 {
+pub(crate) fn spread(key: u64) -> u64 {
     let mut x = key.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

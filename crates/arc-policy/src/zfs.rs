@@ -77,7 +77,7 @@ impl State {
 }
 
 #[derive(Debug)]
-struct Entry {
+pub(crate) struct Entry {
     key: Key,
     size: u64,
     state: State,

@@ -2,7 +2,7 @@
 //! structural invariants after each step and the caller-visible contract
 //! (a key reported evicted is no longer resident, a hit was resident).
 
-use arc_policy::{by_name, Access, Lru, Policy, ZfsArc, ZfsArcConfig, POLICY_NAMES};
+use arc_policy::{by_name, Access, AdaptiveArc, Lru, Policy, ZfsArc, ZfsArcConfig, POLICY_NAMES};
 use proptest::prelude::*;
 use std::collections::{HashSet, VecDeque};
 
@@ -72,6 +72,8 @@ proptest! {
             drive(p.as_mut(), &ops, *name == "arc-paper")?;
         }
         let mut growing = ZfsArc::new(ZfsArcConfig::growing(4, 32));
+        drive(&mut growing, &ops, false)?;
+        let mut growing = AdaptiveArc::new(ZfsArcConfig::growing(4, 32));
         drive(&mut growing, &ops, false)?;
     }
 
