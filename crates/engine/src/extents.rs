@@ -62,42 +62,10 @@ impl ZeroMap {
     /// `extents` (from `start`) with the known-zero parts of data extents
     /// marked [`Alloc::Zero`].
     pub fn overlay(&self, start: u64, extents: &[(u64, Alloc)]) -> Vec<(u64, Alloc)> {
-        if self.ranges.is_empty() {
-            return extents.to_vec();
-        }
-        let mut out: Vec<(u64, Alloc)> = Vec::with_capacity(extents.len());
-        let mut push = |len: u64, kind: Alloc| {
-            if len == 0 {
-                return;
-            }
-            match out.last_mut() {
-                Some((l, k)) if *k == kind => *l += len,
-                _ => out.push((len, kind)),
-            }
-        };
-        let mut at = start;
-        for &(len, kind) in extents {
-            let end = at + len;
-            if kind != Alloc::Data {
-                push(len, kind);
-                at = end;
-                continue;
-            }
-            let mut pos = at;
-            for (&s, &e) in self.ranges.range(..end).filter(|&(_, &e)| e > at) {
-                let (s, e) = (s.max(pos), e.min(end));
-                if s > pos {
-                    push(s - pos, Alloc::Data);
-                }
-                if e > s {
-                    push(e - s, Alloc::Zero);
-                    pos = e;
-                }
-            }
-            push(end - pos, Alloc::Data);
-            at = end;
-        }
-        out
+        let end = start + extents.iter().map(|e| e.0).sum::<u64>();
+        let known: Vec<(u64, u64)> =
+            self.ranges.range(..end).filter(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+        paint(start, extents, &known, |k| k == Alloc::Data, Alloc::Zero)
     }
 }
 
@@ -113,6 +81,19 @@ pub fn overlay_dirty(
     let mut dirty: Vec<(u64, u64)> =
         dirty_pages.iter().map(|p| (p * page_size, (p + 1) * page_size)).collect();
     dirty.sort_unstable();
+    paint(start, extents, &dirty, |k| k != Alloc::Data, Alloc::Data)
+}
+
+/// `extents` from `start` with the parts of the extents `applies` accepts
+/// that `ranges` (sorted by start) cover turned into `mark`; neighbours of
+/// one kind merged, no empty extent.
+fn paint(
+    start: u64,
+    extents: &[(u64, Alloc)],
+    ranges: &[(u64, u64)],
+    applies: impl Fn(Alloc) -> bool,
+    mark: Alloc,
+) -> Vec<(u64, Alloc)> {
     let mut out: Vec<(u64, Alloc)> = Vec::with_capacity(extents.len());
     let mut push = |len: u64, kind: Alloc| {
         if len == 0 {
@@ -126,21 +107,20 @@ pub fn overlay_dirty(
     let mut at = start;
     for &(len, kind) in extents {
         let end = at + len;
-        if kind == Alloc::Data {
+        if !applies(kind) {
             push(len, kind);
             at = end;
             continue;
         }
-        // Zeroes (a hole or not): cut out the dirty ranges over them.
         let mut pos = at;
-        for &(d0, d1) in dirty.iter().filter(|&&(d0, d1)| d1 > at && d0 < end) {
-            let (d0, d1) = (d0.max(pos), d1.min(end));
-            if d0 > pos {
-                push(d0 - pos, kind);
+        for &(r0, r1) in ranges.iter().filter(|&&(r0, r1)| r1 > at && r0 < end) {
+            let (r0, r1) = (r0.max(pos), r1.min(end));
+            if r0 > pos {
+                push(r0 - pos, kind);
             }
-            if d1 > d0 {
-                push(d1 - d0, Alloc::Data);
-                pos = d1;
+            if r1 > r0 {
+                push(r1 - r0, mark);
+                pos = r1;
             }
         }
         push(end - pos, kind);

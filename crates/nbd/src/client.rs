@@ -160,14 +160,7 @@ impl Client {
         let conn = Conn::connect_within(&uri.target, limit)?;
         conn.set_read_timeout(limit)?;
         conn.set_write_timeout(limit)?;
-        let mut c = Client {
-            io: BufReader::new(Stream::Plain(conn)),
-            size: 0,
-            flags: 0,
-            next_handle: 1,
-            status_context: None,
-        };
-        c.greet()?;
+        let mut c = Client::greeted_on(conn)?;
         if let Some(tls) = &uri.tls {
             let config = crate::tls::client_config(tls).map_err(|e| ClientError::Tls(e.to_string()))?;
             let name = tls.hostname.clone().unwrap_or_else(|| match &uri.target {
@@ -185,7 +178,10 @@ impl Client {
 
     /// A connection that has finished the greeting and may send options.
     fn greeted(target: &Target) -> ClientResult<Client> {
-        let conn = Conn::connect(target)?;
+        Client::greeted_on(Conn::connect(target)?)
+    }
+
+    fn greeted_on(conn: Conn) -> ClientResult<Client> {
         let mut c = Client {
             io: BufReader::new(Stream::Plain(conn)),
             size: 0,
