@@ -53,9 +53,9 @@ fn check(dir: &Path, trace: &str, mode: &str, pinned: Option<[u64; 4]>) {
 #[test]
 fn arc_adaptive_on_the_shipped_traces() {
     let d = shipped_dir();
-    check(&d, "cloudphysics_io", "4k", Some([120338, 163503, 228324, 341962]));
-    check(&d, "cloudphysics_io", "4k-r", Some([36988, 55083, 68085, 102695]));
-    check(&d, "P3", "4k", Some([82745, 175250, 257618, 406144]));
+    check(&d, "cloudphysics_io", "4k", Some([120448, 163503, 228119, 341962]));
+    check(&d, "cloudphysics_io", "4k-r", Some([36969, 55083, 68085, 102695]));
+    check(&d, "P3", "4k", Some([82745, 176392, 257630, 406144]));
     check(&d, "msr_hm0_sample", "4k", Some([226, 438, 511, 554]));
     check(&d, "systor17_sample", "4k", Some([455, 581, 610, 627]));
     check(&d, "tencent_cbs_sample", "4k", Some([10972, 23396, 26645, 28576]));
