@@ -95,6 +95,9 @@ fn main() -> ExitCode {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
     reexec_with_lazy_arenas();
     let cli = Cli::parse();
+    // Arms the points FAILPOINTS names (a fault-test build only).
+    #[cfg(feature = "failpoints")]
+    let _fail_points = fail::FailScenario::setup();
     // The demo talks to a person; its server's log lines would only interrupt.
     init_logging(if matches!(cli.cmd, Cmd::Demo(_) | Cmd::L2(_) | Cmd::Log(_)) { "warn" } else { "info" });
     let result = match cli.cmd {

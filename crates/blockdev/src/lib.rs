@@ -106,6 +106,12 @@ pub trait BlockDev: Send + Sync {
     }
 }
 
+/// The failure a named fail point injects (`fail::fail_point!(NAME, |_|
+/// injected(NAME, offset))`, armed in fault-test builds only).
+pub fn injected<T>(op: &'static str, offset: u64) -> DevResult<T> {
+    Err(DevError::Injected { op, offset })
+}
+
 /// Checks that `[offset, offset+len)` lies within a device of `size` bytes.
 pub fn check_range(size: u64, offset: u64, len: u64) -> DevResult<()> {
     match offset.checked_add(len) {

@@ -577,7 +577,8 @@ impl Volume {
         c.backing_reads.fetch_add(1, Relaxed);
         c.backing_read_bytes.fetch_add(block.len() as u64, Relaxed);
         let started = std::time::Instant::now();
-        if let Err(e) = self.dev.read_at(block, bytes.start) {
+        let read = read_backing(self.dev.as_ref(), block, bytes.start);
+        if let Err(e) = read {
             c.backing_errors.fetch_add(1, Relaxed);
             return Err(e);
         }
@@ -799,7 +800,8 @@ impl Volume {
         let c = &self.cache.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
-        if let Err(e) = self.dev.write_at(data, offset) {
+        let written = write_backing(self.dev.as_ref(), data, offset);
+        if let Err(e) = written {
             c.backing_errors.fetch_add(1, Relaxed);
             // What reached the device is unknown; the device is the truth.
             for &k in guard.keys() {
@@ -996,6 +998,20 @@ impl Volume {
         }
         Ok(())
     }
+}
+
+/// Reads the backing store: the fail point `backing.read` in fault-test
+/// builds.
+fn read_backing(dev: &dyn BlockDev, buf: &mut [u8], offset: u64) -> DevResult<()> {
+    fail::fail_point!("backing.read", |_| blockdev::injected("backing.read", offset));
+    dev.read_at(buf, offset)
+}
+
+/// Writes the backing store: the fail point `backing.write` in fault-test
+/// builds (client write-through and txg syncs alike).
+pub(crate) fn write_backing(dev: &dyn BlockDev, data: &[u8], offset: u64) -> DevResult<()> {
+    fail::fail_point!("backing.write", |_| blockdev::injected("backing.write", offset));
+    dev.write_at(data, offset)
 }
 
 /// Groups sorted record numbers into contiguous runs.

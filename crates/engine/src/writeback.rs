@@ -879,7 +879,8 @@ impl WriteBack {
                     let i = next.fetch_add(1, Relaxed) as usize;
                     let Some(e) = extents.get(i) else { return };
                     let Some(b) = backings.get(e.vol as usize).and_then(|b| b.as_ref()) else { continue };
-                    if let Err(err) = b.dev.write_at(&e.data, e.offset) {
+                    let written = crate::volume::write_backing(b.dev.as_ref(), &e.data, e.offset);
+                    if let Err(err) = written {
                         first_error.lock().get_or_insert(err);
                         return;
                     }

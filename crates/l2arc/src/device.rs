@@ -207,6 +207,7 @@ impl L2Device {
     /// Writes a batch; a large one as several parallel writes, since SSDs
     /// (and virtual disks) reach their speed only with requests in flight.
     pub fn write(&self, offset: u64, buf: &[u8]) -> DevResult<()> {
+        fail::fail_point!("l2.write", |_| blockdev::injected("l2.write", offset));
         self.stats.writes.fetch_add(1, Relaxed);
         self.stats.write_bytes.fetch_add(buf.len() as u64, Relaxed);
         const PART: usize = 2 << 20;
@@ -246,6 +247,7 @@ impl L2Device {
     /// and hands them to `f`. The aligned buffer is the calling thread's
     /// own and reused: a fresh megabyte per read would cost page faults.
     pub fn read_with<T>(&self, daddr: u64, len: u64, f: impl FnOnce(&[u8]) -> T) -> DevResult<T> {
+        fail::fail_point!("l2.read", |_| blockdev::injected("l2.read", daddr));
         let (lo, need, from) = self.aligned_extent(daddr, len);
         READ_BUF.with(|cell| {
             let mut buf = cell.borrow_mut();

@@ -354,6 +354,7 @@ impl IntentLog {
 
     /// Writes chunks placed by [`IntentLog::place_chunks`].
     pub fn write_placed(&self, placed: &PlacedChunks) -> Result<(), LogError> {
+        fail::fail_point!("log.write", |_| blockdev::injected("log.write", 0).map_err(|e| self.io(e)));
         for (at, bytes) in &placed.chunks {
             self.dev.write_at(bytes, *at).map_err(|e| self.io(e))?;
         }

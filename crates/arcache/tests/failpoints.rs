@@ -1,0 +1,106 @@
+//! Faults injected at named points of the real binary (the `fail` crate,
+//! armed by FAILPOINTS at start; the binary must be built with the
+//! `failpoints` feature, as `.ci/run` builds the tests): what a client sees
+//! when the backing store or the intent log fails, and that nothing
+//! acknowledged is lost.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// Fail points exist only in a `failpoints` build; without one these tests
+/// cannot make their checks.
+fn armed() -> bool {
+    if cfg!(feature = "failpoints") {
+        return true;
+    }
+    skip_or_fail(
+        "the binary was built without the failpoints feature (cargo test --features arcache/failpoints)",
+    );
+    false
+}
+
+/// `arcache serve` with FAILPOINTS set; waits for its sockets.
+fn serve_failing(dir: tempfile::TempDir, failpoints: &str, args: &[&str]) -> Serve {
+    let sock = dir.path().join("nbd.sock");
+    let control = dir.path().join("control.sock");
+    let child = Command::new(BIN)
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--control")
+        .arg(&control)
+        .args(args)
+        .env("FAILPOINTS", failpoints)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn arcache serve");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err()
+        || std::os::unix::net::UnixStream::connect(&control).is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "arcache serve did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Serve { child: Some(child), dir, sock, control }
+}
+
+/// A failed read of the backing store is an EIO for that request alone,
+/// leaves nothing cached, and the same read succeeds once the store does.
+#[test]
+fn a_failed_backing_read_is_an_eio_and_caches_nothing() {
+    if !armed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let data = random_file(&img, 8 << 20, 11);
+    let s = serve_failing(dir, "backing.read=1*return", &["--export", img.to_str().unwrap()]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 65536];
+    match c.read(1 << 20, &mut buf) {
+        Err(nbd::ClientError::Request { errno, .. }) => assert_eq!(errno, 5, "EIO"),
+        other => panic!("the first backing read was to fail: {other:?}"),
+    }
+    c.read(1 << 20, &mut buf).expect("the store answers again");
+    assert!(buf == data[1 << 20..(1 << 20) + 65536], "the retried read is the file's bytes");
+    let st = s.stat();
+    assert!(st["backing_errors"].as_u64().unwrap() >= 1, "{st}");
+    s.stop();
+}
+
+/// The intent log fails on its first write: FLUSH still succeeds (dirty
+/// data goes in place), the log is counted failed, and after kill -9 and a
+/// restart every flushed byte is there.
+#[test]
+fn a_failed_log_write_still_makes_flushed_data_durable() {
+    if !armed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    random_file(&img, 8 << 20, 12);
+    let log = dir.path().join("log.img");
+    let args_owned =
+        ["--export".to_string(), img.display().to_string(), "--log".into(), format!("{}:64M", log.display())];
+    let args: Vec<&str> = args_owned.iter().map(String::as_str).collect();
+    let s = serve_failing(dir, "log.write=1*return", &args);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let payload: Vec<u8> = (0..262_144u32).map(|i| (i * 7 + 3) as u8).collect();
+    c.write(3 << 20, &payload, false).unwrap();
+    c.flush().expect("FLUSH succeeds though the log failed");
+    let st = s.stat();
+    assert!(st["zil_log_errors"].as_u64().unwrap() >= 1, "the log write failed as armed: {st}");
+    drop(c);
+    let dir = s.kill9();
+    let s = Serve::start(dir, &args);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut back = vec![0u8; payload.len()];
+    c.read(3 << 20, &mut back).unwrap();
+    assert!(back == payload, "a flushed write was lost after the log failed and the server was killed");
+    s.stop();
+}
