@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-shift || true
+if [ $# -gt 0 ]; then shift; fi
 # cargo-fuzz needs nightly's -Z flags; the stable toolchain every machine
 # here has ships the sanitizer runtimes, and RUSTC_BOOTSTRAP lets it take
 # those flags, so fuzzing never depends on a second toolchain being there.
@@ -57,7 +57,8 @@ for t in "${targets[@]}"; do
   if [ -n "$(ls -A "$found")" ]; then
     mkdir -p "fuzz/artifacts/$t"
     cp "$found"/* "fuzz/artifacts/$t/"
-    grep -E "ERROR|panicked|SUMMARY|deadly signal|Test unit written" "$log" | head -20 >&2 || true
+    # libFuzzer's report (the panic, the sanitizer's summary) ends its log.
+    tail -n 40 "$log" >&2
     fail "$t" "left $(ls "$found" | tr '\n' ' ')(copied to fuzz/artifacts/$t/)"
   elif [ "$rc" -ne 0 ]; then
     tail -30 "$log" >&2
