@@ -36,10 +36,8 @@
 //! Memory: an entry is the size of [`crate::ZfsArc`]'s (a test checks it);
 //! the copies add a bounded amount, see [`crate::select`].
 
-use rustc_hash::FxHashMap;
-
+use crate::filed::{Filed, Filing};
 use crate::select::{Selector, DEFAULT, FRACTIONS};
-use crate::slab::{List, Slab};
 use crate::zfs::ZfsArcConfig;
 use crate::{Access, Key, ListKind, Lookup, Policy, PolicyStats};
 
@@ -64,6 +62,27 @@ pub(crate) struct Entry {
     prefetch: bool,
 }
 
+impl From<State> for usize {
+    fn from(l: State) -> usize {
+        l as usize
+    }
+}
+
+impl Filed<State> for Entry {
+    fn key(&self) -> Key {
+        self.key
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn list(&self) -> State {
+        self.state
+    }
+    fn set_list(&mut self, list: State) {
+        self.state = list;
+    }
+}
+
 pub struct AdaptiveArc {
     cfg: ZfsArcConfig,
     c: u64,
@@ -71,10 +90,8 @@ pub struct AdaptiveArc {
     /// it by fractions of an entry).
     p: f64,
     now_ns: u64,
-    slab: Slab<Entry>,
-    index: FxHashMap<Key, u32>,
-    lists: [List; 4],
-    sizes: [u64; 4],
+    /// Entries, their lists and the lists' sizes.
+    q: Filing<Entry, 4>,
     stats: PolicyStats,
     /// Picks `p` by miniature simulations; `None` in those copies
     /// themselves, whose `p` stays a fixed fraction of `c`.
@@ -101,10 +118,7 @@ impl AdaptiveArc {
             p: cfg.c_min as f64 * fraction,
             cfg,
             now_ns: 0,
-            slab: Slab::new(),
-            index: FxHashMap::default(),
-            lists: [List::default(); 4],
-            sizes: [0; 4],
+            q: Filing::new(),
             stats: PolicyStats::default(),
             selector: None,
             inserts: 0,
@@ -114,9 +128,9 @@ impl AdaptiveArc {
 
     /// Forgets every entry whose key fails `keep` (a lower sampling rate).
     pub(crate) fn retain_keys(&mut self, keep: impl Fn(Key) -> bool) {
-        let gone: Vec<u32> = self.index.iter().filter(|(&k, _)| !keep(k)).map(|(_, &i)| i).collect();
+        let gone: Vec<u32> = self.q.index.iter().filter(|(&k, _)| !keep(k)).map(|(_, &i)| i).collect();
         for idx in gone {
-            self.drop_entry(idx);
+            self.q.drop_entry(idx);
         }
     }
 
@@ -128,33 +142,11 @@ impl AdaptiveArc {
     }
 
     fn entries(&self) -> usize {
-        self.lists[State::Mru as usize].len() + self.lists[State::Mfu as usize].len()
+        self.q.lists[State::Mru as usize].len() + self.q.lists[State::Mfu as usize].len()
     }
 
     fn resident(&self) -> u64 {
-        self.sizes[State::Mru as usize] + self.sizes[State::Mfu as usize]
-    }
-
-    fn unlink(&mut self, idx: u32) {
-        let e = self.slab.get(idx);
-        let (at, size) = (e.state as usize, e.size);
-        self.slab.unlink(&mut self.lists[at], idx);
-        self.sizes[at] -= size;
-    }
-
-    fn push(&mut self, idx: u32, to: State) {
-        let e = self.slab.get_mut(idx);
-        e.state = to;
-        let size = e.size;
-        self.slab.push_head(&mut self.lists[to as usize], idx);
-        self.sizes[to as usize] += size;
-    }
-
-    fn drop_entry(&mut self, idx: u32) {
-        self.unlink(idx);
-        let key = self.slab.get(idx).key;
-        self.slab.release(idx);
-        self.index.remove(&key);
+        self.q.sizes[State::Mru as usize] + self.q.sizes[State::Mfu as usize]
     }
 
     fn grow(&mut self, added: u64) {
@@ -178,29 +170,29 @@ impl AdaptiveArc {
     /// while `honor` holds, anything else leaves for its ghost list.
     /// Returns the bytes freed, or None when the list had nothing to give.
     fn step(&mut self, from: State, honor: bool, skipped: &mut u32, out: &mut Vec<Key>) -> Option<u64> {
-        let idx = self.lists[from as usize].tail()?;
-        let e = self.slab.get(idx);
+        let idx = self.q.lists[from as usize].tail()?;
+        let e = self.q.slab.get(idx);
         if honor && self.young_prefetch(e) {
             self.stats.evict_skip += 1;
             *skipped += 1;
             // Round to the head: a list full of young prefetches must not
             // make every insert walk it whole, hence the caller's bound.
-            self.unlink(idx);
-            self.push(idx, from);
+            self.q.unlink(idx);
+            self.q.push(idx, from);
             return Some(0);
         }
         let (key, size, freq) = (e.key, e.size, e.freq);
-        self.unlink(idx);
+        self.q.unlink(idx);
         if freq > 0 {
-            let e = self.slab.get_mut(idx);
+            let e = self.q.slab.get_mut(idx);
             e.freq = if from == State::Mru { 0 } else { freq - 1 };
-            self.push(idx, State::Mfu);
+            self.q.push(idx, State::Mfu);
             return Some(0);
         }
         out.push(key);
         self.stats.evicted += 1;
         let ghost = if from == State::Mru { State::MruGhost } else { State::MfuGhost };
-        self.push(idx, ghost);
+        self.q.push(idx, ghost);
         Some(size)
     }
 
@@ -208,8 +200,8 @@ impl AdaptiveArc {
         let mut skipped = 0u32;
         let mut honor = true;
         while self.resident() > self.c {
-            let mru_over = self.sizes[State::Mru as usize] as f64 > self.p;
-            let mfu_empty = self.sizes[State::Mfu as usize] == 0;
+            let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
+            let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
             let first = if mru_over || mfu_empty { State::Mru } else { State::Mfu };
             let other = if first == State::Mru { State::Mfu } else { State::Mru };
             if self.step(first, honor, &mut skipped, out).is_none()
@@ -227,17 +219,18 @@ impl AdaptiveArc {
     fn trim_ghosts(&mut self) {
         let c = self.c;
         for ghost in [State::MruGhost, State::MfuGhost] {
-            while self.sizes[ghost as usize] > c {
-                let Some(t) = self.lists[ghost as usize].tail() else { break };
-                self.drop_entry(t);
+            while self.q.sizes[ghost as usize] > c {
+                let Some(t) = self.q.lists[ghost as usize].tail() else { break };
+                self.q.drop_entry(t);
                 self.stats.deleted += 1;
             }
         }
-        while self.sizes.iter().sum::<u64>() > 2 * c {
-            let t =
-                self.lists[State::MfuGhost as usize].tail().or(self.lists[State::MruGhost as usize].tail());
+        while self.q.sizes.iter().sum::<u64>() > 2 * c {
+            let t = self.q.lists[State::MfuGhost as usize]
+                .tail()
+                .or(self.q.lists[State::MruGhost as usize].tail());
             let Some(t) = t else { break };
-            self.drop_entry(t);
+            self.q.drop_entry(t);
             self.stats.deleted += 1;
         }
     }
@@ -250,14 +243,14 @@ impl Policy for AdaptiveArc {
 
     fn lookup(&mut self, key: Key, access: Access) -> Lookup {
         self.now_ns = self.now_ns.max(access.now_ns);
-        let Some(&idx) = self.index.get(&key) else {
+        let Some(&idx) = self.q.index.get(&key) else {
             self.stats.misses += 1;
             self.pending = Some(key);
             return Lookup::Miss;
         };
-        let resident_size = self.slab.get(idx).size;
+        let resident_size = self.q.slab.get(idx).size;
         let c = self.c;
-        match (&mut self.selector, self.slab.get(idx).state) {
+        match (&mut self.selector, self.q.slab.get(idx).state) {
             (Some(sel), State::Mru | State::Mfu) => sel.feed(key, resident_size, access, c),
             _ => self.pending = Some(key),
         }
@@ -270,7 +263,7 @@ impl Policy for AdaptiveArc {
         // 62.5 ms, but not with so little inserted between.
         let busy = (self.entries() as u32 / 16).max(16);
         let now = self.now_ns;
-        let e = self.slab.get_mut(idx);
+        let e = self.q.slab.get_mut(idx);
         let state = e.state;
         match state {
             State::Mru | State::Mfu => {
@@ -292,8 +285,8 @@ impl Policy for AdaptiveArc {
                 // MFU is recency-ordered too (measured: +0.2 pp on the
                 // reference suite and on loops over plain CLOCK order).
                 if state == State::Mfu {
-                    self.unlink(idx);
-                    self.push(idx, State::Mfu);
+                    self.q.unlink(idx);
+                    self.q.push(idx, State::Mfu);
                 }
                 if state == State::Mru {
                     self.stats.mru_hits += 1;
@@ -326,8 +319,8 @@ impl Policy for AdaptiveArc {
             self.follow_selector();
         }
         let mut to = State::Mru;
-        if let Some(&idx) = self.index.get(&key) {
-            let e = self.slab.get(idx);
+        if let Some(&idx) = self.q.index.get(&key) {
+            let e = self.q.slab.get(idx);
             let (state, was_prefetch) = (e.state, e.prefetch);
             match state {
                 State::MruGhost | State::MfuGhost => {
@@ -338,9 +331,9 @@ impl Policy for AdaptiveArc {
                 }
                 resident => to = resident,
             }
-            self.drop_entry(idx);
+            self.q.drop_entry(idx);
         }
-        let idx = self.slab.alloc(Entry {
+        let idx = self.q.slab.alloc(Entry {
             key,
             size,
             last_access_ns: self.now_ns,
@@ -349,8 +342,8 @@ impl Policy for AdaptiveArc {
             freq: 0,
             prefetch: access.prefetch,
         });
-        self.push(idx, to);
-        self.index.insert(key, idx);
+        self.q.push(idx, to);
+        self.q.index.insert(key, idx);
         self.inserts = self.inserts.wrapping_add(1);
         self.grow(size);
         self.evict(evicted);
@@ -358,16 +351,16 @@ impl Policy for AdaptiveArc {
     }
 
     fn remove(&mut self, key: Key) -> bool {
-        let Some(&idx) = self.index.get(&key) else {
+        let Some(&idx) = self.q.index.get(&key) else {
             return false;
         };
-        let resident = matches!(self.slab.get(idx).state, State::Mru | State::Mfu);
-        self.drop_entry(idx);
+        let resident = matches!(self.q.slab.get(idx).state, State::Mru | State::Mfu);
+        self.q.drop_entry(idx);
         resident
     }
 
     fn contains(&self, key: Key) -> bool {
-        self.index.get(&key).is_some_and(|&i| matches!(self.slab.get(i).state, State::Mru | State::Mfu))
+        self.q.index.get(&key).is_some_and(|&i| matches!(self.q.slab.get(i).state, State::Mru | State::Mfu))
     }
 
     fn set_limits(&mut self, c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {
@@ -396,12 +389,12 @@ impl Policy for AdaptiveArc {
         s.c = self.c;
         s.c_min = self.cfg.c_min;
         s.c_max = self.cfg.c_max;
-        s.mru_size = self.sizes[State::Mru as usize];
-        s.mfu_size = self.sizes[State::Mfu as usize];
-        s.mru_ghost_size = self.sizes[State::MruGhost as usize];
-        s.mfu_ghost_size = self.sizes[State::MfuGhost as usize];
+        s.mru_size = self.q.sizes[State::Mru as usize];
+        s.mfu_size = self.q.sizes[State::Mfu as usize];
+        s.mru_ghost_size = self.q.sizes[State::MruGhost as usize];
+        s.mfu_ghost_size = self.q.sizes[State::MfuGhost as usize];
         s.size = self.resident();
-        s.entries = (self.lists[0].len() + self.lists[1].len()) as u64;
+        s.entries = (self.q.lists[0].len() + self.q.lists[1].len()) as u64;
         s.pd = if self.c == 0 { 0 } else { (self.p / self.c as f64 * 4_294_967_296.0) as u64 };
         s
     }
@@ -411,7 +404,7 @@ impl Policy for AdaptiveArc {
             ListKind::Mru => State::Mru,
             ListKind::Mfu => State::Mfu,
         };
-        self.slab.walk_tail(&self.lists[state as usize], max_size, |e| (e.key, e.size, e.prefetch), f);
+        self.q.slab.walk_tail(&self.q.lists[state as usize], max_size, |e| (e.key, e.size, e.prefetch), f);
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -422,28 +415,28 @@ impl Policy for AdaptiveArc {
         let mut largest = 0;
         let mut listed = 0;
         for state in [State::Mru, State::Mfu, State::MruGhost, State::MfuGhost] {
-            let list = &self.lists[state as usize];
+            let list = &self.q.lists[state as usize];
             let mut sum = 0;
-            for (idx, e) in self.slab.iter(list) {
-                if e.state != state || self.index.get(&e.key) != Some(&idx) || e.freq > 3 {
+            for (idx, e) in self.q.slab.iter(list) {
+                if e.state != state || self.q.index.get(&e.key) != Some(&idx) || e.freq > 3 {
                     return Err(format!("entry {} misfiled on {state:?}", e.key));
                 }
                 sum += e.size;
                 largest = largest.max(e.size);
             }
-            if sum != self.sizes[state as usize] {
+            if sum != self.q.sizes[state as usize] {
                 return Err(format!(
                     "{state:?} size {} but entries sum to {sum}",
-                    self.sizes[state as usize]
+                    self.q.sizes[state as usize]
                 ));
             }
             listed += list.len();
         }
-        if listed != self.index.len() {
+        if listed != self.q.index.len() {
             return Err("index and lists disagree".into());
         }
-        let [mru, mfu, mru_g, mfu_g] = self.sizes;
-        if mru + mfu > c && self.lists[0].len() + self.lists[1].len() > 1 {
+        let [mru, mfu, mru_g, mfu_g] = self.q.sizes;
+        if mru + mfu > c && self.q.lists[0].len() + self.q.lists[1].len() > 1 {
             return Err(format!("resident {} > c = {c}", mru + mfu));
         }
         if mru_g > c.max(largest) || mfu_g > c.max(largest) || mru + mfu + mru_g + mfu_g > 2 * c.max(largest)

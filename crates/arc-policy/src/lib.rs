@@ -12,6 +12,7 @@
 
 mod adaptive;
 mod blocks;
+mod filed;
 mod lru;
 pub mod mrc;
 mod paper;

@@ -15,9 +15,7 @@
 //! key as large as the small queue is not cached at all (with `c < 20`
 //! units nothing is). Sizes are in any unit.
 
-use rustc_hash::FxHashMap;
-
-use crate::slab::{List, Slab};
+use crate::filed::{Filed, Filing};
 use crate::{Access, Key, ListKind, Lookup, Policy, PolicyStats};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,14 +33,33 @@ struct Entry {
     at: Queue,
 }
 
+impl From<Queue> for usize {
+    fn from(l: Queue) -> usize {
+        l as usize
+    }
+}
+
+impl Filed<Queue> for Entry {
+    fn key(&self) -> Key {
+        self.key
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn list(&self) -> Queue {
+        self.at
+    }
+    fn set_list(&mut self, list: Queue) {
+        self.at = list;
+    }
+}
+
 pub struct S3Fifo {
     capacity: u64,
     small_cap: u64,
     ghost_cap: u64,
-    slab: Slab<Entry>,
-    index: FxHashMap<Key, u32>,
-    lists: [List; 3],
-    sizes: [u64; 3],
+    /// Entries, their lists and the lists' sizes.
+    q: Filing<Entry, 3>,
     /// Until the first eviction, new keys that find small full go to main.
     has_evicted: bool,
     stats: PolicyStats,
@@ -57,10 +74,7 @@ impl S3Fifo {
             capacity: 0,
             small_cap: 0,
             ghost_cap: 0,
-            slab: Slab::new(),
-            index: FxHashMap::default(),
-            lists: [List::default(); 3],
-            sizes: [0; 3],
+            q: Filing::new(),
             has_evicted: false,
             stats: PolicyStats::default(),
         };
@@ -81,56 +95,34 @@ impl S3Fifo {
     }
 
     fn resident(&self) -> u64 {
-        self.sizes[Queue::Small as usize] + self.sizes[Queue::Main as usize]
-    }
-
-    fn unlink(&mut self, idx: u32) {
-        let e = self.slab.get(idx);
-        let (at, size) = (e.at as usize, e.size);
-        self.slab.unlink(&mut self.lists[at], idx);
-        self.sizes[at] -= size;
-    }
-
-    fn push(&mut self, idx: u32, to: Queue) {
-        let e = self.slab.get_mut(idx);
-        e.at = to;
-        let size = e.size;
-        self.slab.push_head(&mut self.lists[to as usize], idx);
-        self.sizes[to as usize] += size;
-    }
-
-    fn drop_entry(&mut self, idx: u32) {
-        self.unlink(idx);
-        let key = self.slab.get(idx).key;
-        self.slab.release(idx);
-        self.index.remove(&key);
+        self.q.sizes[Queue::Small as usize] + self.q.sizes[Queue::Main as usize]
     }
 
     /// Files an evicted small-queue key as a ghost, first making room by
     /// forgetting the oldest ghosts.
     fn make_ghost(&mut self, idx: u32) {
-        let size = self.slab.get(idx).size;
+        let size = self.q.slab.get(idx).size;
         if size > self.ghost_cap {
-            self.drop_entry(idx);
+            self.q.drop_entry(idx);
             return;
         }
-        while self.sizes[Queue::Ghost as usize] + size > self.ghost_cap {
-            let Some(tail) = self.lists[Queue::Ghost as usize].tail() else { break };
-            self.drop_entry(tail);
+        while self.q.sizes[Queue::Ghost as usize] + size > self.ghost_cap {
+            let Some(tail) = self.q.lists[Queue::Ghost as usize].tail() else { break };
+            self.q.drop_entry(tail);
             self.stats.deleted += 1;
         }
-        self.push(idx, Queue::Ghost);
+        self.q.push(idx, Queue::Ghost);
     }
 
     /// Evicts one resident key from small, moving the frequently hit ones
     /// it passes on the way to main.
     fn evict_small(&mut self, out: &mut Vec<Key>) {
-        while let Some(idx) = self.lists[Queue::Small as usize].tail() {
-            self.unlink(idx);
-            let e = self.slab.get(idx);
+        while let Some(idx) = self.q.lists[Queue::Small as usize].tail() {
+            self.q.unlink(idx);
+            let e = self.q.slab.get(idx);
             if e.freq >= MOVE_TO_MAIN {
-                self.slab.get_mut(idx).freq = 0;
-                self.push(idx, Queue::Main);
+                self.q.slab.get_mut(idx).freq = 0;
+                self.q.push(idx, Queue::Main);
                 continue;
             }
             out.push(e.key);
@@ -143,26 +135,26 @@ impl S3Fifo {
     /// Evicts one resident key from main, giving each key with a
     /// frequency another round one step lower.
     fn evict_main(&mut self, out: &mut Vec<Key>) {
-        while let Some(idx) = self.lists[Queue::Main as usize].tail() {
-            self.unlink(idx);
-            let e = self.slab.get_mut(idx);
+        while let Some(idx) = self.q.lists[Queue::Main as usize].tail() {
+            self.q.unlink(idx);
+            let e = self.q.slab.get_mut(idx);
             if e.freq >= 1 {
                 e.freq = e.freq.min(3) - 1;
-                self.push(idx, Queue::Main);
+                self.q.push(idx, Queue::Main);
                 continue;
             }
             out.push(e.key);
             self.stats.evicted += 1;
             let key = e.key;
-            self.slab.release(idx);
-            self.index.remove(&key);
+            self.q.slab.release(idx);
+            self.q.index.remove(&key);
             return;
         }
     }
 
     fn evict_one(&mut self, out: &mut Vec<Key>) {
         self.has_evicted = true;
-        if self.sizes[Queue::Main as usize] > self.main_cap() || self.sizes[Queue::Small as usize] == 0 {
+        if self.q.sizes[Queue::Main as usize] > self.main_cap() || self.q.sizes[Queue::Small as usize] == 0 {
             self.evict_main(out);
         } else {
             self.evict_small(out);
@@ -182,11 +174,11 @@ impl Policy for S3Fifo {
     }
 
     fn lookup(&mut self, key: Key, _access: Access) -> Lookup {
-        let Some(&idx) = self.index.get(&key) else {
+        let Some(&idx) = self.q.index.get(&key) else {
             self.stats.misses += 1;
             return Lookup::Miss;
         };
-        let e = self.slab.get_mut(idx);
+        let e = self.q.slab.get_mut(idx);
         let at = e.at;
         if at == Queue::Ghost {
             self.stats.misses += 1;
@@ -207,10 +199,10 @@ impl Policy for S3Fifo {
     fn insert(&mut self, key: Key, size: u64, _access: Access, evicted: &mut Vec<Key>) {
         // A ghost leaves its queue before eviction runs, as in libCacheSim,
         // so the evictions below do not count it against the ghost size.
-        let ghost = match self.index.get(&key) {
+        let ghost = match self.q.index.get(&key) {
             Some(&idx) => {
-                let was_ghost = self.slab.get(idx).at == Queue::Ghost;
-                self.drop_entry(idx);
+                let was_ghost = self.q.slab.get(idx).at == Queue::Ghost;
+                self.q.drop_entry(idx);
                 was_ghost
             }
             None => false,
@@ -223,37 +215,37 @@ impl Policy for S3Fifo {
             Queue::Main
         } else if size >= self.small_cap {
             return;
-        } else if !self.has_evicted && self.sizes[Queue::Small as usize] >= self.small_cap {
+        } else if !self.has_evicted && self.q.sizes[Queue::Small as usize] >= self.small_cap {
             // Warming up: filling main at once lets the first keys that
             // were hit stay, where a full small queue would push them out.
             Queue::Main
         } else {
             Queue::Small
         };
-        let idx = self.slab.alloc(Entry { key, size, freq: 0, at: to });
-        self.push(idx, to);
-        self.index.insert(key, idx);
+        let idx = self.q.slab.alloc(Entry { key, size, freq: 0, at: to });
+        self.q.push(idx, to);
+        self.q.index.insert(key, idx);
     }
 
     fn remove(&mut self, key: Key) -> bool {
-        let Some(&idx) = self.index.get(&key) else {
+        let Some(&idx) = self.q.index.get(&key) else {
             return false;
         };
-        let resident = self.slab.get(idx).at != Queue::Ghost;
-        self.drop_entry(idx);
+        let resident = self.q.slab.get(idx).at != Queue::Ghost;
+        self.q.drop_entry(idx);
         resident
     }
 
     fn contains(&self, key: Key) -> bool {
-        self.index.get(&key).is_some_and(|&i| self.slab.get(i).at != Queue::Ghost)
+        self.q.index.get(&key).is_some_and(|&i| self.q.slab.get(i).at != Queue::Ghost)
     }
 
     fn set_limits(&mut self, _c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {
         self.resize(c_max);
         self.evict_to(c_max, evicted);
-        while self.sizes[Queue::Ghost as usize] > self.ghost_cap {
-            let Some(tail) = self.lists[Queue::Ghost as usize].tail() else { break };
-            self.drop_entry(tail);
+        while self.q.sizes[Queue::Ghost as usize] > self.ghost_cap {
+            let Some(tail) = self.q.lists[Queue::Ghost as usize].tail() else { break };
+            self.q.drop_entry(tail);
             self.stats.deleted += 1;
         }
     }
@@ -264,10 +256,10 @@ impl Policy for S3Fifo {
         s.c = self.capacity;
         s.c_min = self.capacity;
         s.c_max = self.capacity;
-        s.mru_size = self.sizes[Queue::Small as usize];
-        s.mfu_size = self.sizes[Queue::Main as usize];
-        s.mru_ghost_size = self.sizes[Queue::Ghost as usize];
-        s.entries = (self.lists[0].len() + self.lists[1].len()) as u64;
+        s.mru_size = self.q.sizes[Queue::Small as usize];
+        s.mfu_size = self.q.sizes[Queue::Main as usize];
+        s.mru_ghost_size = self.q.sizes[Queue::Ghost as usize];
+        s.entries = (self.q.lists[0].len() + self.q.lists[1].len()) as u64;
         s.pd =
             ((u128::from(self.small_cap) << 32).checked_div(u128::from(self.capacity))).unwrap_or(0) as u64;
         s
@@ -278,31 +270,31 @@ impl Policy for S3Fifo {
             ListKind::Mru => Queue::Small,
             ListKind::Mfu => Queue::Main,
         };
-        self.slab.walk_tail(&self.lists[q as usize], max_size, |e| (e.key, e.size, false), f);
+        self.q.slab.walk_tail(&self.q.lists[q as usize], max_size, |e| (e.key, e.size, false), f);
     }
 
     fn validate(&self) -> Result<(), String> {
         if self.resident() > self.capacity {
             return Err(format!("resident {} > capacity {}", self.resident(), self.capacity));
         }
-        if self.sizes[Queue::Ghost as usize] > self.ghost_cap {
-            return Err(format!("ghost {} > {}", self.sizes[Queue::Ghost as usize], self.ghost_cap));
+        if self.q.sizes[Queue::Ghost as usize] > self.ghost_cap {
+            return Err(format!("ghost {} > {}", self.q.sizes[Queue::Ghost as usize], self.ghost_cap));
         }
         let mut listed = 0;
         for q in [Queue::Small, Queue::Main, Queue::Ghost] {
             let mut sum = 0;
-            for (idx, e) in self.slab.iter(&self.lists[q as usize]) {
-                if e.at != q || self.index.get(&e.key) != Some(&idx) || e.freq > 3 {
+            for (idx, e) in self.q.slab.iter(&self.q.lists[q as usize]) {
+                if e.at != q || self.q.index.get(&e.key) != Some(&idx) || e.freq > 3 {
                     return Err(format!("entry {} misfiled on {q:?}", e.key));
                 }
                 sum += e.size;
             }
-            if sum != self.sizes[q as usize] {
-                return Err(format!("{q:?} size {} but entries sum to {sum}", self.sizes[q as usize]));
+            if sum != self.q.sizes[q as usize] {
+                return Err(format!("{q:?} size {} but entries sum to {sum}", self.q.sizes[q as usize]));
             }
-            listed += self.lists[q as usize].len();
+            listed += self.q.lists[q as usize].len();
         }
-        if listed != self.index.len() {
+        if listed != self.q.index.len() {
             return Err("index and lists disagree".into());
         }
         Ok(())

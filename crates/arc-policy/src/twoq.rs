@@ -10,9 +10,7 @@
 //! own tuning (A1in 25 %, A1out 50 % of the cache in pages) is the same.
 //! Sizes are in any unit.
 
-use rustc_hash::FxHashMap;
-
-use crate::slab::{List, Slab};
+use crate::filed::{Filed, Filing};
 use crate::{Access, Key, ListKind, Lookup, Policy, PolicyStats};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,29 +27,40 @@ struct Entry {
     at: Queue,
 }
 
+impl From<Queue> for usize {
+    fn from(l: Queue) -> usize {
+        l as usize
+    }
+}
+
+impl Filed<Queue> for Entry {
+    fn key(&self) -> Key {
+        self.key
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn list(&self) -> Queue {
+        self.at
+    }
+    fn set_list(&mut self, list: Queue) {
+        self.at = list;
+    }
+}
+
 pub struct TwoQ {
     capacity: u64,
     in_cap: u64,
     out_cap: u64,
-    slab: Slab<Entry>,
-    index: FxHashMap<Key, u32>,
-    lists: [List; 3],
-    sizes: [u64; 3],
+    /// Entries, their lists and the lists' sizes.
+    q: Filing<Entry, 3>,
     stats: PolicyStats,
 }
 
 impl TwoQ {
     pub fn new(capacity: u64) -> Self {
-        let mut q = TwoQ {
-            capacity: 0,
-            in_cap: 0,
-            out_cap: 0,
-            slab: Slab::new(),
-            index: FxHashMap::default(),
-            lists: [List::default(); 3],
-            sizes: [0; 3],
-            stats: PolicyStats::default(),
-        };
+        let mut q =
+            TwoQ { capacity: 0, in_cap: 0, out_cap: 0, q: Filing::new(), stats: PolicyStats::default() };
         q.resize(capacity);
         q
     }
@@ -63,54 +72,33 @@ impl TwoQ {
     }
 
     fn resident(&self) -> u64 {
-        self.sizes[Queue::In as usize] + self.sizes[Queue::Main as usize]
-    }
-
-    fn unlink(&mut self, idx: u32) {
-        let e = self.slab.get(idx);
-        let (at, size) = (e.at as usize, e.size);
-        self.slab.unlink(&mut self.lists[at], idx);
-        self.sizes[at] -= size;
-    }
-
-    fn push(&mut self, idx: u32, to: Queue) {
-        let e = self.slab.get_mut(idx);
-        e.at = to;
-        let size = e.size;
-        self.slab.push_head(&mut self.lists[to as usize], idx);
-        self.sizes[to as usize] += size;
-    }
-
-    fn drop_entry(&mut self, idx: u32) {
-        self.unlink(idx);
-        let key = self.slab.get(idx).key;
-        self.slab.release(idx);
-        self.index.remove(&key);
+        self.q.sizes[Queue::In as usize] + self.q.sizes[Queue::Main as usize]
     }
 
     fn trim_out(&mut self, room: u64) {
-        while self.sizes[Queue::Out as usize] + room > self.out_cap {
-            let Some(tail) = self.lists[Queue::Out as usize].tail() else { break };
-            self.drop_entry(tail);
+        while self.q.sizes[Queue::Out as usize] + room > self.out_cap {
+            let Some(tail) = self.q.lists[Queue::Out as usize].tail() else { break };
+            self.q.drop_entry(tail);
             self.stats.deleted += 1;
         }
     }
 
     fn evict_one(&mut self, out: &mut Vec<Key>) {
-        let from_in = self.sizes[Queue::In as usize] > self.in_cap || self.sizes[Queue::Main as usize] == 0;
+        let from_in =
+            self.q.sizes[Queue::In as usize] > self.in_cap || self.q.sizes[Queue::Main as usize] == 0;
         let q = if from_in { Queue::In } else { Queue::Main };
-        let Some(idx) = self.lists[q as usize].tail() else { return };
-        let e = self.slab.get(idx);
+        let Some(idx) = self.q.lists[q as usize].tail() else { return };
+        let e = self.q.slab.get(idx);
         out.push(e.key);
         self.stats.evicted += 1;
         if q == Queue::Main || e.size > self.out_cap {
-            self.drop_entry(idx);
+            self.q.drop_entry(idx);
             return;
         }
         let size = e.size;
-        self.unlink(idx);
+        self.q.unlink(idx);
         self.trim_out(size);
-        self.push(idx, Queue::Out);
+        self.q.push(idx, Queue::Out);
     }
 
     fn evict_to(&mut self, limit: u64, out: &mut Vec<Key>) {
@@ -126,11 +114,11 @@ impl Policy for TwoQ {
     }
 
     fn lookup(&mut self, key: Key, _access: Access) -> Lookup {
-        let Some(&idx) = self.index.get(&key) else {
+        let Some(&idx) = self.q.index.get(&key) else {
             self.stats.misses += 1;
             return Lookup::Miss;
         };
-        match self.slab.get(idx).at {
+        match self.q.slab.get(idx).at {
             Queue::In => {
                 self.stats.hits += 1;
                 self.stats.mru_hits += 1;
@@ -139,8 +127,8 @@ impl Policy for TwoQ {
             Queue::Main => {
                 self.stats.hits += 1;
                 self.stats.mfu_hits += 1;
-                self.unlink(idx);
-                self.push(idx, Queue::Main);
+                self.q.unlink(idx);
+                self.q.push(idx, Queue::Main);
                 Lookup::Hit(ListKind::Mfu)
             }
             Queue::Out => {
@@ -153,10 +141,10 @@ impl Policy for TwoQ {
 
     fn insert(&mut self, key: Key, size: u64, _access: Access, evicted: &mut Vec<Key>) {
         // A ghost leaves A1out before eviction refills it.
-        let ghost = match self.index.get(&key) {
+        let ghost = match self.q.index.get(&key) {
             Some(&idx) => {
-                let was_ghost = self.slab.get(idx).at == Queue::Out;
-                self.drop_entry(idx);
+                let was_ghost = self.q.slab.get(idx).at == Queue::Out;
+                self.q.drop_entry(idx);
                 was_ghost
             }
             None => false,
@@ -166,22 +154,22 @@ impl Policy for TwoQ {
         }
         self.evict_to(self.capacity - size, evicted);
         let to = if ghost { Queue::Main } else { Queue::In };
-        let idx = self.slab.alloc(Entry { key, size, at: to });
-        self.push(idx, to);
-        self.index.insert(key, idx);
+        let idx = self.q.slab.alloc(Entry { key, size, at: to });
+        self.q.push(idx, to);
+        self.q.index.insert(key, idx);
     }
 
     fn remove(&mut self, key: Key) -> bool {
-        let Some(&idx) = self.index.get(&key) else {
+        let Some(&idx) = self.q.index.get(&key) else {
             return false;
         };
-        let resident = self.slab.get(idx).at != Queue::Out;
-        self.drop_entry(idx);
+        let resident = self.q.slab.get(idx).at != Queue::Out;
+        self.q.drop_entry(idx);
         resident
     }
 
     fn contains(&self, key: Key) -> bool {
-        self.index.get(&key).is_some_and(|&i| self.slab.get(i).at != Queue::Out)
+        self.q.index.get(&key).is_some_and(|&i| self.q.slab.get(i).at != Queue::Out)
     }
 
     fn set_limits(&mut self, _c_min: u64, c_max: u64, evicted: &mut Vec<Key>) {
@@ -196,10 +184,10 @@ impl Policy for TwoQ {
         s.c = self.capacity;
         s.c_min = self.capacity;
         s.c_max = self.capacity;
-        s.mru_size = self.sizes[Queue::In as usize];
-        s.mfu_size = self.sizes[Queue::Main as usize];
-        s.mru_ghost_size = self.sizes[Queue::Out as usize];
-        s.entries = (self.lists[0].len() + self.lists[1].len()) as u64;
+        s.mru_size = self.q.sizes[Queue::In as usize];
+        s.mfu_size = self.q.sizes[Queue::Main as usize];
+        s.mru_ghost_size = self.q.sizes[Queue::Out as usize];
+        s.entries = (self.q.lists[0].len() + self.q.lists[1].len()) as u64;
         s.pd = ((u128::from(self.in_cap) << 32).checked_div(u128::from(self.capacity))).unwrap_or(0) as u64;
         s
     }
@@ -209,31 +197,31 @@ impl Policy for TwoQ {
             ListKind::Mru => Queue::In,
             ListKind::Mfu => Queue::Main,
         };
-        self.slab.walk_tail(&self.lists[q as usize], max_size, |e| (e.key, e.size, false), f);
+        self.q.slab.walk_tail(&self.q.lists[q as usize], max_size, |e| (e.key, e.size, false), f);
     }
 
     fn validate(&self) -> Result<(), String> {
         if self.resident() > self.capacity {
             return Err(format!("resident {} > capacity {}", self.resident(), self.capacity));
         }
-        if self.sizes[Queue::Out as usize] > self.out_cap {
-            return Err(format!("A1out {} > {}", self.sizes[Queue::Out as usize], self.out_cap));
+        if self.q.sizes[Queue::Out as usize] > self.out_cap {
+            return Err(format!("A1out {} > {}", self.q.sizes[Queue::Out as usize], self.out_cap));
         }
         let mut listed = 0;
         for q in [Queue::In, Queue::Main, Queue::Out] {
             let mut sum = 0;
-            for (idx, e) in self.slab.iter(&self.lists[q as usize]) {
-                if e.at != q || self.index.get(&e.key) != Some(&idx) {
+            for (idx, e) in self.q.slab.iter(&self.q.lists[q as usize]) {
+                if e.at != q || self.q.index.get(&e.key) != Some(&idx) {
                     return Err(format!("entry {} misfiled on {q:?}", e.key));
                 }
                 sum += e.size;
             }
-            if sum != self.sizes[q as usize] {
-                return Err(format!("{q:?} size {} but entries sum to {sum}", self.sizes[q as usize]));
+            if sum != self.q.sizes[q as usize] {
+                return Err(format!("{q:?} size {} but entries sum to {sum}", self.q.sizes[q as usize]));
             }
-            listed += self.lists[q as usize].len();
+            listed += self.q.lists[q as usize].len();
         }
-        if listed != self.index.len() {
+        if listed != self.q.index.len() {
             return Err("index and lists disagree".into());
         }
         Ok(())

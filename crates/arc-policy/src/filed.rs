@@ -1,0 +1,64 @@
+//! Entries filed on one of N lists threaded through one slab, with each
+//! list's total size and an index by key: the bookkeeping every policy with
+//! several queues (S3-FIFO, 2Q, arc-adaptive) would otherwise repeat.
+
+use rustc_hash::FxHashMap;
+
+use crate::slab::{List, Slab};
+use crate::Key;
+
+/// An entry that knows its key, its size and the list it is on (`K`, an
+/// enum whose value is the list's index).
+pub(crate) trait Filed<K> {
+    fn key(&self) -> Key;
+    fn size(&self) -> u64;
+    fn list(&self) -> K;
+    fn set_list(&mut self, list: K);
+}
+
+pub(crate) struct Filing<T, const N: usize> {
+    pub(crate) slab: Slab<T>,
+    pub(crate) index: FxHashMap<Key, u32>,
+    pub(crate) lists: [List; N],
+    pub(crate) sizes: [u64; N],
+}
+
+impl<T, const N: usize> Filing<T, N> {
+    pub(crate) fn new() -> Self {
+        Filing { slab: Slab::new(), index: FxHashMap::default(), lists: [List::default(); N], sizes: [0; N] }
+    }
+
+    /// Takes entry `idx` off its list; it stays in the slab and the index.
+    pub(crate) fn unlink<K: Copy + Into<usize>>(&mut self, idx: u32)
+    where
+        T: Filed<K>,
+    {
+        let e = self.slab.get(idx);
+        let (at, size) = (e.list().into(), e.size());
+        self.slab.unlink(&mut self.lists[at], idx);
+        self.sizes[at] -= size;
+    }
+
+    /// Files entry `idx` at the head of list `to`.
+    pub(crate) fn push<K: Copy + Into<usize>>(&mut self, idx: u32, to: K)
+    where
+        T: Filed<K>,
+    {
+        let e = self.slab.get_mut(idx);
+        e.set_list(to);
+        let size = e.size();
+        self.slab.push_head(&mut self.lists[to.into()], idx);
+        self.sizes[to.into()] += size;
+    }
+
+    /// Forgets entry `idx` entirely.
+    pub(crate) fn drop_entry<K: Copy + Into<usize>>(&mut self, idx: u32)
+    where
+        T: Filed<K>,
+    {
+        self.unlink(idx);
+        let key = self.slab.get(idx).key();
+        self.slab.release(idx);
+        self.index.remove(&key);
+    }
+}
