@@ -17,6 +17,38 @@ pub struct ZeroMap {
     ranges: BTreeMap<u64, u64>,
 }
 
+/// A volume's [`ZeroMap`] behind its lock, with a flag that lets writes
+/// skip the lock while nothing is known zero (the common case: every write
+/// would otherwise take one lock per volume). Set after a zeroing is
+/// recorded, read after the write guard is held, so a write to a range a
+/// zeroing just recorded always sees it.
+#[derive(Default)]
+pub struct KnownZeroes {
+    any: std::sync::atomic::AtomicBool,
+    map: arcache_sync::Mutex<ZeroMap>,
+}
+
+impl KnownZeroes {
+    pub fn zeroed(&self, r: Range<u64>) {
+        let mut m = self.map.lock();
+        m.zeroed(r);
+        self.any.store(!m.ranges.is_empty(), std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn changed(&self, r: Range<u64>) {
+        if self.any.load(std::sync::atomic::Ordering::Acquire) {
+            self.map.lock().changed(r);
+        }
+    }
+
+    pub fn overlay(&self, start: u64, extents: &[(u64, Alloc)]) -> Vec<(u64, Alloc)> {
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return extents.to_vec();
+        }
+        self.map.lock().overlay(start, extents)
+    }
+}
+
 /// At most this many ranges are remembered; past it the map forgets all
 /// (knowing nothing is always safe).
 const MAX_ZERO_RANGES: usize = 65_536;

@@ -88,7 +88,7 @@ pub struct Volume {
     cache: Arc<Cache>,
     stripes: Vec<Mutex<()>>,
     /// Ranges known to read as zeroes, for block status (see `ZeroMap`).
-    zeroed: Mutex<crate::extents::ZeroMap>,
+    zeroed: crate::extents::KnownZeroes,
     zfetch: Zfetch,
     /// For prefetch jobs, which outlive the request that started them.
     this: Weak<Volume>,
@@ -134,7 +134,7 @@ impl Volume {
             dev,
             cache,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            zeroed: Mutex::new(crate::extents::ZeroMap::default()),
+            zeroed: crate::extents::KnownZeroes::default(),
             zfetch: Zfetch::new(cfg.recordsize, size),
             this: this.clone(),
             wb,
@@ -677,7 +677,7 @@ impl Volume {
         self.for_each_piece(offset, data, |rs, lo, part| {
             let mut guard = self.write_guard(rs);
             guard.drop_l2_copies();
-            self.zeroed.lock().changed(lo..lo + part.len() as u64);
+            self.zeroed.changed(lo..lo + part.len() as u64);
             let c = &self.cache.counters;
             c.backing_writes.fetch_add(1, Relaxed);
             c.backing_write_bytes.fetch_add(part.len() as u64, Relaxed);
@@ -725,7 +725,7 @@ impl Volume {
         data: &[u8],
     ) {
         guard.hold_off_feed();
-        self.zeroed.lock().changed(offset..offset + data.len() as u64);
+        self.zeroed.changed(offset..offset + data.len() as u64);
         wb.put(self.id, guard.keys(), pages);
         self.patch_cache(guard, offset, data);
     }
@@ -796,7 +796,7 @@ impl Volume {
 
     /// Writes the records of `guard`, whose L2 copies are gone.
     fn write_locked(&self, guard: &RecordWrite<'_>, offset: u64, data: &[u8]) -> DevResult<()> {
-        self.zeroed.lock().changed(offset..offset + data.len() as u64);
+        self.zeroed.changed(offset..offset + data.len() as u64);
         let c = &self.cache.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
@@ -936,7 +936,7 @@ impl Volume {
         // Taken before the store is asked: a txg that lands meanwhile has
         // put the same bytes on the store, which then says data too.
         let dirty = self.wb.as_ref().map(|wb| wb.snapshot(self.id, offset..offset + len)).unwrap_or_default();
-        let extents = self.zeroed.lock().overlay(offset, &self.dev.allocation(offset, len)?);
+        let extents = self.zeroed.overlay(offset, &self.dev.allocation(offset, len)?);
         let pages: Vec<u64> = dirty.iter().map(|(page, _)| *page).collect();
         Ok(crate::extents::overlay_dirty(offset, &extents, &pages, crate::dirty::PAGE))
     }
@@ -979,7 +979,7 @@ impl Volume {
             guard.drop_l2_copies();
             // Known zero only once the zeroing is on the store; a trim
             // leaves the contents undefined.
-            self.zeroed.lock().changed(lo..hi);
+            self.zeroed.changed(lo..hi);
             let res = match wb {
                 Some(wb) => {
                     wb.discard(self.id, guard.keys(), lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo))
@@ -990,7 +990,7 @@ impl Volume {
                 self.cache.invalidate(k);
             }
             if res.is_ok() && matches!(change, Change::Zero) {
-                self.zeroed.lock().zeroed(lo..hi);
+                self.zeroed.zeroed(lo..hi);
             }
             drop(guard);
             res?;
