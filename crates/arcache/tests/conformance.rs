@@ -147,3 +147,21 @@ fn block_status_of_an_nbd_backing_is_the_backing_servers() {
     );
     s.stop();
 }
+
+/// A backing server that offers no block status (nbdkit without structured
+/// replies) is taken as all data, and the export still serves its bytes.
+#[test]
+fn a_backing_server_without_block_status_is_all_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("origin.img");
+    sparse_image(&img);
+    let origin = common::Nbdkit::start(dir.path(), "origin", &["--no-sr", "file", img.to_str().unwrap()]);
+    let sdir = tempfile::tempdir().unwrap();
+    let s = Serve::start(sdir, &["--export", &origin.uri(), "--arc-max", "64M"]);
+    assert_eq!(nbdinfo_map(&s.uri("")), vec![(0, SIZE, 0)], "no map from the backing: all data");
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut buf = vec![0u8; 4096];
+    c.read(DATA[1].0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0x22), "the export's bytes are served");
+    s.stop();
+}

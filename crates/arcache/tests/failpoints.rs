@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-
 use common::*;
 
 /// Fail points exist only in a `failpoints` build; without one these tests
@@ -22,31 +20,8 @@ fn armed() -> bool {
     false
 }
 
-/// `arcache serve` with FAILPOINTS set; waits for its sockets.
 fn serve_failing(dir: tempfile::TempDir, failpoints: &str, args: &[&str]) -> Serve {
-    let sock = dir.path().join("nbd.sock");
-    let control = dir.path().join("control.sock");
-    let child = Command::new(BIN)
-        .arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--control")
-        .arg(&control)
-        .args(args)
-        .env("FAILPOINTS", failpoints)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn arcache serve");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err()
-        || std::os::unix::net::UnixStream::connect(&control).is_err()
-    {
-        assert!(std::time::Instant::now() < deadline, "arcache serve did not come up");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    Serve { child: Some(child), dir, sock, control }
+    Serve::start_with_env(dir, args, &[("FAILPOINTS", failpoints)])
 }
 
 /// A failed read of the backing store is an EIO for that request alone,

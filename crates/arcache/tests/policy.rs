@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 
 fn serve_with(policy: Option<&str>) -> Serve {
@@ -43,15 +41,7 @@ fn a_policy_the_server_cannot_run_is_refused_with_the_names_it_can() {
     let img = dir.path().join("disk.img");
     random_file(&img, 1 << 20, 5);
     for (name, expect) in [("arc-paper", "counts entries"), ("nope", "choose one of arc, lru")] {
-        let out = Command::new(BIN)
-            .args(["serve", "--export", img.to_str().unwrap(), "--policy", name, "--listen"])
-            .arg(format!("unix:{}", dir.path().join("s.sock").display()))
-            .arg("--control")
-            .arg(dir.path().join("c.sock"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{name} must be refused");
+        let err = serve_refused(dir.path(), &["--export", img.to_str().unwrap(), "--policy", name]);
         assert!(err.contains(expect) && err.contains(name), "{name}: {err}");
     }
 }

@@ -425,19 +425,8 @@ fn an_unusable_key_is_refused_with_what_is_wrong() {
         .arg("-out")
         .arg(&dsa));
     for (key, expect) in [(&other_key, "does not match"), (&dsa, "DSA")] {
-        let out = Command::new(BIN)
-            .args(["serve", "--export", backing.to_str().unwrap(), "--tls", "on", "--tls-cert"])
-            .arg(&cert)
-            .arg("--tls-key")
-            .arg(key)
-            .arg("--listen")
-            .arg(format!("unix:{}", dir.path().join("s.sock").display()))
-            .arg("--control")
-            .arg(dir.path().join("c.sock"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{key:?} must be refused");
-        assert!(err.contains(key.to_str().unwrap()) && err.contains(expect), "{key:?}: {err}");
+        let (b, c, k) = (backing.to_str().unwrap(), cert.to_str().unwrap(), key.to_str().unwrap());
+        let err = serve_refused(dir.path(), &["--export", b, "--tls", "on", "--tls-cert", c, "--tls-key", k]);
+        assert!(err.contains(k) && err.contains(expect), "{key:?}: {err}");
     }
 }

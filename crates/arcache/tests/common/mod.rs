@@ -19,6 +19,11 @@ impl Serve {
     /// Starts `arcache serve` with a unix socket and control socket in a
     /// fresh directory, plus `args`; waits until both sockets answer.
     pub fn start(dir: tempfile::TempDir, args: &[&str]) -> Serve {
+        Serve::start_with_env(dir, args, &[])
+    }
+
+    /// As [`Serve::start`], with `env` added to the server's environment.
+    pub fn start_with_env(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Serve {
         let sock = dir.path().join("nbd.sock");
         let control = dir.path().join("control.sock");
         let mut cmd = Command::new(BIN);
@@ -30,7 +35,8 @@ impl Serve {
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied());
         let child = cmd.spawn().expect("spawn arcache serve");
         let mut s = Serve { child: Some(child), dir, sock, control };
         s.wait_ready();
@@ -126,6 +132,23 @@ pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Runs `arcache serve` with sockets in `dir` plus `args`, expecting it to
+/// refuse to start: asserts a non-zero exit and returns its standard error.
+pub fn serve_refused(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", dir.join("refused.sock").display()))
+        .arg("--control")
+        .arg(dir.join("refused.ctl"))
+        .args(args)
+        .output()
+        .expect("run arcache serve");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "arcache serve {args:?} started; it was to refuse: {err}");
+    err
 }
 
 /// Fails loudly when a client the tests need is missing: `.ci/run` installs
