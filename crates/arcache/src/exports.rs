@@ -122,8 +122,8 @@ impl Export for NbdExport {
         self.vol.write_zeroes(offset, len, fua).map_err(|e| errno("write_zeroes", &e))
     }
 
-    fn write_zeroes_fast(&self, offset: u64, len: u64, fua: bool) -> NbdResult {
-        match self.vol.write_zeroes_fast(offset, len, fua, false) {
+    fn write_zeroes_fast(&self, offset: u64, len: u64, fua: bool, no_hole: bool) -> NbdResult {
+        match self.vol.write_zeroes_fast(offset, len, fua, no_hole) {
             // Expected and frequent (clients probe with it): not worth a warning.
             Err(DevError::Unsupported(_)) => Err(Errno(libc::ENOTSUP)),
             other => other.map_err(|e| errno("write_zeroes", &e)),

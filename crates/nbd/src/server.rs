@@ -100,7 +100,8 @@ pub trait Export: Send + Sync {
     /// WRITE_ZEROES with FAST_ZERO: zeroes the range only if that is
     /// quicker than writing zeroes (a hole punched, an extent recorded);
     /// otherwise fails with ENOTSUP at once, having changed nothing.
-    fn write_zeroes_fast(&self, _offset: u64, _len: u64, _fua: bool) -> NbdResult {
+    /// `no_hole` (NO_HOLE): the range must stay allocated, so no hole.
+    fn write_zeroes_fast(&self, _offset: u64, _len: u64, _fua: bool, _no_hole: bool) -> NbdResult {
         Err(Errno(libc::ENOTSUP))
     }
 
@@ -713,6 +714,7 @@ impl Server {
                 }
             }
             let fast_zero = req.flags & CMD_FLAG_FAST_ZERO != 0;
+            let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
             self.dispatch(
                 slot,
                 req,
@@ -721,7 +723,7 @@ impl Server {
                         CMD_WRITE => ex.write(off, payload.as_deref().unwrap_or(&[]), fua),
                         CMD_FLUSH => ex.flush(),
                         CMD_TRIM => ex.trim(off, len, fua),
-                        CMD_WRITE_ZEROES if fast_zero => ex.write_zeroes_fast(off, len, fua),
+                        CMD_WRITE_ZEROES if fast_zero => ex.write_zeroes_fast(off, len, fua, no_hole),
                         CMD_WRITE_ZEROES => ex.write_zeroes(off, len, fua),
                         CMD_CACHE => ex.cache(off, len),
                         CMD_BLOCK_STATUS => {

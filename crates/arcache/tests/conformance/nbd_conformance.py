@@ -251,6 +251,12 @@ def fast_zero_checks(rw, ro, data):
     check("a fast zero on a file zeroes the range", h.pread(MIB, off) == bytes(MIB))
     got = merged(extents_of(h, off, MIB), off + MIB)
     check("a fast-zeroed range reads back as a hole", got == [(off, off + MIB, 3)], str(got))
+    # NO_HOLE: zeroed but kept allocated (a zero range, not a punched hole).
+    off2, _ = data[1]
+    h.zero(MIB, off2, nbd.CMD_FLAG_FAST_ZERO | nbd.CMD_FLAG_NO_HOLE)
+    check("a fast zero with NO_HOLE zeroes the range", h.pread(MIB, off2) == bytes(MIB))
+    got = merged(extents_of(h, off2, MIB), off2 + MIB)
+    check("a fast zero with NO_HOLE leaves no hole", all(f & 1 == 0 for _, _, f in got), str(got))
     h.shutdown()
     h = libnbd(ro)
     check("read-only: no FAST_ZERO", not h.can_fast_zero())
