@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arcache_engine::{CommitDone, ReadEnd, Volume};
+use arcache_engine::{Batch, CommitDone, ReadEnd, Volume};
 use blockdev::{Alloc, DevError};
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
 use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion};
@@ -67,20 +67,25 @@ impl Export for NbdExport {
 
     fn read_async(&self, offset: u64, len: u32, done: ReadCompletion) -> Result<(), ReadCompletion> {
         self.note(false, offset, len as usize);
-        let answer: arcache_engine::ReadDone = Box::new(move |end| match end {
-            ReadEnd::Data(buf) => done(nbd::ReadEnd::Data(Ok(()), buf)),
-            ReadEnd::Blocking(work) => done(nbd::ReadEnd::Blocking(Box::new(move || match work() {
-                Ok(buf) => (Ok(()), buf),
-                Err(e) => (Err(errno("read", &e)), Vec::new()),
-            }))),
+        let answer: arcache_engine::ReadDone = Box::new(move |end, out| match end {
+            ReadEnd::Data(buf) => done(nbd::ReadEnd::Data(Ok(()), buf), out),
+            ReadEnd::Blocking(work) => {
+                let work = Box::new(move || match work() {
+                    Ok(buf) => (Ok(()), buf),
+                    Err(e) => (Err(errno("read", &e)), Vec::new()),
+                });
+                done(nbd::ReadEnd::Blocking(work), out)
+            }
         });
         if let Err(answer) = self.vol.read_async(offset, len as usize, answer) {
-            // Not a read the ring can serve: the whole read on a worker.
+            // Not a read the ring can serve: the whole read on a worker
+            // (handing it over sends no reply, so the batch stays empty).
             let vol = Arc::clone(&self.vol);
-            answer(ReadEnd::Blocking(Box::new(move || {
+            let work = Box::new(move || {
                 let mut buf = vec![0u8; len as usize];
                 vol.read(offset, &mut buf).map(|()| buf)
-            })));
+            });
+            answer(ReadEnd::Blocking(work), &mut Batch::new());
         }
         Ok(())
     }
@@ -105,11 +110,11 @@ impl Export for NbdExport {
             return Err(done);
         }
         let answer: CommitDone =
-            Box::new(move |res| done(res.as_ref().map_err(|e| errno("flush", e)).copied()));
+            Box::new(move |res, out| done(res.as_ref().map_err(|e| errno("flush", e)).copied(), out));
         if let Err(answer) = self.vol.flush_async(answer) {
             // No commit thread (it could not start, or the server is
             // stopping): answer here, waiting.
-            answer(&self.vol.flush());
+            answer(&self.vol.flush(), &mut Batch::new());
         }
         Ok(())
     }

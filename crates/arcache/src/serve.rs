@@ -537,8 +537,6 @@ fn start_writeback(
         None => None,
     };
     let wb = WriteBack::new(log, cache.l2().cloned(), tun);
-    // A commit answers its FLUSHes with one write per connection.
-    wb.answer_together_with(nbd::answer_together);
     cache.set_writeback(Arc::clone(&wb));
     Ok(wb)
 }
@@ -682,9 +680,7 @@ pub fn start_on(
     startup::stage("opening the L2 devices");
     let l2 = open_l2(&settings.l2, &descs, &persist)?;
     if let Some(l2) = &l2 {
-        // A batch of L2 reads finished together answers with one write per
-        // connection.
-        if let Err(e) = l2.start_async_reads(nbd::answer_together) {
+        if let Err(e) = l2.start_async_reads() {
             info!("io_uring unavailable ({e}): L2 reads are done by worker threads");
         }
     }

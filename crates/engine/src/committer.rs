@@ -6,31 +6,28 @@
 //! spends. Here the connection's reader queues a completion instead; one
 //! committer thread takes everything queued, runs one commit (which
 //! collects every change acknowledged before those FLUSHes arrived), and
-//! calls the completions, which send the replies. A burst of FLUSHes costs
-//! one wake-up.
+//! calls the completions with one completion batch, flushed after the
+//! last, so their replies go out together. A burst of FLUSHes costs one
+//! wake-up.
 
 use std::sync::{Arc, Weak};
 
+use arcache_batch::Batch;
 use blockdev::DevResult;
 use parking_lot::{Condvar, Mutex};
 use tracing::warn;
 
 use crate::writeback::WriteBack;
 
-/// Called once the commit covering a FLUSH is done, from the committer.
-pub type CommitDone = Box<dyn FnOnce(&DevResult<()>) + Send>;
-
-/// Runs the closure it is given, which calls one commit's completions; the
-/// protocol side can then send their replies together
-/// (`nbd::answer_together`).
-pub type AnswerTogether = fn(&mut dyn FnMut());
+/// Called once the commit covering a FLUSH is done, from the committer,
+/// with the batch shared by that commit's completions.
+pub type CommitDone = Box<dyn FnOnce(&DevResult<()>, &mut Batch) + Send>;
 
 #[derive(Default)]
 struct Queue {
     waiting: Vec<CommitDone>,
     started: bool,
     stop: bool,
-    answer_together: Option<AnswerTogether>,
 }
 
 #[derive(Default)]
@@ -63,10 +60,6 @@ impl Committer {
         Ok(())
     }
 
-    pub(crate) fn answer_together_with(&self, f: AnswerTogether) {
-        self.queue.0.lock().answer_together = Some(f);
-    }
-
     /// Lets the thread end once nothing is queued; later FLUSHes are given
     /// back to their callers.
     pub(crate) fn stop(&self) {
@@ -79,7 +72,7 @@ impl Committer {
 fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
     let (lock, cv) = queue;
     loop {
-        let (mut batch, together) = {
+        let waiting = {
             let mut q = lock.lock();
             while q.waiting.is_empty() {
                 if q.stop {
@@ -87,7 +80,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
                 }
                 cv.wait(&mut q);
             }
-            (std::mem::take(&mut q.waiting), q.answer_together)
+            std::mem::take(&mut q.waiting)
         };
         let res = match wb.upgrade() {
             Some(wb) => wb.commit_uncounted(),
@@ -99,15 +92,11 @@ fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
                 source: std::io::Error::other("the write-back is gone"),
             }),
         };
-        let mut answer = || {
-            for done in batch.drain(..) {
-                done(&res);
-            }
-        };
-        match together {
-            Some(together) => together(&mut answer),
-            None => answer(),
+        let mut out = Batch::new();
+        for done in waiting {
+            done(&res, &mut out);
         }
+        out.flush();
     }
 }
 
@@ -129,7 +118,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         for _ in 0..10 {
             let tx = tx.clone();
-            let done: CommitDone = Box::new(move |r| {
+            let done: CommitDone = Box::new(move |r, _| {
                 let _ = tx.send(r.is_ok());
             });
             assert!(wb.commit_async(done).is_ok());
@@ -139,27 +128,52 @@ mod tests {
         }
         assert_eq!(wb.view().zil_commit_count, 10, "each FLUSH counted once");
         wb.shutdown().expect("shutdown");
-        assert!(wb.commit_async(Box::new(|_| {})).is_err(), "given back after stop");
+        assert!(wb.commit_async(Box::new(|_, _| {})).is_err(), "given back after stop");
     }
 
-    static HOOK_ENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    /// Counts the flushes of the batch its completions leave replies in.
+    #[derive(Default)]
+    struct Replies {
+        held: usize,
+        flushed: Option<std::sync::mpsc::Sender<usize>>,
+    }
 
-    fn counting_hook(answer: &mut dyn FnMut()) {
-        HOOK_ENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        answer();
+    impl arcache_batch::Deferred for Replies {
+        fn flush(&mut self) {
+            if self.held > 0 {
+                if let Some(tx) = &self.flushed {
+                    let _ = tx.send(std::mem::take(&mut self.held));
+                }
+            }
+        }
     }
 
     #[test]
-    fn completions_run_inside_the_answer_hook() {
+    fn one_commits_completions_share_a_batch_flushed_after_the_last() {
         let wb = WriteBack::new(None, None, Arc::new(WriteTunables::default()));
-        wb.answer_together_with(counting_hook);
         let (tx, rx) = std::sync::mpsc::channel();
-        let done: CommitDone = Box::new(move |_| {
-            let _ = tx.send(HOOK_ENTERED.load(std::sync::atomic::Ordering::SeqCst));
+        // Hold the commit thread in the first completion until all the
+        // others are queued, so they wait for one commit together.
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (in_tx, in_rx) = std::sync::mpsc::channel::<()>();
+        let first: CommitDone = Box::new(move |_, _| {
+            let _ = in_tx.send(());
+            let _ = go_rx.recv_timeout(Duration::from_secs(10));
         });
-        assert!(wb.commit_async(done).is_ok());
-        let entered = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
-        assert!(entered >= 1, "the completion ran inside the hook");
+        assert!(wb.commit_async(first).is_ok());
+        in_rx.recv_timeout(Duration::from_secs(10)).expect("the first commit is done");
+        for _ in 0..5 {
+            let tx = tx.clone();
+            let done: CommitDone = Box::new(move |_, out| {
+                let replies = out.part::<Replies>();
+                replies.held += 1;
+                replies.flushed = Some(tx.clone());
+            });
+            assert!(wb.commit_async(done).is_ok());
+        }
+        go_tx.send(()).expect("the commit thread waits");
+        let held = rx.recv_timeout(Duration::from_secs(10)).expect("the batch was flushed");
+        assert_eq!(held, 5, "the five FLUSHes queued behind one commit were flushed together");
         wb.shutdown().expect("shutdown");
     }
 }

@@ -16,8 +16,9 @@ mod volume;
 mod writeback;
 mod zfetch;
 
+pub use arcache_batch::Batch;
 pub use cache::{Cache, CacheConfig, FeedRules, MAX_EXPORTS, RECORD_OVERHEAD};
-pub use committer::{AnswerTogether, CommitDone};
+pub use committer::CommitDone;
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
 pub use sizing::{SizingView, SAMPLE_EVERY};

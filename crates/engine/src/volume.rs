@@ -873,7 +873,7 @@ impl Volume {
         match (&self.wb, self.sync_mode()) {
             (_, SyncMode::Disabled) => {
                 self.count(&self.counts.flushes, None);
-                done(&Ok(()));
+                done(&Ok(()), &mut arcache_batch::Batch::new());
                 Ok(())
             }
             (Some(wb), _) => {

@@ -474,11 +474,6 @@ impl WriteBack {
     /// As [`WriteBack::commit`], answered later: `done` is called from the
     /// commit thread with the result of a commit that started after this
     /// call. Gives `done` back when there is no commit thread.
-    /// Has the commit thread call each commit's completions inside `f`.
-    pub fn answer_together_with(&self, f: crate::committer::AnswerTogether) {
-        self.committer.answer_together_with(f);
-    }
-
     pub fn commit_async(self: &Arc<Self>, done: CommitDone) -> Result<(), CommitDone> {
         self.committer.submit(self, done)?;
         self.stats.zil_commit_count.fetch_add(1, Relaxed);

@@ -40,7 +40,7 @@ fn rig(recordsize: u64, write_back: bool) -> Rig {
     assert!(file.is_direct(), "O_DIRECT refused under {}", dir.path().display());
     let l2dev: Arc<dyn BlockDev> = Arc::new(file);
     let l2 = L2Arc::new(vec![L2Device::new("l2".into(), l2dev).unwrap()]).unwrap();
-    l2.start_async_reads(|batch| batch()).expect("io_uring is available to tests");
+    l2.start_async_reads().expect("io_uring is available to tests");
     let arc_max = 256 << 10;
     let cache = Cache::with_l2(
         CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 1000, compress: false },
@@ -73,7 +73,7 @@ fn rig(recordsize: u64, write_back: bool) -> Rig {
 /// volume takes it, else (or when the ring hands it back) blocking.
 fn read(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {
     let (tx, rx) = mpsc::channel();
-    let done: ReadDone = Box::new(move |end| tx.send(end).expect("reader waits"));
+    let done: ReadDone = Box::new(move |end, _| tx.send(end).expect("reader waits"));
     match vol.read_async(offset, len, done) {
         Ok(()) => match rx.recv_timeout(Duration::from_secs(10)).expect("the ring answers") {
             ReadEnd::Data(b) => b,

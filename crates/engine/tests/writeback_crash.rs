@@ -407,11 +407,11 @@ fn cut_writer(
             } else {
                 // As the NBD server does: answered later by the commit thread.
                 let (tx, rx) = std::sync::mpsc::channel();
-                let done: arcache_engine::CommitDone = Box::new(move |r| {
+                let done: arcache_engine::CommitDone = Box::new(move |r, _| {
                     let _ = tx.send(r.is_ok());
                 });
                 if let Err(done) = vol.flush_async(done) {
-                    done(&vol.flush());
+                    done(&vol.flush(), &mut arcache_engine::Batch::new());
                 }
                 assert!(rx.recv().expect("flush answered"), "async flush failed");
             }

@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arcache_batch::Batch;
 use arcache_sync::Mutex;
 use blockdev::AlignedBuf;
 use tracing::warn;
@@ -212,8 +213,10 @@ fn unframe(blob: &[u8], raw: bool) -> Option<&[u8]> {
     blob.get(4..4 + len)
 }
 
-/// Gets the end of an [`L2Arc::read_async`].
-pub type AsyncDone = Box<dyn FnOnce(Result<Box<[u8]>, L2Miss>) + Send>;
+/// Gets the end of an [`L2Arc::read_async`], with the batch of the reads
+/// the ring finished together (a read refused after it was queued gets a
+/// batch of its own).
+pub type AsyncDone = Box<dyn FnOnce(Result<Box<[u8]>, L2Miss>, &mut Batch) + Send>;
 
 /// Where `part` of each copy of `run` (back to back) lies on the device.
 fn run_extent(run: &[(u64, L2Ptr)], part: Part) -> (u64, u64) {
@@ -630,12 +633,11 @@ impl L2Arc {
         }
     }
 
-    /// Starts queuing L2 reads through io_uring ([`L2Arc::read_async`]);
-    /// `scope` wraps each batch of finished reads. Fails where io_uring is
-    /// unavailable; reads then stay blocking.
-    pub fn start_async_reads(&self, scope: uring::BatchScope) -> std::io::Result<()> {
+    /// Starts queuing L2 reads through io_uring ([`L2Arc::read_async`]).
+    /// Fails where io_uring is unavailable; reads then stay blocking.
+    pub fn start_async_reads(&self) -> std::io::Result<()> {
         if self.uring.get().is_none() {
-            let ring = uring::Uring::start("l2-ring", scope)?;
+            let ring = uring::Uring::start("l2-ring")?;
             let _ = self.uring.set(ring);
         }
         Ok(())
@@ -686,23 +688,23 @@ impl L2Arc {
         let (at, need, skip) = dev.aligned_extent(start, len);
         let me = Arc::clone(self);
         let dev = Arc::clone(dev);
-        let finish: uring::Finish = Box::new(move |bytes| {
+        let finish: uring::Finish = Box::new(move |bytes, batch| {
             let verified = match bytes {
                 Ok(b) => Ok(me.verify_run(&run, part, b)),
                 Err(uring::ReadError::Device(e)) => Err(e),
                 // Not the device's fault: the copy stays, the read is redone.
-                Err(uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable)),
+                Err(uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable), batch),
             };
             let mut out = Vec::with_capacity(1);
             me.settle_run(&dev, &run, len, verified, &mut out);
-            done(out.pop().unwrap_or(Err(L2Miss::Unavailable)));
+            done(out.pop().unwrap_or(Err(L2Miss::Unavailable)), batch);
         });
         match ring.submit(uring::Op { fd, at, need, skip, len: len as usize, finish }) {
             Ok(()) => Ok(()),
             Err(op) => {
                 // The ring failed since `can_read_async` said yes: `done`
                 // hears so at once and the read is redone on a worker.
-                (op.finish)(Err(uring::ReadError::RingFailed));
+                (op.finish)(Err(uring::ReadError::RingFailed), &mut Batch::new());
                 Ok(())
             }
         }

@@ -3,8 +3,8 @@
 //! sleeps in `pread`: the ring thread submits every read queued since it
 //! last looked in one system call, sleeps once for whichever completes
 //! first, and finishes a whole batch of completions at a time (checksum,
-//! ARC insert, reply), inside a caller-given scope that can send the batch's
-//! replies together. On this project's 2-core host the blocking path spent
+//! ARC insert, reply), all with one [`Batch`] flushed after the last, so the
+//! replies they make can go out together. On this project's 2-core host the blocking path spent
 //! more CPU in wake-ups and context switches than in its own work.
 
 use std::io;
@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 
+use arcache_batch::Batch;
 use blockdev::{AlignedBuf, DevError};
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
@@ -28,12 +29,9 @@ pub enum ReadError {
     RingFailed,
 }
 
-/// What a finished read hands on: the bytes asked for, or why not.
-pub type Finish = Box<dyn FnOnce(Result<&[u8], ReadError>) + Send>;
-
-/// Runs a batch of completions; given the chance to wrap them (for
-/// example to send the replies they make together).
-pub type BatchScope = fn(&mut dyn FnMut());
+/// What a finished read hands on: the bytes asked for, or why not, with
+/// the batch of the reads that finished together.
+pub type Finish = Box<dyn FnOnce(Result<&[u8], ReadError>, &mut Batch) + Send>;
 
 /// One read: `need` bytes at `at` (both aligned for O_DIRECT) of which the
 /// caller wants `len` from `skip`.
@@ -72,7 +70,7 @@ const WAKE: u64 = u64::MAX;
 impl Uring {
     /// Sets up a ring and its thread; fails where io_uring is not
     /// available (old kernels, sandboxes that forbid it).
-    pub fn start(name: &str, scope: BatchScope) -> io::Result<Uring> {
+    pub fn start(name: &str) -> io::Result<Uring> {
         let ring = IoUring::new(DEPTH)?;
         // SAFETY: eventfd returns a new descriptor or -1, checked below.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -102,7 +100,7 @@ impl Uring {
                 counter: Box::new([0; 8]),
             };
             let mut waiting = Vec::new();
-            if let Err(e) = t.run(&sh, efd, scope, &mut waiting) {
+            if let Err(e) = t.run(&sh, efd, &mut waiting) {
                 warn!("L2 read ring failed, reading L2 the blocking way from now on: {e}");
                 let queued = sh.queue.lock().take().unwrap_or_default();
                 t.fail_all(waiting.into_iter().chain(queued));
@@ -172,7 +170,7 @@ struct RingThread {
 }
 
 impl RingThread {
-    fn run(&mut self, sh: &Shared, efd: RawFd, scope: BatchScope, waiting: &mut Vec<Op>) -> io::Result<()> {
+    fn run(&mut self, sh: &Shared, efd: RawFd, waiting: &mut Vec<Op>) -> io::Result<()> {
         self.arm_wake(efd)?;
         loop {
             if sh.inject_failure.load(SeqCst) {
@@ -196,7 +194,7 @@ impl RingThread {
             }
             self.wait()?;
             sh.sleeping.store(false, SeqCst);
-            self.complete(efd, scope)?;
+            self.complete(efd)?;
         }
     }
 
@@ -225,12 +223,13 @@ impl RingThread {
     /// ring. Buffers of reads in flight are leaked, not freed: the kernel
     /// may still be filling them.
     fn fail_all(&mut self, queued: impl Iterator<Item = Op>) {
+        let mut batch = Batch::new();
         for f in self.slots.iter_mut().filter_map(Option::take) {
             std::mem::forget(f.buf);
-            finish_guarded(f.finish, Err(ReadError::RingFailed));
+            finish_guarded(f.finish, Err(ReadError::RingFailed), &mut batch);
         }
         for op in queued {
-            finish_guarded(op.finish, Err(ReadError::RingFailed));
+            finish_guarded(op.finish, Err(ReadError::RingFailed), &mut batch);
         }
     }
 
@@ -287,7 +286,7 @@ impl RingThread {
         self.push_entry(&e.user_data(slot as u64))
     }
 
-    fn complete(&mut self, efd: RawFd, scope: BatchScope) -> io::Result<()> {
+    fn complete(&mut self, efd: RawFd) -> io::Result<()> {
         let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
         let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
         let mut woken = false;
@@ -303,35 +302,26 @@ impl RingThread {
                 finished.push((f, res));
             }
         }
-        let mut run = || {
-            for (f, res) in finished.drain(..) {
-                let InFlight { buf, at, skip, len, finish } = f;
-                let bytes = buf.as_slice();
-                let need = bytes.len();
-                if res >= 0 && res as usize == need {
-                    finish_guarded(finish, Ok(&bytes[skip..skip + len]));
+        let mut batch = Batch::new();
+        for (f, res) in finished {
+            let InFlight { buf, at, skip, len, finish } = f;
+            let bytes = buf.as_slice();
+            let need = bytes.len();
+            if res >= 0 && res as usize == need {
+                finish_guarded(finish, Ok(&bytes[skip..skip + len]), &mut batch);
+            } else {
+                let source = if res < 0 {
+                    io::Error::from_raw_os_error(-res)
                 } else {
-                    let source = if res < 0 {
-                        io::Error::from_raw_os_error(-res)
-                    } else {
-                        io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            format!("short read: {res} of {need} bytes"),
-                        )
-                    };
-                    let e = DevError::Io {
-                        op: "read",
-                        dev: "L2 ring".into(),
-                        offset: at,
-                        len: need as u64,
-                        source,
-                    };
-                    finish_guarded(finish, Err(ReadError::Device(e)));
-                }
-                self.spare.push(buf);
+                    io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {res} of {need} bytes"))
+                };
+                let e =
+                    DevError::Io { op: "read", dev: "L2 ring".into(), offset: at, len: need as u64, source };
+                finish_guarded(finish, Err(ReadError::Device(e)), &mut batch);
             }
-        };
-        scope(&mut run);
+            self.spare.push(buf);
+        }
+        batch.flush();
         self.spare.truncate(64);
         if woken {
             self.arm_wake(efd)?;
@@ -343,8 +333,8 @@ impl RingThread {
 /// Runs one read's completion. A panic in it (a bug) is logged and
 /// contained: it must not take the ring thread, and with it every later
 /// read of every client.
-fn finish_guarded(finish: Finish, res: Result<&[u8], ReadError>) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| finish(res))).is_err() {
+fn finish_guarded(finish: Finish, res: Result<&[u8], ReadError>, batch: &mut Batch) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| finish(res, batch))).is_err() {
         warn!("an L2 ring read's completion panicked; that one request goes unanswered");
     }
 }
@@ -364,7 +354,7 @@ mod tests {
         tx: &mpsc::Sender<Result<Vec<u8>, String>>,
     ) -> Op {
         let tx = tx.clone();
-        let finish: Finish = Box::new(move |r| {
+        let finish: Finish = Box::new(move |r, _| {
             let _ = tx.send(r.map(<[u8]>::to_vec).map_err(|e| format!("{e:?}")));
         });
         Op { fd, at, need, skip, len, finish }
@@ -376,7 +366,7 @@ mod tests {
         let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 4096) as u8).collect();
         f.write_all(&data).unwrap();
         let fd = f.as_raw_fd();
-        let ring = Uring::start("test-ring", |batch| batch()).unwrap();
+        let ring = Uring::start("test-ring").unwrap();
         let (tx, rx) = mpsc::channel();
         // More reads than the ring has entries: the rest wait their turn.
         for i in 0..600u64 {
@@ -403,8 +393,8 @@ mod tests {
     fn a_panicking_completion_does_not_stop_the_ring() {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&vec![9u8; 1 << 16]).unwrap();
-        let ring = Uring::start("test-ring", |batch| batch()).unwrap();
-        let boom: Finish = Box::new(|_| panic!("a bug in a completion"));
+        let ring = Uring::start("test-ring").unwrap();
+        let boom: Finish = Box::new(|_, _| panic!("a bug in a completion"));
         assert!(ring
             .submit(Op { fd: f.as_raw_fd(), at: 0, need: 4096, skip: 0, len: 4096, finish: boom })
             .is_ok());
@@ -424,7 +414,7 @@ mod tests {
         f.write_all(&vec![5u8; 1 << 20]).unwrap();
         let (tx, rx) = mpsc::channel();
         {
-            let ring = Uring::start("test-ring", |batch| batch()).unwrap();
+            let ring = Uring::start("test-ring").unwrap();
             for i in 0..200u64 {
                 assert!(ring.submit(op(f.as_raw_fd(), i * 4096, 4096, 0, 4096, &tx)).is_ok());
             }

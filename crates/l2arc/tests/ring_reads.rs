@@ -40,9 +40,9 @@ fn read_all_async(l2: &Arc<L2Arc>) -> mpsc::Receiver<Answer> {
     for k in 0..RECORDS {
         let ptr = l2.lookup(k).unwrap();
         let tx = tx.clone();
-        let queued = l2.read_async(k, ptr, None, Box::new(move |r| tx.send((k, r)).unwrap()));
+        let queued = l2.read_async(k, ptr, None, Box::new(move |r, _| tx.send((k, r)).unwrap()));
         if let Err(done) = queued {
-            done(Err(L2Miss::Unavailable));
+            done(Err(L2Miss::Unavailable), &mut arcache_batch::Batch::new());
         }
     }
     rx
@@ -56,7 +56,7 @@ fn read_all_async(l2: &Arc<L2Arc>) -> mpsc::Receiver<Answer> {
 fn a_failed_ring_is_not_blamed_on_the_device() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let l2 = file_l2(&dir);
-    l2.start_async_reads(|batch| batch()).expect("io_uring is available to tests");
+    l2.start_async_reads().expect("io_uring is available to tests");
     let ptr0 = l2.lookup(0).unwrap();
     assert!(l2.can_read_async(ptr0));
     let rx = read_all_async(&l2);

@@ -11,11 +11,12 @@ mod stream;
 pub mod tls;
 pub mod uri;
 
+pub use arcache_batch::Batch;
 pub use client::{Client, ClientError};
 pub use conn::Conn;
 pub use server::{
-    answer_together, Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion,
-    ReadEnd, Server, ServerConfig,
+    Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion, ReadEnd, Server,
+    ServerConfig,
 };
 pub use tls::{TlsPolicy, TlsSetupError};
 pub use uri::{NbdUri, Target};

@@ -17,7 +17,11 @@ use crate::conn::Conn;
 use crate::proto::*;
 use crate::stream::{Reader, Writer};
 use crate::tls::{self, TlsPolicy};
+use arcache_batch::Batch;
 use arcache_pool::{Job, JobQueue};
+
+mod held;
+use held::{hold_reply, hold_slot};
 
 /// A host errno describing why a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +30,10 @@ pub struct Errno(pub i32);
 pub type NbdResult = Result<(), Errno>;
 
 /// Answers a request started with [`Export::flush_async`]; callable from
-/// any thread, once.
-pub type Completion = Box<dyn FnOnce(NbdResult) + Send>;
+/// any thread, once. Its reply may wait in the batch until the caller
+/// flushes it, so a thread completing many requests at once sends their
+/// replies together.
+pub type Completion = Box<dyn FnOnce(NbdResult, &mut Batch) + Send>;
 
 /// How a read started with [`Export::read_async`] ends.
 pub enum ReadEnd {
@@ -38,8 +44,9 @@ pub enum ReadEnd {
     Blocking(Box<dyn FnOnce() -> (NbdResult, Vec<u8>) + Send>),
 }
 
-/// Called exactly once with the end of a read started asynchronously.
-pub type ReadCompletion = Box<dyn FnOnce(ReadEnd) + Send>;
+/// Called exactly once with the end of a read started asynchronously, with
+/// a batch as for [`Completion`].
+pub type ReadCompletion = Box<dyn FnOnce(ReadEnd, &mut Batch) + Send>;
 
 /// What a client learns about an export during the handshake.
 #[derive(Debug, Clone)]
@@ -645,11 +652,12 @@ impl Server {
         let export = &session.export;
         let mut scratch: Vec<u8> = Vec::new();
         // Requests that arrived together are answered together: replies
-        // made here wait until the reader has nothing more buffered.
-        let held = HeldReplies::enter();
+        // made here wait until the reader has nothing more buffered, and go
+        // out before it could block.
+        let mut out = Batch::new();
         loop {
             if rd.buffer().is_empty() {
-                held.send_now();
+                out.flush();
             }
             let mut hdr = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut hdr) {
@@ -665,15 +673,15 @@ impl Server {
                 return Ok(());
             }
             // Taken before the payload is read or a reply buffer allocated.
-            let slot = self.admit(shared, &req);
+            let slot = self.admit(shared, &req, &mut out);
             let payload = if req.kind == CMD_WRITE {
                 if rd.buffer().len() < req.length as usize {
-                    held.send_now();
+                    out.flush();
                 }
                 match self.read_payload(rd, req.length)? {
                     Some(p) => Some(p),
                     None => {
-                        shared.reply_error(req, EINVAL, &self.stats);
+                        shared.reply_error(req, EINVAL, &self.stats, Some(&mut out));
                         continue;
                     }
                 }
@@ -681,7 +689,7 @@ impl Server {
                 None
             };
             if let Err(errno) = self.validate(&req, info, session) {
-                shared.reply_error(req, errno, &self.stats);
+                shared.reply_error(req, errno, &self.stats, Some(&mut out));
                 continue;
             }
             if req.kind == CMD_READ {
@@ -690,14 +698,14 @@ impl Server {
                 scratch.resize(req.length as usize, 0);
                 if let Some(res) = export.try_read_now(req.offset, &mut scratch) {
                     self.stats.immediate_reads.fetch_add(1, Relaxed);
-                    shared.reply_read(req, res, &scratch, &self.stats);
+                    shared.reply_read(req, res, &scratch, &self.stats, Some(&mut out));
                     if scratch.capacity() > 4 << 20 {
                         // Do not keep a rare huge buffer for the connection's life.
                         scratch = Vec::new();
                     }
                     continue;
                 }
-                self.read_without_worker(slot, req, export);
+                self.read_without_worker(slot, req, export, &mut out);
                 continue;
             }
             if req.kind == CMD_FLUSH {
@@ -709,7 +717,7 @@ impl Server {
             if let (CMD_WRITE, Some(p)) = (req.kind, payload.as_deref()) {
                 if let Some(res) = export.try_write_now(off, p, fua) {
                     self.stats.immediate_writes.fetch_add(1, Relaxed);
-                    shared.reply_status(req, res, &self.stats);
+                    shared.reply_status(req, res, &self.stats, Some(&mut out));
                     continue;
                 }
             }
@@ -745,34 +753,41 @@ impl Server {
     /// only when the export cannot answer that way.
     fn flush_without_worker(self: &Arc<Self>, slot: Slot, req: Request, export: &Arc<dyn Export>) {
         let server = Arc::clone(self);
-        let done: Completion = Box::new(move |res| {
-            slot.shared.reply_status(req, res, &server.stats);
+        let done: Completion = Box::new(move |res, out| {
+            slot.shared.reply_status(req, res, &server.stats, Some(&mut *out));
             // The budget is given back once the reply is really sent.
-            hold_slot(slot);
+            hold_slot(out, slot);
         });
         if let Err(done) = export.flush_async(done) {
             let export = Arc::clone(export);
-            self.jobs.push(Box::new(move || done(export.flush())));
+            self.jobs.push(Box::new(move || done(export.flush(), &mut Batch::new())));
         }
     }
 
     /// A READ the export answers when its queued IO completes; on a worker
     /// when it cannot start it that way or cannot finish without blocking.
-    fn read_without_worker(self: &Arc<Self>, slot: Slot, req: Request, export: &Arc<dyn Export>) {
+    fn read_without_worker(
+        self: &Arc<Self>,
+        slot: Slot,
+        req: Request,
+        export: &Arc<dyn Export>,
+        out: &mut Batch,
+    ) {
         let (server, ex) = (Arc::clone(self), Arc::clone(export));
-        let done: ReadCompletion = Box::new(move |end| match end {
+        let done: ReadCompletion = Box::new(move |end, out| match end {
             ReadEnd::Data(res, buf) => {
-                slot.shared.reply_read(req, res, &buf, &server.stats);
-                hold_slot(slot);
+                slot.shared.reply_read(req, res, &buf, &server.stats, Some(&mut *out));
+                hold_slot(out, slot);
             }
             ReadEnd::Blocking(work) => server.dispatch(slot, req, move |_| work(), &ex),
         });
         if let Err(done) = export.read_async(req.offset, req.length, done) {
             let ex = Arc::clone(export);
-            done(ReadEnd::Blocking(Box::new(move || {
+            let work = Box::new(move || {
                 let mut buf = vec![0u8; req.length as usize];
                 (ex.read(req.offset, &mut buf), buf)
-            })));
+            });
+            done(ReadEnd::Blocking(work), out);
         }
     }
 
@@ -838,7 +853,7 @@ impl Server {
 
     /// Waits until the connection may hold `req`'s payload (its WRITE data
     /// or its READ reply) on top of what its requests in flight hold.
-    fn admit(&self, shared: &Arc<ConnShared>, req: &Request) -> Slot {
+    fn admit(&self, shared: &Arc<ConnShared>, req: &Request, out: &mut Batch) -> Slot {
         let bytes = match req.kind {
             CMD_READ | CMD_WRITE => u64::from(req.length.min(self.cfg.max_request)),
             _ => 0,
@@ -852,7 +867,7 @@ impl Server {
                 self.stats.budget_waits.fetch_add(1, Relaxed);
                 waited = true;
                 drop(n);
-                send_held();
+                out.flush();
                 n = shared.in_flight.lock();
                 continue;
             }
@@ -873,9 +888,9 @@ impl Server {
             let shared = &slot.shared;
             let (res, buf) = work(export.as_ref());
             match req.kind {
-                CMD_READ => shared.reply_read(req, res, &buf, &server.stats),
+                CMD_READ => shared.reply_read(req, res, &buf, &server.stats, None),
                 CMD_BLOCK_STATUS => shared.reply_block_status(req, res, &buf, &server.stats),
-                _ => shared.reply_status(req, res, &server.stats),
+                _ => shared.reply_status(req, res, &server.stats, None),
             }
             // The reply is out: dropping `slot` gives its budget back.
             drop(slot);
@@ -923,8 +938,9 @@ impl ConnShared {
         }
     }
 
-    fn send(self: &Arc<Self>, parts: &[&[u8]]) {
-        if !hold_reply(self, parts) {
+    /// Sends a reply, or leaves it in `out` to go with others.
+    fn send(self: &Arc<Self>, parts: &[&[u8]], out: Option<&mut Batch>) {
+        if !out.is_some_and(|out| hold_reply(out, self, parts)) {
             self.send_now(parts);
         }
     }
@@ -938,9 +954,16 @@ impl ConnShared {
         }
     }
 
-    fn reply_read(self: &Arc<Self>, req: Request, res: NbdResult, data: &[u8], stats: &ServerStats) {
+    fn reply_read(
+        self: &Arc<Self>,
+        req: Request,
+        res: NbdResult,
+        data: &[u8],
+        stats: &ServerStats,
+        out: Option<&mut Batch>,
+    ) {
         match res {
-            Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats),
+            Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats, out),
             Ok(()) if self.structured && !data.is_empty() => {
                 let mut h = [0u8; 28];
                 h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
@@ -949,24 +972,30 @@ impl ConnShared {
                 h[8..16].copy_from_slice(&req.handle.to_be_bytes());
                 h[16..20].copy_from_slice(&(8 + data.len() as u32).to_be_bytes());
                 h[20..28].copy_from_slice(&req.offset.to_be_bytes());
-                self.send(&[&h, data]);
+                self.send(&[&h, data], out);
             }
-            Ok(()) if self.structured => self.reply_status(req, Ok(()), stats),
+            Ok(()) if self.structured => self.reply_status(req, Ok(()), stats, out),
             Ok(()) => {
                 let h = simple_header(req.handle, 0);
-                self.send(&[&h, data]);
+                self.send(&[&h, data], out);
             }
         }
     }
 
-    fn reply_status(self: &Arc<Self>, req: Request, res: NbdResult, stats: &ServerStats) {
+    fn reply_status(
+        self: &Arc<Self>,
+        req: Request,
+        res: NbdResult,
+        stats: &ServerStats,
+        out: Option<&mut Batch>,
+    ) {
         match res {
-            Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats),
+            Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats, out),
             Ok(()) if self.structured => {
                 let h = structured_header(req.handle, REPLY_TYPE_NONE, 0);
-                self.send(&[&h]);
+                self.send(&[&h], out);
             }
-            Ok(()) => self.send(&[&simple_header(req.handle, 0)]),
+            Ok(()) => self.send(&[&simple_header(req.handle, 0)], out),
         }
     }
 
@@ -980,140 +1009,23 @@ impl ConnShared {
         stats: &ServerStats,
     ) {
         if let Err(Errno(e)) = res {
-            return self.reply_error(req, wire_errno(e), stats);
+            return self.reply_error(req, wire_errno(e), stats, None);
         }
         let h = structured_header(req.handle, REPLY_TYPE_BLOCK_STATUS, 4 + descriptors.len() as u32);
-        self.send(&[&h, &META_ID.to_be_bytes(), descriptors]);
+        self.send(&[&h, &META_ID.to_be_bytes(), descriptors], None);
     }
 
-    fn reply_error(self: &Arc<Self>, req: Request, errno: u32, stats: &ServerStats) {
+    fn reply_error(self: &Arc<Self>, req: Request, errno: u32, stats: &ServerStats, out: Option<&mut Batch>) {
         stats.request_errors.fetch_add(1, Relaxed);
         if self.structured {
             let h = structured_header(req.handle, REPLY_TYPE_ERROR, 6);
             let mut p = [0u8; 6];
             p[0..4].copy_from_slice(&errno.to_be_bytes());
-            self.send(&[&h, &p]);
+            self.send(&[&h, &p], out);
         } else {
-            self.send(&[&simple_header(req.handle, errno)]);
+            self.send(&[&simple_header(req.handle, errno)], out);
         }
     }
-}
-
-/// Replies held back on this thread (see [`HeldReplies`]).
-#[derive(Default)]
-struct Held {
-    replies: Vec<(Arc<ConnShared>, Vec<u8>)>,
-    bytes: usize,
-    slots: Vec<Slot>,
-}
-
-impl Held {
-    fn send(self) {
-        for (conn, bytes) in &self.replies {
-            conn.send_now(&[bytes]);
-        }
-        drop(self.slots);
-    }
-}
-
-thread_local! {
-    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Replies larger than this are sent at once even while replies are held:
-/// copying them would cost more than the system call saved.
-const HOLD_MAX_REPLY: usize = 8 << 10;
-/// Held replies are sent once they add up to this much.
-const HOLD_MAX_BYTES: usize = 256 << 10;
-
-/// While alive, small replies sent from this thread are held back and then
-/// sent with one write per connection: when the scope ends, or at
-/// [`HeldReplies::send_now`]. Scopes nest; an inner one sends its own.
-struct HeldReplies {
-    outer: Option<Held>,
-}
-
-impl HeldReplies {
-    fn enter() -> HeldReplies {
-        HeldReplies { outer: HELD.with(|h| h.borrow_mut().replace(Held::default())) }
-    }
-
-    fn send_now(&self) {
-        send_held();
-    }
-}
-
-/// Sends what this thread holds now; for a thread about to block, which
-/// must not sit on replies (or on the budget their slots hold).
-fn send_held() {
-    let held = HELD.with(|h| h.borrow_mut().as_mut().map(std::mem::take));
-    if let Some(held) = held {
-        held.send();
-    }
-}
-
-impl Drop for HeldReplies {
-    fn drop(&mut self) {
-        let held = HELD.with(|h| std::mem::replace(&mut *h.borrow_mut(), self.outer.take()));
-        if let Some(held) = held {
-            held.send();
-        }
-    }
-}
-
-/// Runs `answer`, holding back the replies it sends from this thread, and
-/// then sends them with one write per connection. For a thread that
-/// answers many requests at once, such as an export's commit thread
-/// answering a batch of FLUSHes: one system call and one client wake-up
-/// per connection instead of one per reply.
-pub fn answer_together(answer: &mut dyn FnMut()) {
-    let _held = HeldReplies::enter();
-    answer();
-}
-
-/// Keeps a reply if replies are held on this thread and it is small.
-fn hold_reply(conn: &Arc<ConnShared>, parts: &[&[u8]]) -> bool {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    if len > HOLD_MAX_REPLY {
-        return false;
-    }
-    let full = HELD.with(|h| {
-        let mut h = h.borrow_mut();
-        let held = h.as_mut()?;
-        let at = match held.replies.iter().position(|(c, _)| Arc::ptr_eq(c, conn)) {
-            Some(at) => at,
-            None => {
-                held.replies.push((Arc::clone(conn), Vec::new()));
-                held.replies.len() - 1
-            }
-        };
-        for p in parts {
-            held.replies[at].1.extend_from_slice(p);
-        }
-        held.bytes += len;
-        Some((held.bytes >= HOLD_MAX_BYTES).then(|| std::mem::take(held)))
-    });
-    match full {
-        None => false,
-        Some(full) => {
-            if let Some(full) = full {
-                full.send();
-            }
-            true
-        }
-    }
-}
-
-/// Drops `slot` now, or after the held replies are sent.
-fn hold_slot(slot: Slot) {
-    let slot = HELD.with(|h| match h.borrow_mut().as_mut() {
-        Some(held) => {
-            held.slots.push(slot);
-            None
-        }
-        None => Some(slot),
-    });
-    drop(slot);
 }
 
 /// Descriptors as the protocol wants them, whatever the export gave:

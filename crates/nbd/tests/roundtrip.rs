@@ -64,7 +64,7 @@ impl Export for MemExport {
         let Some(after) = self.async_flush else { return Err(done) };
         std::thread::spawn(move || {
             std::thread::sleep(after);
-            done(Err(Errno(libc::EIO)));
+            done(Err(Errno(libc::EIO)), &mut nbd::Batch::new());
         });
         Ok(())
     }
@@ -232,8 +232,9 @@ fn garbage_handshake_closes_only_that_connection() {
     c.flush().unwrap();
 }
 
-/// Replies sent inside `answer_together` are held back until it ends, then
-/// all delivered: FLUSHes from two connections answered in one batch.
+/// Replies of completions given one batch are held back until it is
+/// flushed, then all delivered: FLUSHes from two connections answered in
+/// one batch.
 #[test]
 fn replies_answered_together_are_held_until_the_batch_ends() {
     let dir = tempfile::tempdir().unwrap();
@@ -272,13 +273,13 @@ fn replies_answered_together_are_held_until_the_batch_ends() {
         nothing
     };
     let mut completions: Vec<nbd::Completion> = std::mem::take(&mut *parked.lock());
-    nbd::answer_together(&mut || {
-        for done in completions.drain(..) {
-            done(Ok(()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(quiet(&mut a) && quiet(&mut b), "nothing is sent before the batch ends");
-    });
+    let mut batch = nbd::Batch::new();
+    for done in completions.drain(..) {
+        done(Ok(()), &mut batch);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(quiet(&mut a) && quiet(&mut b), "nothing is sent before the batch is flushed");
+    batch.flush();
     let mut got_a = [simple_reply(&mut a), simple_reply(&mut a)];
     let mut got_b = [simple_reply(&mut b), simple_reply(&mut b)];
     got_a.sort();

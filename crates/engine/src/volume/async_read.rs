@@ -13,6 +13,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use arcache_batch::Batch;
 use arcache_l2::{L2Miss, L2Ptr};
 use arcache_sync::MutexGuard;
 use blockdev::DevResult;
@@ -29,8 +30,10 @@ pub enum ReadEnd {
     Blocking(Box<dyn FnOnce() -> DevResult<Vec<u8>> + Send>),
 }
 
-/// Called once with the end of an asynchronous read, on any thread.
-pub type ReadDone = Box<dyn FnOnce(ReadEnd) + Send>;
+/// Called once with the end of an asynchronous read, on any thread, with
+/// the batch of the reads that ended together (one of its own for a read
+/// that ends before [`Volume::read_async`] returns).
+pub type ReadDone = Box<dyn FnOnce(ReadEnd, &mut Batch) + Send>;
 
 /// Which bytes of the record the device read fetches.
 #[derive(Clone, Copy)]
@@ -66,10 +69,11 @@ impl Volume {
                 let mut buf = vec![0u8; len];
                 let res = self.copy_out(want.r, &data, offset, &mut buf);
                 self.predict(s, false);
-                done(match res {
+                let end = match res {
                     Ok(()) => ReadEnd::Data(buf),
                     Err(e) => ReadEnd::Blocking(Box::new(move || Err(e))),
-                });
+                };
+                done(end, &mut Batch::new());
                 return Ok(());
             }
             Looked::Cold => self.half_to_fetch(want).map_or(Fetch::Whole, Fetch::Half),
@@ -113,7 +117,7 @@ impl Volume {
 
     fn start_l2_read(&self, w: Want, fetch: Fetch, done: ReadDone) {
         let (Some(l2), Some(vol)) = (self.cache.l2(), self.this.upgrade()) else {
-            return self.finish_blocking(w, done);
+            return self.finish_blocking(w, done, &mut Batch::new());
         };
         let half = match fetch {
             Fetch::Whole => None,
@@ -124,50 +128,55 @@ impl Volume {
             key,
             w.ptr,
             half,
-            Box::new(move |res| match fetch {
-                Fetch::Whole => vol.finish_whole(w, res, done),
-                Fetch::Half(which) => vol.finish_half(w, which, res, done),
+            Box::new(move |res, out| match fetch {
+                Fetch::Whole => vol.finish_whole(w, res, done, out),
+                Fetch::Half(which) => vol.finish_half(w, which, res, done, out),
             }),
         );
         if let Err(back) = res {
             // The device left the ring's reach since the check; a rare race.
-            back(Err(L2Miss::Unavailable));
+            back(Err(L2Miss::Unavailable), &mut Batch::new());
         }
     }
 
     /// Hands the read to a thread that may block: `fill` takes the lock,
     /// looks in RAM, on L2 and on the backing store, as a blocking read
     /// does after its ARC lookup.
-    fn finish_blocking(&self, w: Want, done: ReadDone) {
+    fn finish_blocking(&self, w: Want, done: ReadDone, out: &mut Batch) {
         let Some(vol) = self.this.upgrade() else {
-            return done(ReadEnd::Blocking(Box::new(|| {
-                Err(blockdev::DevError::Unsupported("the export is closing".into()))
-            })));
+            let closing = Box::new(|| Err(blockdev::DevError::Unsupported("the export is closing".into())));
+            return done(ReadEnd::Blocking(closing), out);
         };
-        done(ReadEnd::Blocking(Box::new(move || {
+        let work = Box::new(move || {
             let mut buf = vec![0u8; w.len];
             vol.fill(w.r..w.r + 1, false, w.offset, Some(&mut buf))?;
             Ok(buf)
-        })));
+        });
+        done(ReadEnd::Blocking(work), out);
     }
 
     /// Takes the record's lock for a completed ring read, or answers the
     /// read itself: the blocking way if the lock is busy (the ring thread
     /// never waits for it), from RAM if another request cached the record
     /// meanwhile. `None` once answered.
-    fn lock_or_answer(&self, w: Want, done: ReadDone) -> Option<(MutexGuard<'_, ()>, ReadDone)> {
+    fn lock_or_answer(
+        &self,
+        w: Want,
+        done: ReadDone,
+        out: &mut Batch,
+    ) -> Option<(MutexGuard<'_, ()>, ReadDone)> {
         let Some(lock) = self.stripes[self.stripe(w.r)].try_lock() else {
-            self.finish_blocking(w, done);
+            self.finish_blocking(w, done, out);
             return None;
         };
         let Some(data) = self.cache.peek(self.key(w.r)) else { return Some((lock, done)) };
         self.cache.count(Found::IoHit, false, 1);
         let mut buf = vec![0u8; w.len];
         match self.copy_out(w.r, &data, w.offset, &mut buf) {
-            Ok(()) => done(ReadEnd::Data(buf)),
+            Ok(()) => done(ReadEnd::Data(buf), out),
             Err(_) => {
                 drop(lock);
-                self.finish_blocking(w, done);
+                self.finish_blocking(w, done, out);
             }
         }
         None
@@ -182,37 +191,44 @@ impl Volume {
 
     /// A whole copy was read: checked by L2 against its checksum; kept if
     /// it is still the record's copy, then inserted and copied out.
-    fn finish_whole(&self, w: Want, res: Result<Box<[u8]>, L2Miss>, done: ReadDone) {
-        let Some((_lock, done)) = self.lock_or_answer(w, done) else { return };
+    fn finish_whole(&self, w: Want, res: Result<Box<[u8]>, L2Miss>, done: ReadDone, out: &mut Batch) {
+        let Some((_lock, done)) = self.lock_or_answer(w, done, out) else { return };
         let (Ok(bytes), true) = (res, self.copy_still_current(w)) else {
-            return self.finish_blocking(w, done);
+            return self.finish_blocking(w, done, out);
         };
         let Some(rec) = self.record_from_l2(w.r, w.ptr, bytes) else {
-            return self.finish_blocking(w, done);
+            return self.finish_blocking(w, done, out);
         };
         let snap = self.wb.as_ref().map_or_else(Vec::new, |wb| wb.snapshot(self.id, self.record_range(w.r)));
         let rec = self.overlaid(w.r, Arc::new(rec), &snap);
         let mut buf = vec![0u8; w.len];
         if self.copy_out(w.r, &rec, w.offset, &mut buf).is_err() {
-            return self.finish_blocking(w, done);
+            return self.finish_blocking(w, done, out);
         }
         let c = &self.cache.counters;
         c.l2_hits.fetch_add(1, Relaxed);
         c.l2_ring_reads.fetch_add(1, Relaxed);
         self.cache.count(Found::Miss, false, 1);
         self.cache.insert_read(self.key(w.r), rec, false);
-        done(ReadEnd::Data(buf));
+        done(ReadEnd::Data(buf), out);
     }
 
     /// Half a copy was read for bytes within it; copied out, not cached.
-    fn finish_half(&self, w: Want, which: u64, res: Result<Box<[u8]>, L2Miss>, done: ReadDone) {
-        let Some((_lock, done)) = self.lock_or_answer(w, done) else { return };
+    fn finish_half(
+        &self,
+        w: Want,
+        which: u64,
+        res: Result<Box<[u8]>, L2Miss>,
+        done: ReadDone,
+        out: &mut Batch,
+    ) {
+        let Some((_lock, done)) = self.lock_or_answer(w, done, out) else { return };
         let half = self.half_range(w.r, which);
         let (Ok(mut bytes), true) = (res, self.copy_still_current(w)) else {
-            return self.finish_blocking(w, done);
+            return self.finish_blocking(w, done, out);
         };
         if bytes.len() as u64 != half.end - half.start {
-            return self.finish_blocking(w, done);
+            return self.finish_blocking(w, done, out);
         }
         let snap = self.wb.as_ref().map_or_else(Vec::new, |wb| wb.snapshot(self.id, half.clone()));
         WriteBack::apply(&snap, half.start, &mut bytes);
@@ -220,6 +236,6 @@ impl Volume {
         let buf = bytes[from..from + w.len].to_vec();
         self.count_half_read(half.end - half.start);
         self.cache.counters.l2_ring_reads.fetch_add(1, Relaxed);
-        done(ReadEnd::Data(buf));
+        done(ReadEnd::Data(buf), out);
     }
 }
