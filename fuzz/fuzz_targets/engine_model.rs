@@ -33,12 +33,12 @@ fn rig(backing: &Arc<MemDev>, l2dev: &Arc<FaultyDev<MemDev>>, recordsize: u64) -
     // No prefetch: its thread pool would be started again by every rig.
     cache.zfetch.disable.store(true, std::sync::atomic::Ordering::Relaxed);
     let wb = WriteBack::new(None, Some(l2), Arc::new(WriteTunables::default()));
-    cache.set_writeback(Arc::clone(&wb));
-    let vol = Volume::new(
+    let vol = Volume::with_writeback(
         0,
         VolumeConfig { name: "f".into(), recordsize, read_only: false },
         backing.clone() as Arc<dyn BlockDev>,
         Arc::clone(&cache),
+        Arc::clone(&wb),
     );
     let feed =
         Feed::new(cache, Arc::new(FeedTunables::default()), Arc::new(AtomicU64::new(64 << 10))).unwrap();

@@ -536,9 +536,7 @@ fn start_writeback(
         }
         None => None,
     };
-    let wb = WriteBack::new(log, cache.l2().cloned(), tun);
-    cache.set_writeback(Arc::clone(&wb));
-    Ok(wb)
+    Ok(WriteBack::new(log, cache.l2().cloned(), tun))
 }
 
 /// A running server and what it needs to stop cleanly.
@@ -718,11 +716,12 @@ pub fn start_on(
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
         cache.set_secondarycache(id, spec.secondarycache);
-        let vol = Volume::new(
+        let vol = Volume::with_writeback(
             id,
             VolumeConfig { name: spec.name.clone(), recordsize: spec.recordsize, read_only: spec.read_only },
             dev,
             Arc::clone(&cache),
+            Arc::clone(&writeback),
         );
         info!(
             "export {:?}: {} ({} bytes, recordsize {}{})",
@@ -739,7 +738,7 @@ pub fn start_on(
     // Before anything else reads or caches: the log's writes are the newest.
     let pairs: Vec<(LogExport, Arc<Volume>)> = log_descs.into_iter().zip(volumes.iter().cloned()).collect();
     startup::stage("replaying the intent log");
-    let replayed = writeback.replay(&pairs).context("replaying the intent log")?;
+    let replayed = arcache_engine::replay_log(&writeback, &pairs).context("replaying the intent log")?;
     if replayed.chunks > 0 {
         info!("intent log: {} writes replayed into the backing stores", replayed.pages + replayed.discards);
     }

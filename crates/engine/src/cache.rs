@@ -17,7 +17,6 @@ use rustc_hash::FxHashMap;
 use crate::prefetch::Prefetcher;
 use crate::record::Record;
 use crate::stats::ArcStats;
-use crate::writeback::WriteBack;
 use crate::zfetch::{ZfetchStats, ZfetchTunables};
 
 /// RAM charged per record on top of its data: the policy's slab entry, the
@@ -118,7 +117,6 @@ pub struct Cache {
     pub zfetch_stats: Arc<ZfetchStats>,
     prefetcher: std::sync::OnceLock<Prefetcher>,
     zfetch_active: Arc<AtomicU64>,
-    writeback: std::sync::OnceLock<Arc<WriteBack>>,
     sampler: crate::sizing::Sampler,
 }
 
@@ -156,7 +154,6 @@ impl Cache {
             zfetch_stats: Arc::new(ZfetchStats::default()),
             prefetcher: std::sync::OnceLock::new(),
             zfetch_active: Arc::new(AtomicU64::new(0)),
-            writeback: std::sync::OnceLock::new(),
             sampler: crate::sizing::Sampler::default(),
         }))
     }
@@ -186,15 +183,6 @@ impl Cache {
     /// records, and its active data set.
     pub fn sizing(&self, sizes: &[u64]) -> crate::sizing::SizingView {
         self.sampler.view(sizes)
-    }
-
-    /// Turns on write-back for volumes created from now on.
-    pub fn set_writeback(&self, wb: Arc<WriteBack>) {
-        let _ = self.writeback.set(wb);
-    }
-
-    pub fn writeback(&self) -> Option<&Arc<WriteBack>> {
-        self.writeback.get()
     }
 
     pub fn l2(&self) -> Option<&Arc<L2Arc>> {

@@ -10,18 +10,19 @@
 //! last, so their replies go out together. A burst of FLUSHes costs one
 //! wake-up.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use arcache_batch::Batch;
 use blockdev::DevResult;
 use parking_lot::{Condvar, Mutex};
 use tracing::warn;
 
-use crate::writeback::WriteBack;
-
 /// Called once the commit covering a FLUSH is done, from the committer,
 /// with the batch shared by that commit's completions.
 pub type CommitDone = Box<dyn FnOnce(&DevResult<()>, &mut Batch) + Send>;
+
+/// Runs one commit for the committer thread.
+pub(crate) type CommitFn = Box<dyn Fn() -> DevResult<()> + Send>;
 
 #[derive(Default)]
 struct Queue {
@@ -37,8 +38,13 @@ pub(crate) struct Committer {
 
 impl Committer {
     /// Queues `done` behind the next commit, starting the committer thread
-    /// on first use. Gives `done` back if no thread can be started.
-    pub(crate) fn submit(&self, wb: &Arc<WriteBack>, done: CommitDone) -> Result<(), CommitDone> {
+    /// on first use with the commit `start` gives. Gives `done` back if no
+    /// thread can be started.
+    pub(crate) fn submit(
+        &self,
+        start: impl FnOnce() -> CommitFn,
+        done: CommitDone,
+    ) -> Result<(), CommitDone> {
         let (lock, cv) = &*self.queue;
         let mut q = lock.lock();
         if q.stop {
@@ -46,9 +52,9 @@ impl Committer {
         }
         if !q.started {
             let queue = Arc::clone(&self.queue);
-            let wb = Arc::downgrade(wb);
+            let commit = start();
             let spawned =
-                std::thread::Builder::new().name("zil-commit".into()).spawn(move || run(&queue, &wb));
+                std::thread::Builder::new().name("zil-commit".into()).spawn(move || run(&queue, &commit));
             if let Err(e) = spawned {
                 warn!("cannot start the commit thread ({e}); FLUSHes wait on worker threads");
                 return Err(done);
@@ -69,7 +75,7 @@ impl Committer {
     }
 }
 
-fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
+fn run(queue: &(Mutex<Queue>, Condvar), commit: &CommitFn) {
     let (lock, cv) = queue;
     loop {
         let waiting = {
@@ -82,16 +88,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), wb: &Weak<WriteBack>) {
             }
             std::mem::take(&mut q.waiting)
         };
-        let res = match wb.upgrade() {
-            Some(wb) => wb.commit_uncounted(),
-            None => Err(blockdev::DevError::Io {
-                op: "flush",
-                dev: "write-back".into(),
-                offset: 0,
-                len: 0,
-                source: std::io::Error::other("the write-back is gone"),
-            }),
-        };
+        let res = commit();
         let mut out = Batch::new();
         for done in waiting {
             done(&res, &mut out);
@@ -109,27 +106,7 @@ impl Drop for Committer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::WriteTunables;
     use std::time::Duration;
-
-    #[test]
-    fn queued_flushes_are_answered_and_after_stop_given_back() {
-        let wb = WriteBack::new(None, None, Arc::new(WriteTunables::default()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        for _ in 0..10 {
-            let tx = tx.clone();
-            let done: CommitDone = Box::new(move |r, _| {
-                let _ = tx.send(r.is_ok());
-            });
-            assert!(wb.commit_async(done).is_ok());
-        }
-        for _ in 0..10 {
-            assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(true));
-        }
-        assert_eq!(wb.view().zil_commit_count, 10, "each FLUSH counted once");
-        wb.shutdown().expect("shutdown");
-        assert!(wb.commit_async(Box::new(|_, _| {})).is_err(), "given back after stop");
-    }
 
     /// Counts the flushes of the batch its completions leave replies in.
     #[derive(Default)]
@@ -148,9 +125,13 @@ mod tests {
         }
     }
 
+    fn no_op() -> CommitFn {
+        Box::new(|| Ok(()))
+    }
+
     #[test]
     fn one_commits_completions_share_a_batch_flushed_after_the_last() {
-        let wb = WriteBack::new(None, None, Arc::new(WriteTunables::default()));
+        let committer = Committer::default();
         let (tx, rx) = std::sync::mpsc::channel();
         // Hold the commit thread in the first completion until all the
         // others are queued, so they wait for one commit together.
@@ -160,20 +141,21 @@ mod tests {
             let _ = in_tx.send(());
             let _ = go_rx.recv_timeout(Duration::from_secs(10));
         });
-        assert!(wb.commit_async(first).is_ok());
+        assert!(committer.submit(no_op, first).is_ok());
         in_rx.recv_timeout(Duration::from_secs(10)).expect("the first commit is done");
         for _ in 0..5 {
             let tx = tx.clone();
             let done: CommitDone = Box::new(move |_, out| {
                 let replies = out.part::<Replies>();
                 replies.held += 1;
-                replies.flushed = Some(tx.clone());
+                replies.flushed = Some(tx);
             });
-            assert!(wb.commit_async(done).is_ok());
+            assert!(committer.submit(no_op, done).is_ok());
         }
         go_tx.send(()).expect("the commit thread waits");
         let held = rx.recv_timeout(Duration::from_secs(10)).expect("the batch was flushed");
         assert_eq!(held, 5, "the five FLUSHes queued behind one commit were flushed together");
-        wb.shutdown().expect("shutdown");
+        committer.stop();
+        assert!(committer.submit(no_op, Box::new(|_, _| {})).is_err(), "given back after stop");
     }
 }

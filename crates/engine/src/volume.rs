@@ -18,7 +18,7 @@ use blockdev::{BlockDev, DevError, DevResult};
 use crate::cache::{Cache, Found, Looked, RecordData};
 use crate::dirty::{self, Page, PAGE, SECTOR};
 use crate::record::Record;
-use crate::writeback::{Backing, Change, WriteBack};
+use crate::writeback::{write_backing, Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
 mod async_read;
@@ -117,11 +117,33 @@ struct Span {
 }
 
 impl Volume {
-    /// `id` must be unique among the volumes sharing `cache`.
+    /// A volume whose writes go straight to `dev` (write-through). `id`
+    /// must be unique among the volumes sharing `cache`.
     pub fn new(id: u16, cfg: VolumeConfig, dev: Arc<dyn BlockDev>, cache: Arc<Cache>) -> Arc<Volume> {
+        Volume::open(id, cfg, dev, cache, None)
+    }
+
+    /// A volume whose writes are acknowledged once dirty in `wb`
+    /// (write-back).
+    pub fn with_writeback(
+        id: u16,
+        cfg: VolumeConfig,
+        dev: Arc<dyn BlockDev>,
+        cache: Arc<Cache>,
+        wb: Arc<WriteBack>,
+    ) -> Arc<Volume> {
+        Volume::open(id, cfg, dev, cache, Some(wb))
+    }
+
+    fn open(
+        id: u16,
+        cfg: VolumeConfig,
+        dev: Arc<dyn BlockDev>,
+        cache: Arc<Cache>,
+        wb: Option<Arc<WriteBack>>,
+    ) -> Arc<Volume> {
         assert!(cfg.recordsize.is_power_of_two(), "recordsize is validated by the caller");
         let size = dev.size();
-        let wb = cache.writeback().cloned();
         if let Some(wb) = &wb {
             wb.register(id, Backing { dev: Arc::clone(&dev), size });
         }
@@ -1005,13 +1027,6 @@ impl Volume {
 fn read_backing(dev: &dyn BlockDev, buf: &mut [u8], offset: u64) -> DevResult<()> {
     fail::fail_point!("backing.read", |_| blockdev::injected("backing.read", offset));
     dev.read_at(buf, offset)
-}
-
-/// Writes the backing store: the fail point `backing.write` in fault-test
-/// builds (client write-through and txg syncs alike).
-pub(crate) fn write_backing(dev: &dyn BlockDev, data: &[u8], offset: u64) -> DevResult<()> {
-    fail::fail_point!("backing.write", |_| blockdev::injected("backing.write", offset));
-    dev.write_at(data, offset)
 }
 
 /// Groups sorted record numbers into contiguous runs.

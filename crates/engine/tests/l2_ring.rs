@@ -51,21 +51,18 @@ fn rig(recordsize: u64, write_back: bool) -> Rig {
     tun.feed_min_ms.store(10, Relaxed);
     tun.write_boost.store(0, Relaxed);
     let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(arc_max))).unwrap();
-    if write_back {
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(DEV));
+    let cfg = VolumeConfig { name: "t".into(), recordsize, read_only: false };
+    let vol = if write_back {
         let wtun = Arc::new(WriteTunables::default());
         wtun.dirty_data_max.store(256 << 10, Relaxed);
         wtun.txg_timeout_secs.store(1, Relaxed);
         let wb = WriteBack::new(None, cache.l2().cloned(), wtun);
-        cache.set_writeback(Arc::clone(&wb));
         wb.spawn();
-    }
-    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(DEV));
-    let vol = Volume::new(
-        0,
-        VolumeConfig { name: "t".into(), recordsize, read_only: false },
-        backing,
-        Arc::clone(&cache),
-    );
+        Volume::with_writeback(0, cfg, backing, Arc::clone(&cache), wb)
+    } else {
+        Volume::new(0, cfg, backing, Arc::clone(&cache))
+    };
     Rig { cache, vol, feed, _dir: dir, l2_path }
 }
 

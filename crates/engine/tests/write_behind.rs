@@ -30,11 +30,10 @@ fn rig(log_size: Option<u64>) -> (Arc<Volume>, Arc<WriteBack>) {
     tun.delay_min_dirty_percent.store(100, Relaxed);
     tun.txg_timeout_secs.store(1000, Relaxed);
     let wb = WriteBack::new(log, None, tun);
-    cache.set_writeback(Arc::clone(&wb));
     wb.spawn();
     let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(SIZE));
-    let vol =
-        Volume::new(0, VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false }, backing, cache);
+    let cfg = VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false };
+    let vol = Volume::with_writeback(0, cfg, backing, cache, Arc::clone(&wb));
     (vol, wb)
 }
 

@@ -37,13 +37,13 @@ fn concurrent_unaligned_writes_flushes_and_syncs_match_the_model() {
     tun.dirty_data_max.store(256 << 10, Relaxed);
     tun.txg_timeout_secs.store(1, Relaxed);
     let wb = WriteBack::new(None, Some(l2), tun);
-    cache.set_writeback(Arc::clone(&wb));
     wb.spawn();
-    let vol = Volume::new(
+    let vol = Volume::with_writeback(
         0,
         VolumeConfig { name: "t".into(), recordsize: 16 << 10, read_only: false },
         slow,
         Arc::clone(&cache),
+        Arc::clone(&wb),
     );
     let ftun = Arc::new(FeedTunables::default());
     ftun.dwpd_limit.store(0, Relaxed);

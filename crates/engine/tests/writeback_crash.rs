@@ -89,14 +89,14 @@ fn boot_with(d: &Disks, mode: SyncMode, with_log: bool, wrap: &Wrap<'_>) -> Boot
         Arc::new(IntentLog::open(Arc::clone(&log_dev) as Arc<dyn BlockDev>, vec![lx.clone()]).unwrap())
     });
     let wb = WriteBack::new(log, Some(Arc::clone(&l2)), Arc::new(WriteTunables::default()));
-    cache.set_writeback(Arc::clone(&wb));
-    let vol = Volume::new(
+    let vol = Volume::with_writeback(
         0,
         VolumeConfig { name: "t".into(), recordsize: RS, read_only: false },
         wrap(&d.backing, "backing"),
         Arc::clone(&cache),
+        Arc::clone(&wb),
     );
-    wb.replay(&[(lx, Arc::clone(&vol))]).unwrap();
+    arcache_engine::replay_log(&wb, &[(lx, Arc::clone(&vol))]).unwrap();
     let c = Arc::clone(&cache);
     l2.rebuild(1 << 20, &|keys: &[u64]| c.count_cached(keys), &AtomicBool::new(false));
     vol.set_sync_mode(mode);

@@ -33,12 +33,12 @@ fn rig(with_log: bool) -> Rig {
         Arc::new(IntentLog::open(dev, vec![x]).unwrap())
     });
     let wb = WriteBack::new(log, None, Arc::new(WriteTunables::default()));
-    cache.set_writeback(Arc::clone(&wb));
-    let vol = Volume::new(
+    let vol = Volume::with_writeback(
         0,
         VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false },
         Arc::clone(&backing) as Arc<dyn BlockDev>,
         cache,
+        Arc::clone(&wb),
     );
     Rig { backing, disk, vol, wb }
 }
