@@ -7,7 +7,8 @@
 #
 # Then the same on synthetic traces (traces/tools/synthetic.py: hot sets
 # with scans, loops a little larger than the cache, shifting working sets,
-# Zipf), beside libCacheSim's own figures when the libcachesim Python
+# Zipf; and a held-out set: tenants, one-hit wonders, recurring working
+# sets, scans in loops), beside libCacheSim's own figures when the libcachesim Python
 # package is installed (`pip install libcachesim==0.3.5 numpy`).
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
@@ -108,21 +109,24 @@ for s in serving:
                + ", ".join(f"{x:+.2f} pp ({t} {c})" for x, t, c in worst[:3]) + ".")
 print("\n".join(out))
 EOF
-# Synthetic traces, made afresh (deterministic) in the work directory.
-python3 "$here/traces/tools/synthetic.py" "$work/syn"
+# Synthetic traces, made afresh (deterministic) in the work directory: the
+# set arc-adaptive's constants were chosen on, then a held-out set never
+# used to choose them.
 lcs=no
 python3 -c "import libcachesim, numpy" 2>/dev/null && lcs=yes
-: > "$work/syn.jsonl"
-while read -r name sizes; do
-  echo "bench: synthetic $name" >&2
-  "$bin" sim --json --trace "$work/syn/$name.csv.gz" --policy "$policies" --cache-blocks "$sizes" 2>/dev/null \
-    | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/syn.jsonl"
-  if [ $lcs = yes ]; then
-    python3 "$here/traces/tools/lcs_hits.py" "$work/syn/$name.csv.gz" "$sizes" LRU,ARC,S3FIFO,TwoQ,LIRS,Sieve \
-      | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/syn.jsonl"
-  fi
-done < "$work/syn/sizes.txt"
-python3 - "$work/syn.jsonl" "$lcs" >> "$result" <<'EOF'
+for set in tuned held-out; do
+  python3 "$here/traces/tools/synthetic.py" "$work/$set" "$set"
+  : > "$work/$set.jsonl"
+  while read -r name sizes; do
+    echo "bench: synthetic ($set) $name" >&2
+    "$bin" sim --json --trace "$work/$set/$name.csv.gz" --policy "$policies" --cache-blocks "$sizes" 2>/dev/null \
+      | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/$set.jsonl"
+    if [ $lcs = yes ]; then
+      python3 "$here/traces/tools/lcs_hits.py" "$work/$set/$name.csv.gz" "$sizes" LRU,ARC,S3FIFO,TwoQ,LIRS,Sieve \
+        | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/$set.jsonl"
+    fi
+  done < "$work/$set/sizes.txt"
+  python3 - "$work/$set.jsonl" "$lcs" "$set" >> "$result" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 names, pts = [], {}
@@ -130,8 +134,11 @@ for r in rows:
     if r["policy"] not in names:
         names.append(r["policy"])
     pts.setdefault((r["trace"], r["cache_blocks"]), {})[r["policy"]] = 100 * r["hit_ratio"]
-out = ["", "## Synthetic traces", "",
-       "traces/tools/synthetic.py (400,000 reads of 4 KiB, 1 ms apart, fixed seeds). "
+title = {"tuned": "Synthetic traces (the set the constants were chosen on)",
+         "held-out": "Synthetic traces held out (never used to choose anything)"}[sys.argv[3]]
+out = ["", "## " + title, "",
+       "traces/tools/synthetic.py " + ("" if sys.argv[3] == "tuned" else "held-out ")
+       + "(400,000 reads of 4 KiB, 1 ms apart, fixed seeds). "
        + ("Columns marked * are libCacheSim 0.3.5's on the same blocks (traces/tools/lcs_hits.py)."
           if sys.argv[2] == "yes" else "libcachesim is not installed here: no libCacheSim columns."), "",
        "| trace | cache blocks | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
@@ -144,4 +151,5 @@ if "arc-adaptive" in names:
             + ", ".join(f"{x:+.2f} pp ({t} {c})" for x, t, c in worst[:3]) + "."]
 print("\n".join(out))
 EOF
+done
 cat "$result"

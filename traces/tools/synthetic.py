@@ -14,7 +14,20 @@ only.
   zipf         Zipf(0.8) over 200k blocks, nothing else
   loops_nested a 4k-block loop inside a 60k-block loop, 3:1
 
-Usage: synthetic.py OUT_DIR   (writes NAME.csv.gz and sizes.txt: NAME SIZES)
+Held out (written after arc-adaptive's constants were chosen on the five
+above and the reference suite, and never used to choose them):
+
+  tenants      three tenants, Zipf(0.9) over 5k, 20k and 50k blocks, whose
+               shares of the requests rotate every 80k requests
+  one_hit_mix  Zipf(1.0) over 25k blocks, every other request a block
+               never read before or after
+  recurring    two working sets (Zipf(0.9) over 15k blocks each) taking
+               turns every 60k requests
+  scan_loops   a 30k-block region read in order again and again, 3 requests
+               in 10, the rest Zipf(0.7) over 50k other blocks
+
+Usage: synthetic.py OUT_DIR [tuned|held-out]
+  (writes NAME.csv.gz and sizes.txt: NAME SIZES; the tuned set by default)
 """
 import bisect
 import gzip
@@ -50,15 +63,19 @@ def hot_scan(rng):
         i += 1
 
 
-def loop_plus(rng):
-    z = zipf_sampler(rng, 100_000, 0.8)
+def loop_mix(rng, loop_len, loop_share, zipf_n, alpha, loop_base):
+    z = zipf_sampler(rng, zipf_n, alpha)
     pos = 0
     for _ in range(N):
-        if rng.random() < 0.5:
-            yield 1_000_000 + pos
-            pos = (pos + 1) % 11_000
+        if rng.random() < loop_share:
+            yield loop_base + pos
+            pos = (pos + 1) % loop_len
         else:
             yield z()
+
+
+def loop_plus(rng):
+    return loop_mix(rng, 11_000, 0.5, 100_000, 0.8, 1_000_000)
 
 
 def shifting(rng):
@@ -84,6 +101,45 @@ def loops_nested(rng):
             big = (big + 1) % 60_000
 
 
+def tenants(rng):
+    sets = [zipf_sampler(rng, n, 0.9) for n in (5_000, 20_000, 50_000)]
+    shares = [(0.6, 0.3, 0.1), (0.1, 0.6, 0.3), (0.3, 0.1, 0.6)]
+    for i in range(N):
+        w = shares[(i // 80_000) % 3]
+        r = rng.random()
+        t = 0 if r < w[0] else 1 if r < w[0] + w[1] else 2
+        yield (t + 1) * 1_000_000 + sets[t]()
+
+
+def one_hit_mix(rng):
+    z = zipf_sampler(rng, 25_000, 1.0)
+    fresh = 50_000_000
+    for i in range(N):
+        if i % 2:
+            fresh += 1
+            yield fresh
+        else:
+            yield z()
+
+
+def recurring(rng):
+    a = zipf_sampler(rng, 15_000, 0.9)
+    b = zipf_sampler(rng, 15_000, 0.9)
+    for i in range(N):
+        yield a() if (i // 60_000) % 2 == 0 else 1_000_000 + b()
+
+
+def scan_loops(rng):
+    return loop_mix(rng, 30_000, 0.3, 50_000, 0.7, 7_000_000)
+
+
+HELD_OUT = {
+    "tenants": (tenants, [5_000, 15_000, 40_000]),
+    "one_hit_mix": (one_hit_mix, [2_500, 10_000, 20_000]),
+    "recurring": (recurring, [8_000, 16_000, 32_000]),
+    "scan_loops": (scan_loops, [10_000, 20_000, 40_000]),
+}
+
 TRACES = {
     "hot_scan": (hot_scan, [5_000, 10_000, 20_000]),
     "loop_plus": (loop_plus, [5_000, 10_000, 20_000]),
@@ -95,9 +151,11 @@ TRACES = {
 
 def main():
     out = sys.argv[1]
+    which = sys.argv[2] if len(sys.argv) > 2 else "tuned"
+    traces = {"tuned": TRACES, "held-out": HELD_OUT}[which]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sizes.txt"), "w") as sizes:
-        for seed, (name, (gen, cache_sizes)) in enumerate(TRACES.items()):
+        for seed, (name, (gen, cache_sizes)) in enumerate(traces.items()):
             rng = random.Random(seed + 1)
             with gzip.open(os.path.join(out, name + ".csv.gz"), "wt", compresslevel=1) as f:
                 f.write("timestamp_us,op,offset_bytes,length_bytes\n")

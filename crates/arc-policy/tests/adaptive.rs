@@ -169,3 +169,47 @@ fn blocks_and_bytes_decide_alike() {
     }
     assert_eq!(units.stats().pd, bytes.stats().pd);
 }
+
+/// The server's "a twice larger ARC would hit about ..." estimate is
+/// (hits + ghost hits) / reads: it must stay near the truth for the
+/// default policy (issue 20: live sizing right for the new policy).
+/// Skewed reads of 128 KiB records over 4x the cache; the estimate from a
+/// cache of `c` against the hit ratio a cache of `2c` really gets. The
+/// same reads show why the default moved off OpenZFS's rule: `arc` in
+/// bytes lets MRU take nearly all the cache (pd near 1) and hits far less.
+#[test]
+fn ghost_hits_estimate_a_doubled_cache() {
+    let c = 2000 * REC;
+    let reads: Vec<u64> = {
+        let mut x = 11u64;
+        (0..200_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Two thirds of reads on 1,500 records, the rest on 8,000.
+                if x % 3 < 2 {
+                    x % 1500
+                } else {
+                    10_000 + x % 8000
+                }
+            })
+            .collect()
+    };
+    let run = |name: &str, cap: u64| {
+        let mut p = serving(name, cap, cap, 0).unwrap();
+        let hits =
+            reads.iter().enumerate().filter(|&(i, &k)| read(p.as_mut(), k, REC, i as u64 * MS)).count();
+        p.validate().unwrap();
+        (hits as f64 / reads.len() as f64, p.stats())
+    };
+    let (at_c, s) = run("arc-adaptive", c);
+    let estimate = (s.hits + s.mru_ghost_hits + s.mfu_ghost_hits) as f64 / reads.len() as f64;
+    let (doubled, _) = run("arc-adaptive", 2 * c);
+    assert!(
+        (estimate - doubled).abs() < 0.03,
+        "ghost estimate {estimate:.3} against {doubled:.3} with twice the cache"
+    );
+    let (zfs, _) = run("arc", c);
+    assert!(at_c > zfs + 0.2, "arc-adaptive {at_c:.3} against arc {zfs:.3}");
+}
