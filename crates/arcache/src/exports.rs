@@ -65,7 +65,13 @@ impl Export for NbdExport {
         self.vol.read(offset, buf).map_err(|e| errno("read", &e))
     }
 
-    fn read_async(&self, offset: u64, len: u32, done: ReadCompletion) -> Result<(), ReadCompletion> {
+    fn read_async(
+        &self,
+        offset: u64,
+        len: u32,
+        done: ReadCompletion,
+        out: &mut Batch,
+    ) -> Result<(), ReadCompletion> {
         self.note(false, offset, len as usize);
         let answer: arcache_engine::ReadDone = Box::new(move |end, out| match end {
             ReadEnd::Data(buf) => done(nbd::ReadEnd::Data(Ok(()), buf), out),
@@ -77,15 +83,14 @@ impl Export for NbdExport {
                 done(nbd::ReadEnd::Blocking(work), out)
             }
         });
-        if let Err(answer) = self.vol.read_async(offset, len as usize, answer) {
-            // Not a read the ring can serve: the whole read on a worker
-            // (handing it over sends no reply, so the batch stays empty).
+        if let Err(answer) = self.vol.read_async(offset, len as usize, answer, out) {
+            // Not a read the ring can serve: the whole read on a worker.
             let vol = Arc::clone(&self.vol);
             let work = Box::new(move || {
                 let mut buf = vec![0u8; len as usize];
                 vol.read(offset, &mut buf).map(|()| buf)
             });
-            answer(ReadEnd::Blocking(work), &mut Batch::new());
+            answer(ReadEnd::Blocking(work), out);
         }
         Ok(())
     }
@@ -105,16 +110,16 @@ impl Export for NbdExport {
         self.vol.flush().map_err(|e| errno("flush", &e))
     }
 
-    fn flush_async(&self, done: Completion) -> Result<(), Completion> {
+    fn flush_async(&self, done: Completion, out: &mut Batch) -> Result<(), Completion> {
         if !self.vol.flushes_async() {
             return Err(done);
         }
         let answer: CommitDone =
             Box::new(move |res, out| done(res.as_ref().map_err(|e| errno("flush", e)).copied(), out));
-        if let Err(answer) = self.vol.flush_async(answer) {
+        if let Err(answer) = self.vol.flush_async(answer, out) {
             // No commit thread (it could not start, or the server is
             // stopping): answer here, waiting.
-            answer(&self.vol.flush(), &mut Batch::new());
+            answer(&self.vol.flush(), out);
         }
         Ok(())
     }

@@ -890,12 +890,17 @@ impl Volume {
 
     /// As [`Volume::flush`], answered through `done` (maybe later, from
     /// another thread) when the volume has write-back; gives `done` back
-    /// when the flush can only be done by waiting here.
-    pub fn flush_async(&self, done: crate::CommitDone) -> Result<(), crate::CommitDone> {
+    /// when the flush can only be done by waiting here. Answered at once
+    /// (`sync=disabled`), `done` gets the caller's batch `out`.
+    pub fn flush_async(
+        &self,
+        done: crate::CommitDone,
+        out: &mut arcache_batch::Batch,
+    ) -> Result<(), crate::CommitDone> {
         match (&self.wb, self.sync_mode()) {
             (_, SyncMode::Disabled) => {
                 self.count(&self.counts.flushes, None);
-                done(&Ok(()), &mut arcache_batch::Batch::new());
+                done(&Ok(()), out);
                 Ok(())
             }
             (Some(wb), _) => {

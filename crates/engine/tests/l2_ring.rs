@@ -71,7 +71,7 @@ fn rig(recordsize: u64, write_back: bool) -> Rig {
 fn read(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {
     let (tx, rx) = mpsc::channel();
     let done: ReadDone = Box::new(move |end, _| tx.send(end).expect("reader waits"));
-    match vol.read_async(offset, len, done) {
+    match vol.read_async(offset, len, done, &mut arcache_engine::Batch::new()) {
         Ok(()) => match rx.recv_timeout(Duration::from_secs(10)).expect("the ring answers") {
             ReadEnd::Data(b) => b,
             ReadEnd::Blocking(work) => work().unwrap(),

@@ -410,7 +410,7 @@ fn cut_writer(
                 let done: arcache_engine::CommitDone = Box::new(move |r, _| {
                     let _ = tx.send(r.is_ok());
                 });
-                if let Err(done) = vol.flush_async(done) {
+                if let Err(done) = vol.flush_async(done, &mut arcache_engine::Batch::new()) {
                     done(&vol.flush(), &mut arcache_engine::Batch::new());
                 }
                 assert!(rx.recv().expect("flush answered"), "async flush failed");

@@ -79,8 +79,15 @@ pub trait Export: Send + Sync {
     /// Starts a read whose device IO the export queues itself, calling
     /// `done` when it ends (on any thread), so no worker thread sleeps in
     /// the IO; gives `done` back when it cannot, and the server then calls
-    /// [`Export::read`] on a worker.
-    fn read_async(&self, _offset: u64, _len: u32, done: ReadCompletion) -> Result<(), ReadCompletion> {
+    /// [`Export::read`] on a worker. A read that ends before this returns
+    /// calls `done` with `out`, the caller's batch.
+    fn read_async(
+        &self,
+        _offset: u64,
+        _len: u32,
+        done: ReadCompletion,
+        _out: &mut Batch,
+    ) -> Result<(), ReadCompletion> {
         Err(done)
     }
 
@@ -96,8 +103,9 @@ pub trait Export: Send + Sync {
     /// Starts a FLUSH that is answered by calling `done` when it is
     /// complete, so no worker thread waits for it; gives `done` back when
     /// the export cannot, and the server then calls [`Export::flush`] on a
-    /// worker.
-    fn flush_async(&self, done: Completion) -> Result<(), Completion> {
+    /// worker. A FLUSH complete before this returns calls `done` with
+    /// `out`, the caller's batch.
+    fn flush_async(&self, done: Completion, _out: &mut Batch) -> Result<(), Completion> {
         Err(done)
     }
 
@@ -709,7 +717,7 @@ impl Server {
                 continue;
             }
             if req.kind == CMD_FLUSH {
-                self.flush_without_worker(slot, req, export);
+                self.flush_without_worker(slot, req, export, &mut out);
                 continue;
             }
             let fua = req.flags & CMD_FLAG_FUA != 0;
@@ -751,14 +759,20 @@ impl Server {
 
     /// A FLUSH answered by the export when its commit is done; on a worker
     /// only when the export cannot answer that way.
-    fn flush_without_worker(self: &Arc<Self>, slot: Slot, req: Request, export: &Arc<dyn Export>) {
+    fn flush_without_worker(
+        self: &Arc<Self>,
+        slot: Slot,
+        req: Request,
+        export: &Arc<dyn Export>,
+        out: &mut Batch,
+    ) {
         let server = Arc::clone(self);
         let done: Completion = Box::new(move |res, out| {
             slot.shared.reply_status(req, res, &server.stats, Some(&mut *out));
             // The budget is given back once the reply is really sent.
             hold_slot(out, slot);
         });
-        if let Err(done) = export.flush_async(done) {
+        if let Err(done) = export.flush_async(done, out) {
             let export = Arc::clone(export);
             self.jobs.push(Box::new(move || done(export.flush(), &mut Batch::new())));
         }
@@ -781,7 +795,7 @@ impl Server {
             }
             ReadEnd::Blocking(work) => server.dispatch(slot, req, move |_| work(), &ex),
         });
-        if let Err(done) = export.read_async(req.offset, req.length, done) {
+        if let Err(done) = export.read_async(req.offset, req.length, done, out) {
             let ex = Arc::clone(export);
             let work = Box::new(move || {
                 let mut buf = vec![0u8; req.length as usize];

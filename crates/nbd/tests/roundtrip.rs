@@ -56,7 +56,7 @@ impl Export for MemExport {
     fn flush(&self) -> NbdResult {
         Ok(())
     }
-    fn flush_async(&self, done: nbd::Completion) -> Result<(), nbd::Completion> {
+    fn flush_async(&self, done: nbd::Completion, _out: &mut nbd::Batch) -> Result<(), nbd::Completion> {
         if let Some(parked) = &self.parked {
             parked.lock().push(done);
             return Ok(());

@@ -31,7 +31,7 @@ pub enum ReadEnd {
 }
 
 /// Called once with the end of an asynchronous read, on any thread, with
-/// the batch of the reads that ended together (one of its own for a read
+/// the batch of the reads that ended together (the caller's for a read
 /// that ends before [`Volume::read_async`] returns).
 pub type ReadDone = Box<dyn FnOnce(ReadEnd, &mut Batch) + Send>;
 
@@ -57,7 +57,13 @@ impl Volume {
     /// has an L2 copy the ring can read; gives `done` back otherwise (the
     /// caller then uses [`Volume::read`]). Bookkeeping (statistics, zfetch,
     /// the ARC's ghost lists) is as for [`Volume::read`].
-    pub fn read_async(&self, offset: u64, len: usize, done: ReadDone) -> Result<(), ReadDone> {
+    pub fn read_async(
+        &self,
+        offset: u64,
+        len: usize,
+        done: ReadDone,
+        out: &mut Batch,
+    ) -> Result<(), ReadDone> {
         let Some(want) = self.async_candidate(offset, len) else { return Err(done) };
         let s = Span { first: want.r, end: want.r + 1 };
         let key = self.key(want.r);
@@ -73,14 +79,14 @@ impl Volume {
                     Ok(()) => ReadEnd::Data(buf),
                     Err(e) => ReadEnd::Blocking(Box::new(move || Err(e))),
                 };
-                done(end, &mut Batch::new());
+                done(end, out);
                 return Ok(());
             }
             Looked::Cold => self.half_to_fetch(want).map_or(Fetch::Whole, Fetch::Half),
             Looked::Ghost => Fetch::Whole,
         };
         self.predict(s, true);
-        self.start_l2_read(want, fetch, done);
+        self.start_l2_read(want, fetch, done, out);
         Ok(())
     }
 
@@ -115,9 +121,9 @@ impl Volume {
             .then_some(which)
     }
 
-    fn start_l2_read(&self, w: Want, fetch: Fetch, done: ReadDone) {
+    fn start_l2_read(&self, w: Want, fetch: Fetch, done: ReadDone, out: &mut Batch) {
         let (Some(l2), Some(vol)) = (self.cache.l2(), self.this.upgrade()) else {
-            return self.finish_blocking(w, done, &mut Batch::new());
+            return self.finish_blocking(w, done, out);
         };
         let half = match fetch {
             Fetch::Whole => None,
@@ -135,7 +141,7 @@ impl Volume {
         );
         if let Err(back) = res {
             // The device left the ring's reach since the check; a rare race.
-            back(Err(L2Miss::Unavailable), &mut Batch::new());
+            back(Err(L2Miss::Unavailable), out);
         }
     }
 
