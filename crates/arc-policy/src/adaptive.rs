@@ -180,22 +180,30 @@ impl AdaptiveArc {
         e.prefetch && self.now_ns.saturating_sub(e.last_access_ns) < self.cfg.min_prefetch_ns
     }
 
-    /// Takes one entry off the eviction end of `from`: a re-used one goes
-    /// on (MRU to MFU, MFU round again), a young prefetch is passed over
-    /// while `honor` holds, anything else leaves for its ghost list.
-    /// Returns the bytes freed, or None when the list had nothing to give.
-    fn step(&mut self, from: State, honor: bool, skipped: &mut u32, out: &mut Vec<Key>) -> Option<u64> {
-        let idx = self.q.lists[from as usize].tail()?;
-        let e = self.q.slab.get(idx);
-        if honor && self.young_prefetch(e) {
+    /// Takes the entry nearest the eviction end of `from` that is not a
+    /// young prefetch (while `honor` holds): a re-used one goes on (MRU to
+    /// MFU, MFU round again), anything else leaves for its ghost list.
+    /// Young prefetches are passed over where they are, not moved: the L2
+    /// feed reads the eviction ends in order and must find there what
+    /// leaves next. Returns the bytes freed, or None when the list had
+    /// nothing to give.
+    fn step(&mut self, from: State, honor: &mut bool, skipped: &mut u32, out: &mut Vec<Key>) -> Option<u64> {
+        let mut cur = self.q.lists[from as usize].tail();
+        while let Some(idx) = cur {
+            if !(*honor && self.young_prefetch(self.q.slab.get(idx))) {
+                break;
+            }
             self.stats.evict_skip += 1;
             *skipped += 1;
-            // Round to the head: a list full of young prefetches must not
-            // make every insert walk it whole, hence the caller's bound.
-            self.q.unlink(idx);
-            self.q.push(idx, from);
-            return Some(0);
+            // Past a bound, RAM wins over prefetch lifetimes: a list full
+            // of young prefetches must not make every insert walk it whole.
+            if *skipped >= 64 {
+                *honor = false;
+            }
+            cur = self.q.slab.prev_of(idx);
         }
+        let idx = cur?;
+        let e = self.q.slab.get(idx);
         let (key, size, freq) = (e.key, e.size, e.freq);
         self.q.unlink(idx);
         if freq > 0 {
@@ -219,13 +227,13 @@ impl AdaptiveArc {
             let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
             let first = if mru_over || mfu_empty { State::Mru } else { State::Mfu };
             let other = if first == State::Mru { State::Mfu } else { State::Mru };
-            if self.step(first, honor, &mut skipped, out).is_none()
-                && self.step(other, honor, &mut skipped, out).is_none()
+            if self.step(first, &mut honor, &mut skipped, out).is_none()
+                && self.step(other, &mut honor, &mut skipped, out).is_none()
             {
-                break;
-            }
-            // Past a bound, RAM wins over prefetch lifetimes.
-            if skipped >= 64 {
+                if !honor {
+                    break;
+                }
+                // Only young prefetches left: RAM wins.
                 honor = false;
             }
         }

@@ -202,7 +202,7 @@ pub const POLICY_NAMES: &[&str] = &["arc", "arc-paper", "lru", "s3fifo", "2q", "
 
 /// The policies a server can run: sizes in bytes, limits that move at run
 /// time. The first is the default.
-pub const SERVING_POLICIES: &[&str] = &["arc", "lru", "arc-adaptive"];
+pub const SERVING_POLICIES: &[&str] = &["arc-adaptive", "arc", "lru"];
 
 /// A policy for a server's ARC, by name: between `c_min` and `c_max`
 /// bytes, prefetches kept `min_prefetch_ns`. `None` for a name that is not

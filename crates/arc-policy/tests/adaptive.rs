@@ -116,6 +116,30 @@ fn young_prefetches_are_kept_then_forced() {
     p.validate().unwrap();
 }
 
+/// Young prefetches passed over stay where they are: the L2 feed reads
+/// the eviction end in order and must find the oldest prefetches there,
+/// not a list reshuffled by every insert (a 16 MiB sequential read through
+/// a 2 MiB ARC left a third of it off L2 while they were moved).
+#[test]
+fn passed_over_prefetches_keep_their_order() {
+    let mut p = serving("arc-adaptive", 8 * REC, 8 * REC, 1000 * MS).unwrap();
+    let mut ev = Vec::new();
+    for k in 0..6 {
+        p.insert(k, REC, Access { now_ns: k * MS, prefetch: true }, &mut ev);
+    }
+    for k in 100..110 {
+        read(p.as_mut(), k, REC, 10 * MS + k);
+    }
+    let mut order = Vec::new();
+    p.scan_tail(ListKind::Mru, u64::MAX, &mut |k, _, _| {
+        order.push(k);
+        true
+    });
+    assert_eq!(&order[..6], &[0, 1, 2, 3, 4, 5], "prefetches still oldest first: {order:?}");
+    assert!(p.stats().evict_skip > 0 && p.stats().size <= 8 * REC);
+    p.validate().unwrap();
+}
+
 /// The MRU target moves when the copies say so: re-use at a distance
 /// only a large MRU catches raises it from its tenth of the cache, and a
 /// loop a little larger than the cache (where LRU hits nothing) is held by

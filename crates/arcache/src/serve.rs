@@ -75,7 +75,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// The ARC's replacement policy, a name `arcache sim --policy` takes
-    /// that runs on bytes: arc (the default, OpenZFS's) or lru.
+    /// that runs on bytes: arc-adaptive (the default: an ARC whose lists
+    /// decide like S3-FIFO), arc (OpenZFS's) or lru.
     #[arg(long, value_name = "NAME")]
     pub policy: Option<String>,
     /// An L2ARC cache device: a file (created with SIZE if missing) or a

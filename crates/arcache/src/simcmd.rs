@@ -21,7 +21,7 @@ pub struct SimArgs {
     /// zfs_arc_min_prefetch_ms), arc (OpenZFS-style), arc-paper (FAST'03), lru, s3fifo (SOSP'23),
     /// 2q (VLDB'94), sieve (NSDI'24), arc-adaptive (an ARC whose lists decide like S3-FIFO,
     /// its MRU share picked by miniature simulations). --list-policies prints them.
-    #[arg(long, value_delimiter = ',', default_value = "arc,arc-paper,lru")]
+    #[arg(long, value_delimiter = ',', default_value = "default,arc,arc-paper,lru")]
     pub policy: Vec<String>,
     /// Print every policy name --policy accepts, and exit.
     #[arg(long)]

@@ -19,7 +19,12 @@ fn serve_with(policy: Option<&str>) -> Serve {
 
 #[test]
 fn the_policy_given_is_the_policy_run_and_reported() {
-    for (given, runs) in [(None, "arc"), (Some("arc"), "arc"), (Some("lru"), "lru")] {
+    for (given, runs) in [
+        (None, "arc-adaptive"),
+        (Some("arc"), "arc"),
+        (Some("lru"), "lru"),
+        (Some("arc-adaptive"), "arc-adaptive"),
+    ] {
         let s = serve_with(given);
         let mut c = nbd::Client::connect(&s.target(), "").unwrap();
         let mut buf = vec![0u8; 65536];
@@ -40,7 +45,8 @@ fn a_policy_the_server_cannot_run_is_refused_with_the_names_it_can() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("disk.img");
     random_file(&img, 1 << 20, 5);
-    for (name, expect) in [("arc-paper", "counts entries"), ("nope", "choose one of arc, lru")] {
+    for (name, expect) in [("arc-paper", "counts entries"), ("nope", "choose one of arc-adaptive, arc, lru")]
+    {
         let err = serve_refused(dir.path(), &["--export", img.to_str().unwrap(), "--policy", name]);
         assert!(err.contains(expect) && err.contains(name), "{name}: {err}");
     }

@@ -67,7 +67,7 @@ fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
     // The ARC holds records plus a 112-byte header each (RECORD_OVERHEAD).
     let blocks = arc_max / (4096 + 112);
     let o = Command::new(BIN)
-        .args(["sim", "--json", "--policy", "arc", "--trace"])
+        .args(["sim", "--json", "--policy", "default", "--trace"])
         .arg(&trace)
         .args(["--cache-blocks", &blocks.to_string()])
         .output()

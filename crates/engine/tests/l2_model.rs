@@ -180,10 +180,15 @@ fn feed_rules_decide_what_reaches_l2() {
     let l2dev = Arc::new(CountingDev::new(MemDev::new(HEADER_RESERVED + (8 << 20))));
     let l2 =
         L2Arc::new(vec![L2Device::new("l2".into(), l2dev.clone() as Arc<dyn BlockDev>).unwrap()]).unwrap();
-    let cache = Cache::with_l2(
+    // OpenZFS's rule, whose hit moves a record to MFU at once: what
+    // `l2arc_mfuonly` means is clearest there. Under arc-adaptive a re-used
+    // record reaches MFU only at MRU's eviction end (lazy promotion).
+    let cache = Cache::with_policy(
         CacheConfig { arc_min: 1 << 20, arc_max: 4 << 20, min_prefetch_ms: 1000, compress: false },
         Some(Arc::new(l2)),
-    );
+        "arc",
+    )
+    .unwrap();
     let tun = Arc::new(FeedTunables::default());
     tun.dwpd_limit.store(0, Relaxed);
     let feed = Feed::new(Arc::clone(&cache), Arc::clone(&tun), Arc::new(AtomicU64::new(4 << 20))).unwrap();
