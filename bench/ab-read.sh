@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Same-run A/B of arcache builds or settings on reads the ARC serves:
-# 4K random reads at QD16 over a 256 MiB export that is read whole first,
-# so every timed read is an ARC hit. Each run also reports the server's
-# resident memory beyond the cached data, per cached record: what a record
-# costs in headers, policy entries and indexes.
+# Same-run A/B of arcache builds or settings on 4K random reads at QD16.
+# AB_JOB picks what serves them:
+#   arc-hit (default): a 256 MiB file export read whole twice first, so
+#     every timed read is an ARC hit (--arc-max 1G);
+#   l2-hit: seed 003's job: 1 GiB of a slow origin (nbdkit file + delay
+#     4 ms + rate 2400M) through --arc-max 256M and --l2 FILE:4G, one run
+#     of the timed job first as its warm-up, so most timed reads hit L2.
+# Each run also reports the server's resident memory beyond the cached
+# data, per cached record: what a record costs in headers, policy entries
+# and indexes.
 #
 # Usage: bench/ab-read.sh SECONDS ROUNDS ARM...
 #   An ARM is a binary, optionally followed (in the same word) by serve
@@ -12,7 +17,7 @@
 #   A/A run (the noise an A/B must clear). Name binaries of other commits
 #   by their commit (/var/tmp/arcache-4a45d3c): the header names only the
 #   commit of this tree. ARCACHE_EXTRA adds serve options to every arm.
-# Writes bench/results/ab-read.md, or ab-read-$AB_NAME.md when AB_NAME is set.
+# Writes bench/results/ab-read-JOB.md, or ab-read-JOB-$AB_NAME.md when AB_NAME is set.
 set -euo pipefail
 secs=${1:?seconds}; rounds=${2:?rounds}; shift 2
 [ $# -ge 1 ] || { echo "usage: $0 SECONDS ROUNDS ARM..." >&2; exit 2; }
@@ -21,11 +26,24 @@ for t in fio python3; do
 done
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-result=$(bench_results "ab-read${AB_NAME:+-$AB_NAME}.md")
+result=$(bench_results "ab-read-${AB_JOB:-arc-hit}${AB_NAME:+-$AB_NAME}.md")
 header=$(bench_header "$secs" "$rounds" "${@@Q}")
 bench_start arcache-ab-read
 
-head -c $((256 << 20)) /dev/urandom > "$work/disk.img"
+job=${AB_JOB:-arc-hit}
+case $job in
+  arc-hit)
+    head -c $((256 << 20)) /dev/urandom > "$work/disk.img"
+    export_of=("$work/disk.img"); size=256M; serve_extra=(--arc-max 1G) ;;
+  l2-hit)
+    command -v nbdkit >/dev/null || { echo "bench: nbdkit is missing" >&2; exit 2; }
+    head -c $((1 << 30)) /dev/urandom > "$work/origin.img"
+    nbdkit --foreground --exit-with-parent -U "$work/origin.sock" --filter=rate --filter=delay \
+      file "$work/origin.img" rdelay=4ms rate=2400M & pids+=($!)
+    wait_sock "$work/origin.sock"
+    export_of=("nbd+unix:///?socket=$work/origin.sock"); size=1G; serve_extra=(--arc-max 256M) ;;
+  *) echo "bench: AB_JOB is arc-hit or l2-hit" >&2; exit 2 ;;
+esac
 fio_nbd() {
   timeout $((secs + 120)) fio --name=ab --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" \
     --output-format=json --output="$work/fio.json" "$@" >/dev/null 2>&1 || echo "fio failed" >&2
@@ -37,17 +55,22 @@ for _ in $(seq "$rounds"); do
     n=$((n + 1))
     read -ra arm <<<"$spec"
     bin=${arm[0]}
-    rm -f "$work/nbd.sock" "$work/ctl.sock"
+    rm -f "$work/nbd.sock" "$work/ctl.sock" "$work/l2.img"
+    l2=(); [ "$job" = l2-hit ] && l2=(--l2 "$work/l2.img:4G")
     # shellcheck disable=SC2086
-    "$bin" serve --export "$work/disk.img" --arc-max 1G --listen "unix:$work/nbd.sock" \
+    "$bin" serve --export "${export_of[@]}" "${serve_extra[@]}" "${l2[@]}" --listen "unix:$work/nbd.sock" \
       --control "$work/ctl.sock" "${arm[@]:1}" ${ARCACHE_EXTRA:-} >>"$work/serve.log" 2>&1 & arc=$!
     pids+=("$arc")
     wait_sock "$work/nbd.sock"; wait_sock "$work/ctl.sock"
-    fio_nbd --rw=read --bs=1M --size=256M --iodepth=4
-    fio_nbd --rw=read --bs=1M --size=256M --iodepth=4
+    if [ "$job" = arc-hit ]; then
+      fio_nbd --rw=read --bs=1M --size=256M --iodepth=4
+      fio_nbd --rw=read --bs=1M --size=256M --iodepth=4
+    else
+      fio_nbd --rw=randread --bs=4k --size=1G --iodepth=16 --time_based --runtime="$secs" --randseed=7
+    fi
     before=$(stat_of "$bin")
     rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$arc/status")
-    fio_nbd --rw=randread --bs=4k --size=256M --iodepth=16 --time_based --runtime="$secs" --randseed=7
+    fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=16 --time_based --runtime="$secs" --randseed=7
     after=$(stat_of "$bin")
     line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" <<'PY'
 import json, sys
@@ -55,9 +78,10 @@ iops = round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"])
 b, a = json.loads(sys.argv[3]), json.loads(sys.argv[4])
 hits = a["demand_data_hits"] - b["demand_data_hits"]
 misses = a["demand_data_misses"] - b["demand_data_misses"]
+l2 = a.get("l2_hits", 0) - b.get("l2_hits", 0)
 records = max(b["hash_elements"], 1)
 overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / records
-print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b['policy']}")
+print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}")
 PY
 )
     echo "$spec: $line"
@@ -68,12 +92,16 @@ done
 {
   echo "$header"
   echo
-  echo "export: a 256 MiB file of random bytes, read whole twice first; arcache --arc-max 1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
-  echo "timed: fio --ioengine=nbd --rw=randread --bs=4k --iodepth=16 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
+  if [ "$job" = arc-hit ]; then
+    echo "job arc-hit: a 256 MiB file of random bytes, read whole twice first; arcache --arc-max 1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
+  else
+    echo "job l2-hit: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; one timed job first as warm-up"
+  fi
+  echo "timed: fio --ioengine=nbd --rw=randread --bs=4k --size=$size --iodepth=16 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
   echo "memory: (server VmRSS - data_size) / cached records, after the warm-up"
   echo
-  echo "| arm | binary and options | policy | IOPS per round | median IOPS | demand hit % | records | RSS beyond data per record (bytes, median) |"
-  echo "|---|---|---|---|---:|---:|---:|---:|"
+  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) |"
+  echo "|---|---|---|---|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import statistics, sys
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -81,7 +109,7 @@ for n, spec in enumerate(sys.argv[2:], 1):
     r = [x for x in runs if x[0] == str(n)]
     iops = [int(x[1]) for x in r]
     print(f"| {n} | `{spec}` | {r[0][5]} | {' / '.join(f'{i:,}' for i in iops)} | {statistics.median(iops):,.0f} "
-          f"| {min(float(x[2]) for x in r):.2f} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} |")
+          f"| {min(float(x[2]) for x in r):.2f} | {int(r[-1][6]):,} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} |")
 PY
 } > "$result"
 cat "$result"
