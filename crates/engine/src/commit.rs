@@ -11,7 +11,7 @@
 //! still there; with one, a FLUSH waits on average for half a device write
 //! it is not part of and then for its own.
 
-use parking_lot::{Condvar, Mutex};
+use arcache_sync::{Condvar, Mutex};
 use std::collections::BTreeSet;
 
 /// Failed run numbers kept; older ones are summarised by `failed_floor`.

@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use arcache_batch::Batch;
+use arcache_sync::{Condvar, Mutex};
 use blockdev::DevResult;
-use parking_lot::{Condvar, Mutex};
 use tracing::warn;
 
 /// Called once the commit covering a FLUSH is done, from the committer,
@@ -53,8 +53,9 @@ impl Committer {
         if !q.started {
             let queue = Arc::clone(&self.queue);
             let commit = start();
-            let spawned =
-                std::thread::Builder::new().name("zil-commit".into()).spawn(move || run(&queue, &commit));
+            let spawned = arcache_sync::thread::Builder::new()
+                .name("zil-commit".into())
+                .spawn(move || run(&queue, &commit));
             if let Err(e) = spawned {
                 warn!("cannot start the commit thread ({e}); FLUSHes wait on worker threads");
                 return Err(done);

@@ -135,8 +135,8 @@ impl Feed {
     }
 
     /// Runs the feed until `stop` is set; returns when it is.
-    pub fn spawn(self, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-        std::thread::Builder::new()
+    pub fn spawn(self, stop: Arc<AtomicBool>) -> arcache_sync::thread::JoinHandle<()> {
+        arcache_sync::thread::Builder::new()
             .name("l2-feed".into())
             .spawn(move || self.run(&stop))
             .expect("spawn the L2 feed thread")
@@ -185,7 +185,7 @@ impl Feed {
             let missed_before = self.cache.evicted_l2_eligible();
             let started = Instant::now();
             while started.elapsed() < pause && !stop.load(Relaxed) {
-                std::thread::sleep(Duration::from_millis(5).min(min_pause));
+                arcache_sync::thread::sleep(Duration::from_millis(5).min(min_pause));
                 if started.elapsed() >= min_pause && self.cache.evicted_l2_eligible() != missed_before {
                     break;
                 }

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arcache_sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use blockdev::{BlockDev, DevError, DevResult};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 
 use super::stats::WriteTunables;
@@ -69,7 +69,7 @@ impl Backings {
         let next = AtomicU64::new(0);
         let first_error: Mutex<Option<DevError>> = Mutex::new(None);
         let workers = (self.tunables.sync_writers.load(Relaxed).clamp(1, 64) as usize).min(extents.len());
-        std::thread::scope(|s| {
+        arcache_sync::thread::scope(|s| {
             for _ in 0..workers {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Relaxed) as usize;

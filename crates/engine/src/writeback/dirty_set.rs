@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use arc_policy::Key;
 use arcache_l2::L2Arc;
-use parking_lot::{Condvar, Mutex};
+use arcache_sync::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 use zil::Entry;
 

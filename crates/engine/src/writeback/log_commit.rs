@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arcache_l2::L2Arc;
+use arcache_sync::{Condvar, Mutex};
 use blockdev::{DevError, DevResult};
-use parking_lot::{Condvar, Mutex};
 use tracing::{info, warn};
 use zil::{Entry, IntentLog, LogError};
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arcache_l2::L2Arc;
+use arcache_sync::Mutex;
 use blockdev::DevResult;
-use parking_lot::Mutex;
 use tracing::warn;
 
 use super::backings::Backings;
@@ -27,7 +27,7 @@ pub(super) struct SyncParts<'a> {
 pub(super) struct TxgSyncer {
     l2: Option<Arc<L2Arc>>,
     stats: Arc<WriteStats>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread: Mutex<Option<arcache_sync::thread::JoinHandle<()>>>,
 }
 
 impl TxgSyncer {
@@ -37,7 +37,7 @@ impl TxgSyncer {
 
     /// Starts the thread, which runs `run` (the write-back's sync loop).
     pub(super) fn spawn(&self, run: impl FnOnce() + Send + 'static) {
-        match std::thread::Builder::new().name("txg-sync".into()).spawn(run) {
+        match arcache_sync::thread::Builder::new().name("txg-sync".into()).spawn(run) {
             Ok(h) => *self.thread.lock() = Some(h),
             Err(e) => warn!("cannot start the txg sync thread ({e}); every FLUSH will sync"),
         }

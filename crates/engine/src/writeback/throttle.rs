@@ -55,7 +55,7 @@ impl Throttle {
             if ns > 0 {
                 self.stats.throttle_delays.fetch_add(1, Relaxed);
                 self.stats.throttle_delay_ns.fetch_add(ns, Relaxed);
-                std::thread::sleep(Duration::from_nanos(ns));
+                arcache_sync::thread::sleep(Duration::from_nanos(ns));
             }
             return;
         }

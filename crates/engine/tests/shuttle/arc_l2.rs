@@ -1,67 +1,28 @@
-//! Model-checked thread interleavings (shuttle) of the real engine: built
-//! with `--features shuttle`, every lock of the ARC wrapper, the record
-//! locks and the L2 index and ring is shuttle's, and shuttle's schedulers
-//! try thousands of orders of the threads below. Run with
-//! `cargo test -p arcache-engine --features shuttle --release --test shuttle`.
-//!
-//! Every device read or write is a point where shuttle may switch threads,
-//! as a real one is; the IO itself is atomic here (torn device reads are
-//! covered by checksums and by the fault tests).
-#![cfg(feature = "shuttle")]
+//! The ARC and L2 without write-back: writes, reads, the feed and
+//! eviction racing over a 3-record ARC and a 4-record L2, and L2 reads
+//! racing the hand and invalidations.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 
 use arcache_engine::{Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
 use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, HEADER_RESERVED};
-use blockdev::{BlockDev, DevResult, MemDev};
+use blockdev::BlockDev;
 use shuttle::thread;
+
+use crate::common::{content as content_of, device, identify, read_record as read_of};
 
 /// Large records: an L2 device holds at least 4 MiB, and the hand must lap
 /// it within a few feeds.
 const RS: u64 = 1 << 20;
 const RECORDS: u64 = 6;
 
-/// Record `r` at `version`: self-describing, so any read tells what it got.
 fn content(r: u64, version: u8) -> Vec<u8> {
-    let mut v: Vec<u8> = (0..RS).map(|i| (i as u8).wrapping_mul(31) ^ version ^ (r as u8)).collect();
-    v[..8].copy_from_slice(&r.to_le_bytes());
-    v[8] = version;
-    v
+    content_of(r, version, RS)
 }
 
-/// The record and version a buffer holds, if it is exactly one of ours.
-fn identify(buf: &[u8]) -> Option<(u64, u8)> {
-    let r = u64::from_le_bytes(buf[..8].try_into().ok()?);
-    let version = buf[8];
-    (buf == content(r, version)).then_some((r, version))
-}
-
-/// A memory device at which other threads may run before each IO.
-struct Yielding(MemDev);
-
-impl BlockDev for Yielding {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
-        thread::yield_now();
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
-        thread::yield_now();
-        self.0.write_at(buf, offset)
-    }
-    fn flush(&self) -> DevResult<()> {
-        self.0.flush()
-    }
-    fn describe(&self) -> String {
-        "memory (yielding)".into()
-    }
-}
-
-fn device(size: u64) -> Arc<dyn BlockDev> {
-    Arc::new(Yielding(MemDev::new(size)))
+fn read_record(vol: &Volume, r: u64) -> (u64, u8) {
+    read_of(vol, r, RS)
 }
 
 struct Rig {
@@ -128,12 +89,6 @@ fn rig() -> Rig {
         Arc::clone(&cache),
     );
     Rig { vol, feed, cache }
-}
-
-fn read_record(vol: &Volume, r: u64) -> (u64, u8) {
-    let mut buf = vec![0u8; RS as usize];
-    vol.read(r * RS, &mut buf).expect("reads succeed");
-    identify(&buf).unwrap_or_else(|| panic!("record {r}: bytes that are no version of any record"))
 }
 
 /// Writes of record 0 race reads of it, while other reads push it out of
