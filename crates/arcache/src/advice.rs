@@ -45,14 +45,15 @@ pub fn sizing(stat: &Value, view: &SizingView, recordsize: u64) -> Value {
     let key1 = ratio(view.active_records as f64, cap as f64);
     let (l2_bw, backing_bw) = (num(stat, "l2_device_write_bw"), num(stat, "backing_read_bw"));
     let key2 = if l2_rec > 0 { ratio(l2_bw, backing_bw) } else { None };
-    let curve: Vec<Value> = view
-        .curve
-        .iter()
-        .zip(MULTIPLES)
-        .map(|(&(records, hit), m)| {
-            json!({ "of_capacity": m, "records": records, "bytes": records * recordsize, "hit_ratio": hit })
-        })
-        .collect();
+    let points = |c: &[(u64, f64)]| -> Vec<Value> {
+        c.iter()
+            .zip(MULTIPLES)
+            .map(|(&(records, hit), m)| {
+                json!({ "of_capacity": m, "records": records, "bytes": records * recordsize, "hit_ratio": hit })
+            })
+            .collect()
+    };
+    let curve = points(&view.curve);
     json!({
         "sample_rate": view.sample_rate,
         "window_reads": view.window_reads,
@@ -64,6 +65,7 @@ pub fn sizing(stat: &Value, view: &SizingView, recordsize: u64) -> Value {
         "key_ratio_1": key1,
         "key_ratio_2": key2,
         "lru_curve": curve,
+        "policy_curve": points(&view.policy_curve),
         "advice": advice(view, now, doubled, key1, key2, l2_rec > 0, recordsize),
     })
 }
@@ -137,6 +139,7 @@ mod tests {
             window_reads: 1_000_000,
             active_records: 4000,
             curve: vec![(250, 0.0), (500, 0.01), (1000, 0.1), (2000, 0.3), (4000, 0.9), (8000, 0.9)],
+            policy_curve: vec![(250, 0.02), (500, 0.05)],
         };
         let v = sizing(&stat, &view, 4096);
         assert_eq!(v["key_ratio_1"], 4.0);

@@ -173,7 +173,7 @@ fn print_writes(s: &Value) {
 
 fn print_sizing(s: &Value) {
     let z = &s["sizing"];
-    println!("Sizing (sampled live workload, LRU estimate)");
+    println!("Sizing (sampled live workload: LRU's curve and the serving policy's)");
     let f = |k: &str| z.get(k).and_then(Value::as_f64);
     let show = |x: Option<f64>, suffix: &str| x.map_or("n/a".to_string(), |v| format!("{v:.2}{suffix}"));
     row("Active data set", human(n(z, "active_bytes")));
@@ -182,9 +182,12 @@ fn print_sizing(s: &Value) {
     row("Key ratio 2: L2 / backing speed", show(f("key_ratio_2"), "x"));
     row("Demand hit ratio now", show(f("demand_hit_ratio").map(|v| v * 100.0), "%"));
     row("If the ARC were twice as large", show(f("hit_ratio_if_arc_doubled").map(|v| v * 100.0), "%"));
-    for p in z["lru_curve"].as_array().into_iter().flatten() {
-        let label = format!("LRU hit ratio at {}x capacity", p["of_capacity"]);
-        row(&label, format!("{:.1}%", p["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0));
+    let policy = s["policy"].as_str().unwrap_or("policy");
+    for (key, name) in [("lru_curve", "LRU"), ("policy_curve", policy)] {
+        for p in z[key].as_array().into_iter().flatten() {
+            let label = format!("{name} hit ratio at {}x capacity", p["of_capacity"]);
+            row(&label, format!("{:.1}%", p["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0));
+        }
     }
     for a in z["advice"].as_array().into_iter().flatten() {
         println!("    * {}", a.as_str().unwrap_or(""));

@@ -100,10 +100,14 @@ fn live_sizing_sees_a_working_set_larger_than_the_cache() {
     let curve: Vec<f64> =
         z["lru_curve"].as_array().unwrap().iter().map(|p| p["hit_ratio"].as_f64().unwrap()).collect();
     assert!(curve[2] < 0.1 && curve[5] > 0.5, "a loop: nothing at 1x, most at 8x: {curve:?}");
+    let policy: Vec<f64> =
+        z["policy_curve"].as_array().unwrap().iter().map(|p| p["hit_ratio"].as_f64().unwrap()).collect();
+    assert!(policy.len() == 6 && policy[5] > 0.5, "the serving policy's curve too: {policy:?}");
     let advice = z["advice"].to_string();
     assert!(advice.contains("add RAM"), "{advice}");
     let summary = String::from_utf8_lossy(&s.ctl(&["summary"]).stdout).to_string();
     assert!(summary.contains("Key ratio 1") && summary.contains("add RAM"), "{summary}");
+    assert!(summary.contains("arc-adaptive hit ratio at 8.0x capacity"), "{summary}");
 }
 
 /// A server over `backing` with 4K records and no prefetch, so its hits are

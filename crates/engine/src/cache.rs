@@ -179,10 +179,10 @@ impl Cache {
         }
     }
 
-    /// The live workload's estimated LRU curve for caches of `sizes`
-    /// records, and its active data set.
+    /// The live workload's estimated LRU curve and this cache's policy's
+    /// curve for caches of `sizes` records, and its active data set.
     pub fn sizing(&self, sizes: &[u64]) -> crate::sizing::SizingView {
-        self.sampler.view(sizes)
+        self.sampler.view(sizes, self.policy_name())
     }
 
     pub fn l2(&self) -> Option<&Arc<L2Arc>> {
