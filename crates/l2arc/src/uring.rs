@@ -8,15 +8,25 @@
 //! more CPU in wake-ups and context switches than in its own work.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use arcache_batch::Batch;
+use arcache_sync::atomic::{AtomicBool, Ordering::SeqCst};
+use arcache_sync::Mutex;
 use blockdev::{AlignedBuf, DevError};
-use io_uring::{opcode, types, IoUring};
-use parking_lot::Mutex;
 use tracing::warn;
+
+// The kernel side, or under shuttle a model of it: shuttle runs every
+// thread on one OS thread, which a sleep in the kernel would stop.
+#[cfg(not(feature = "shuttle"))]
+#[path = "uring/kernel.rs"]
+mod kernel;
+#[cfg(feature = "shuttle")]
+#[path = "uring/model.rs"]
+mod kernel;
+
+use kernel::{Kernel, Waker};
 
 /// Why a queued read produced no bytes.
 #[derive(Debug)]
@@ -50,7 +60,7 @@ struct Shared {
     /// Set by the ring thread before it sleeps; whoever queues a read and
     /// finds it set wakes the thread through `wake`.
     sleeping: AtomicBool,
-    wake: OwnedFd,
+    wake: Waker,
     /// The submitting side is gone: finish what was queued, then stop.
     closed: AtomicBool,
     /// Tests: make the ring fail as if the kernel had refused it.
@@ -63,22 +73,26 @@ pub struct Uring {
     shared: Arc<Shared>,
 }
 
+/// A read handed to the kernel side: `len` bytes at `at` of `fd` into
+/// `buf`, whose completion carries `data`.
+struct ReadAt {
+    fd: RawFd,
+    buf: *mut u8,
+    len: u32,
+    at: u64,
+    data: u64,
+}
+
 /// Entries of the ring: more reads than this in flight wait in the queue.
 const DEPTH: u32 = 256;
+/// The data of the wake-up read's completion.
 const WAKE: u64 = u64::MAX;
 
 impl Uring {
     /// Sets up a ring and its thread; fails where io_uring is not
     /// available (old kernels, sandboxes that forbid it).
     pub fn start(name: &str) -> io::Result<Uring> {
-        let ring = IoUring::new(DEPTH)?;
-        // SAFETY: eventfd returns a new descriptor or -1, checked below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (kernel, wake) = kernel::start(DEPTH)?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Some(Vec::new())),
             sleeping: AtomicBool::new(false),
@@ -89,18 +103,11 @@ impl Uring {
         // The thread holds `shared` (and so the eventfd its wake-up read is
         // armed on) until it stops.
         let sh = Arc::clone(&shared);
-        std::thread::Builder::new().name(name.into()).spawn(move || {
-            let efd = sh.wake.as_raw_fd();
-            let mut t = RingThread {
-                ring,
-                slots: Vec::new(),
-                free: Vec::new(),
-                spare: Vec::new(),
-                in_flight: 0,
-                counter: Box::new([0; 8]),
-            };
+        arcache_sync::thread::Builder::new().name(name.into()).spawn(move || {
+            let mut t =
+                RingThread { kernel, slots: Vec::new(), free: Vec::new(), spare: Vec::new(), in_flight: 0 };
             let mut waiting = Vec::new();
-            if let Err(e) = t.run(&sh, efd, &mut waiting) {
+            if let Err(e) = t.run(&sh, &mut waiting) {
                 warn!("L2 read ring failed, reading L2 the blocking way from now on: {e}");
                 let queued = sh.queue.lock().take().unwrap_or_default();
                 t.fail_all(waiting.into_iter().chain(queued));
@@ -135,9 +142,7 @@ impl Uring {
     }
 
     fn kick(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to our own eventfd.
-        let _ = unsafe { libc::write(self.shared.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        self.shared.wake.kick();
     }
 }
 
@@ -158,20 +163,17 @@ struct InFlight {
 }
 
 struct RingThread {
-    ring: IoUring,
+    kernel: Kernel,
     slots: Vec<Option<InFlight>>,
     free: Vec<usize>,
     /// Buffers of finished reads, kept for the next ones.
     spare: Vec<AlignedBuf>,
     in_flight: usize,
-    /// Where the eventfd read lands. After `ring` so it is freed after the
-    /// ring (and the read still armed in it) is gone.
-    counter: Box<[u8; 8]>,
 }
 
 impl RingThread {
-    fn run(&mut self, sh: &Shared, efd: RawFd, waiting: &mut Vec<Op>) -> io::Result<()> {
-        self.arm_wake(efd)?;
+    fn run(&mut self, sh: &Shared, waiting: &mut Vec<Op>) -> io::Result<()> {
+        self.kernel.arm_wake()?;
         loop {
             if sh.inject_failure.load(SeqCst) {
                 return Err(io::Error::other("failure injected by a test"));
@@ -192,30 +194,9 @@ impl RingThread {
             if sh.closed.load(SeqCst) && self.in_flight == 0 && waiting.is_empty() {
                 return Ok(());
             }
-            self.wait()?;
+            self.kernel.wait()?;
             sh.sleeping.store(false, SeqCst);
-            self.complete(efd)?;
-        }
-    }
-
-    /// Submits what is queued and sleeps until something completes.
-    fn wait(&mut self) -> io::Result<()> {
-        loop {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => return Ok(()),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                    ) =>
-                {
-                    // EAGAIN/EBUSY: the completion queue is full; reap first.
-                    if !self.ring.completion().is_empty() {
-                        return Ok(());
-                    }
-                }
-                Err(e) => return Err(e),
-            }
+            self.complete()?;
         }
     }
 
@@ -233,33 +214,6 @@ impl RingThread {
         }
     }
 
-    fn arm_wake(&mut self, efd: RawFd) -> io::Result<()> {
-        let e = opcode::Read::new(types::Fd(efd), self.counter.as_mut_ptr(), 8).build().user_data(WAKE);
-        self.push_entry(&e)
-    }
-
-    fn push_entry(&mut self, e: &io_uring::squeue::Entry) -> io::Result<()> {
-        loop {
-            // SAFETY: every buffer an entry points at lives in `slots` (or
-            // the thread's wake counter) until its completion is reaped.
-            if unsafe { self.ring.submission().push(e) }.is_ok() {
-                return Ok(());
-            }
-            self.wait_room()?;
-        }
-    }
-
-    /// The submission queue is full: hand it to the kernel.
-    fn wait_room(&mut self) -> io::Result<()> {
-        loop {
-            match self.ring.submit() {
-                Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
     fn push(&mut self, op: Op) -> io::Result<()> {
         // `reuse_as` sizes a kept buffer to this read if its allocation
         // holds it (its `capacity` is only the last read's length).
@@ -272,9 +226,7 @@ impl RingThread {
                 b
             }
         };
-        let e = opcode::Read::new(types::Fd(op.fd), buf.as_mut_slice().as_mut_ptr(), op.need as u32)
-            .offset(op.at)
-            .build();
+        let ptr = buf.as_mut_slice().as_mut_ptr();
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1
@@ -283,11 +235,21 @@ impl RingThread {
         // `fail_all` still finds it there.
         self.slots[slot] = Some(InFlight { buf, at: op.at, skip: op.skip, len: op.len, finish: op.finish });
         self.in_flight += 1;
-        self.push_entry(&e.user_data(slot as u64))
+        // SAFETY: the buffer lives in its slot (moving `buf` there moved
+        // no bytes) until its completion is reaped, or is leaked.
+        unsafe {
+            self.kernel.read(ReadAt {
+                fd: op.fd,
+                buf: ptr,
+                len: op.need as u32,
+                at: op.at,
+                data: slot as u64,
+            })
+        }
     }
 
-    fn complete(&mut self, efd: RawFd) -> io::Result<()> {
-        let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+    fn complete(&mut self) -> io::Result<()> {
+        let done = self.kernel.reap();
         let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
         let mut woken = false;
         for (data, res) in done {
@@ -324,7 +286,7 @@ impl RingThread {
         batch.flush();
         self.spare.truncate(64);
         if woken {
-            self.arm_wake(efd)?;
+            self.kernel.arm_wake()?;
         }
         Ok(())
     }
@@ -343,6 +305,7 @@ fn finish_guarded(finish: Finish, res: Result<&[u8], ReadError>, batch: &mut Bat
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::fd::AsRawFd;
     use std::sync::mpsc;
 
     fn op(

@@ -1,4 +1,4 @@
-//! The locks, condition variables and threads the cache, write-back and L2
+//! The locks, condition variables, threads and handoff atomics the cache, write-back and L2
 //! code take. Normally parking_lot's locks and std's threads; with the
 //! `shuttle` feature, shuttle's behind the same API, so a shuttle test
 //! explores the thread interleavings of the real code rather than of a
@@ -30,4 +30,18 @@ pub use shuttle::thread_local;
 #[cfg(feature = "shuttle")]
 pub mod thread {
     pub use shuttle::thread::*;
+}
+
+/// Atomics for the flags that threads hand each other without a lock
+/// (a sleeping thread's "wake me" flag): shuttle's are points where
+/// another thread may run, so it explores the orders around them. Plain
+/// counters stay std's.
+#[cfg(not(feature = "shuttle"))]
+pub mod atomic {
+    pub use std::sync::atomic::*;
+}
+
+#[cfg(feature = "shuttle")]
+pub mod atomic {
+    pub use shuttle::sync::atomic::*;
 }

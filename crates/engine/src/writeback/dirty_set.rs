@@ -4,12 +4,12 @@
 //! only through the methods here.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_policy::Key;
 use arcache_l2::L2Arc;
+use arcache_sync::atomic::{AtomicU64, Ordering::Relaxed};
 use arcache_sync::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 use zil::Entry;

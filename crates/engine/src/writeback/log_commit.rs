@@ -4,11 +4,11 @@
 //! The argument for why nothing acknowledged is lost is in
 //! `docs/intent-log.md`.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 use arcache_l2::L2Arc;
+use arcache_sync::atomic::{AtomicBool, Ordering::Relaxed};
 use arcache_sync::{Condvar, Mutex};
 use blockdev::{DevError, DevResult};
 use tracing::{info, warn};
