@@ -242,7 +242,7 @@ pub fn resolve_tls(
 /// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not
 /// a name separator.
 pub fn split_export(s: &str) -> (String, String) {
-    if nbd::NbdUri::is_nbd_uri(s) || s.starts_with('/') || s.starts_with('.') {
+    if nbd::NbdUri::is_nbd_uri(s) || arcache_s3::is_s3_uri(s) || s.starts_with('/') || s.starts_with('.') {
         return (String::new(), s.to_string());
     }
     match s.split_once('=') {
@@ -317,6 +317,8 @@ mod tests {
         assert_eq!(split_export("/dev/sdb"), ("".into(), "/dev/sdb".into()));
         assert_eq!(split_export("vm=/img"), ("vm".into(), "/img".into()));
         assert_eq!(split_export("nbd+unix:///x?socket=/s"), ("".into(), "nbd+unix:///x?socket=/s".into()));
+        assert_eq!(split_export("s3://b/d/?size=1G"), ("".into(), "s3://b/d/?size=1G".into()));
+        assert_eq!(split_export("vm=s3://b/d/?size=1G"), ("vm".into(), "s3://b/d/?size=1G".into()));
         assert_eq!(split_export("nas=nbd://h/e"), ("nas".into(), "nbd://h/e".into()));
     }
 

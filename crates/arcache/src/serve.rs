@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use arcache_engine::{
     Cache, CacheConfig, Feed, FeedStats, FeedTunables, SyncMode, Volume, VolumeConfig, WriteBack,
     WriteTunables, ZfetchTunables, MAX_EXPORTS,
@@ -39,7 +39,10 @@ use crate::tunables::{self, Tunables};
 pub struct ServeArgs {
     /// An export: [NAME=]BACKING, where BACKING is a file, a block device or
     /// an NBD URI (nbd://host[:port]/name, nbd+unix:///name?socket=PATH, or
-    /// nbds://... and nbds+unix://... with tls-certificates=DIR for TLS).
+    /// nbds://... and nbds+unix://... with tls-certificates=DIR for TLS), or
+    /// s3://BUCKET/KEY (one S3 object, served read-only; credentials,
+    /// region and endpoint as the AWS tools take them: AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, AWS_PROFILE).
     /// Repeatable; no NAME means the default export "".
     #[arg(long = "export", value_name = "[NAME=]BACKING")]
     pub exports: Vec<String>,
@@ -423,6 +426,9 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     if let Some(dev) = connect_nbd(&spec.backing, "backing", t)? {
         return Ok(dev);
     }
+    if arcache_s3::is_s3_uri(&spec.backing) {
+        return open_s3(&spec.backing);
+    }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
         bail!("backing store {} does not exist", path.display());
@@ -441,6 +447,14 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     if dev.size() == 0 {
         bail!("backing store {} is empty (size 0)", path.display());
     }
+    Ok(Arc::new(dev))
+}
+
+fn open_s3(text: &str) -> Result<Arc<dyn BlockDev>> {
+    let location = arcache_s3::S3Location::parse(text)?;
+    let creds = arcache_s3::S3Settings::default().resolve().map_err(|e| anyhow!("{text}: {e}"))?;
+    let dev = arcache_s3::S3ObjectDev::open(&location, &creds).map_err(|e| anyhow!("opening backing {e}"))?;
+    info!("backing {text}: {} bytes, ETag {} (credentials from {})", dev.size(), dev.etag(), creds.source);
     Ok(Arc::new(dev))
 }
 

@@ -1,0 +1,176 @@
+//! S3 backing stores against a real S3 server: moto, started here on
+//! 127.0.0.1 from the venv `.ci/run` makes (`ARCACHE_MOTO_VENV`, default
+//! /var/tmp/arcache-moto-venv), driven through the real binary and NBD.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Moto {
+    child: Child,
+    endpoint: String,
+    python: PathBuf,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Moto {
+    fn start() -> Option<Moto> {
+        let venv = std::env::var_os("ARCACHE_MOTO_VENV")
+            .map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from);
+        let server = venv.join("bin/moto_server");
+        if !server.is_file() {
+            skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(&server)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let moto = Moto { child, endpoint, python: venv.join("bin/python") };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(moto)
+    }
+
+    fn ctl(&self, args: &[&str]) -> String {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/s3/s3ctl.py");
+        let out = Command::new(&self.python).arg(script).arg(&self.endpoint).args(args).output().unwrap();
+        assert!(out.status.success(), "s3ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_PROFILE", String::new()),
+        ]
+    }
+}
+
+fn serve_s3(moto: &Moto, dir: tempfile::TempDir, backing: &str, extra: &[&str]) -> Serve {
+    let env = moto.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut args = vec!["--export", backing, "--arc-max", "16M"];
+    args.extend_from_slice(extra);
+    Serve::start_with_env(dir, &args, &env)
+}
+
+fn read_all(s: &Serve, len: usize) -> Vec<u8> {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut out = vec![0u8; len];
+    for (i, chunk) in out.chunks_mut(1 << 20).enumerate() {
+        c.read((i << 20) as u64, chunk).unwrap();
+    }
+    out
+}
+
+fn put(moto: &Moto, dir: &Path, key: &str, size: usize, seed: u64) -> (Vec<u8>, String) {
+    let f = dir.join(format!("{}.{seed}", key.replace('/', "_")));
+    let data = random_file(&f, size, seed);
+    let etag = moto.ctl(&["put", "games", key, f.to_str().unwrap()]);
+    (data, etag)
+}
+
+/// One object served read-only through ranged GETs: every byte as stored,
+/// through our client and through nbdcopy; writes refused.
+#[test]
+fn an_object_is_served_byte_exact_and_read_only() {
+    let Some(moto) = Moto::start() else { return };
+    moto.ctl(&["mkbucket", "games"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = put(&moto, dir.path(), "lib/disk.img", 6 << 20, 3);
+    let s = serve_s3(&moto, dir, "s3://games/lib/disk.img", &[]);
+    assert!(read_all(&s, data.len()) == data, "bytes differ from the object");
+    let out = tempfile::NamedTempFile::new().unwrap();
+    run(Command::new(need("nbdcopy")).arg(s.uri("")).arg(out.path()));
+    assert!(std::fs::read(out.path()).unwrap() == data, "nbdcopy's copy differs");
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    assert!(c.write(0, &[1u8; 4096], false).is_err(), "a write to a read-only object must fail");
+    s.stop();
+}
+
+/// The object changes underneath: a read that must go to S3 fails (EIO)
+/// rather than mixing versions, and a restart serves the new version.
+#[test]
+fn an_object_changed_underneath_is_never_mixed_with_the_old() {
+    let Some(moto) = Moto::start() else { return };
+    moto.ctl(&["mkbucket", "games"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = put(&moto, dir.path(), "disk.img", 4 << 20, 5);
+    let keep = tempfile::tempdir().unwrap();
+    let s = serve_s3(&moto, dir, "s3://games/disk.img", &["--set", "zfs_prefetch_disable=1"]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut first = vec![0u8; 65536];
+    c.read(0, &mut first).unwrap();
+    assert!(first[..] == old[..65536]);
+    let (new, _) = put(&moto, keep.path(), "disk.img", 4 << 20, 6);
+    let mut far = vec![0u8; 65536];
+    let err = c.read(3 << 20, &mut far);
+    assert!(err.is_err(), "a read of the changed object must fail, not serve either version");
+    let mut s = s;
+    let (_, log) = s.terminate();
+    assert!(log.contains("changed"), "the server says why: {log}");
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://games/disk.img", &[]);
+    assert!(read_all(&s, new.len()) == new, "after a restart, the new version");
+    s.stop();
+}
+
+/// What is wrong is said at start: no such bucket, no such object, wrong
+/// credentials.
+#[test]
+fn a_missing_bucket_or_object_or_bad_key_is_refused_at_start() {
+    let Some(moto) = Moto::start() else { return };
+    moto.ctl(&["mkbucket", "games"]);
+    let dir = tempfile::tempdir().unwrap();
+    put(&moto, dir.path(), "disk.img", 1 << 20, 7);
+    let env = moto.env();
+    for (uri, expect) in [("s3://nobucket/disk.img", "nobucket"), ("s3://games/none.img", "none.img")] {
+        let out = Command::new(BIN)
+            .args([
+                "serve",
+                "--export",
+                uri,
+                "--listen",
+                &format!("unix:{}", dir.path().join("x.sock").display()),
+            ])
+            .args(["--control", dir.path().join("x.ctl").to_str().unwrap()])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expect), "{uri}: {err}");
+    }
+    let out = Command::new(BIN)
+        .args(["serve", "--export", "s3://games/disk.img"])
+        .args(["--listen", &format!("unix:{}", dir.path().join("y.sock").display())])
+        .args(["--control", dir.path().join("y.ctl").to_str().unwrap()])
+        .env("AWS_ACCESS_KEY_ID", "")
+        .env("AWS_SECRET_ACCESS_KEY", "")
+        .env("AWS_PROFILE", "")
+        .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+        .env("AWS_ENDPOINT_URL", &moto.endpoint)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("AWS_ACCESS_KEY_ID"), "{err}");
+}

@@ -1,0 +1,92 @@
+//! `s3://BUCKET/KEY` and `s3://BUCKET/PREFIX/?size=SIZE`.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Location {
+    pub bucket: String,
+    /// The object's key, or a chunked disk's prefix (ending in `/`).
+    pub key: String,
+    /// The query's `size=`, as written (a chunked disk's size).
+    pub size: Option<String>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE)")]
+pub struct LocationError {
+    uri: String,
+    why: &'static str,
+}
+
+impl S3Location {
+    pub fn parse(uri: &str) -> Result<S3Location, LocationError> {
+        let bad = |why| LocationError { uri: uri.to_string(), why };
+        let rest = uri.strip_prefix("s3://").ok_or_else(|| bad("not an s3:// URI"))?;
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        let (bucket, key) = path.split_once('/').ok_or_else(|| bad("no key after the bucket"))?;
+        // S3's own rule: 3 to 63 characters of lower-case letters, digits,
+        // dots and dashes.
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !bucket_ok {
+            return Err(bad("a bucket name is 3 to 63 lower-case letters, digits, dots or dashes"));
+        }
+        if key.is_empty() {
+            return Err(bad("no key after the bucket"));
+        }
+        let mut size = None;
+        for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("size", v)) if !v.is_empty() => size = Some(v.to_string()),
+                _ => return Err(bad("the only query key is size=SIZE")),
+            }
+        }
+        Ok(S3Location { bucket: bucket.to_string(), key: key.to_string(), size })
+    }
+
+    /// True for a chunked disk's prefix (`.../`), false for one object.
+    pub fn is_prefix(&self) -> bool {
+        self.key.ends_with('/')
+    }
+}
+
+impl std::fmt::Display for S3Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_and_prefixes_parse() {
+        let o = S3Location::parse("s3://games/library/disk.img").unwrap();
+        assert_eq!((o.bucket.as_str(), o.key.as_str(), o.size.clone()), ("games", "library/disk.img", None));
+        assert!(!o.is_prefix());
+        let p = S3Location::parse("s3://vms/disk1/?size=10G").unwrap();
+        assert_eq!((p.key.as_str(), p.size.as_deref()), ("disk1/", Some("10G")));
+        assert!(p.is_prefix());
+        assert_eq!(p.to_string(), "s3://vms/disk1/");
+    }
+
+    #[test]
+    fn bad_uris_say_what_is_wrong() {
+        for (uri, why) in [
+            ("nbd://x", "not an s3:// URI"),
+            ("s3://bucket", "no key"),
+            ("s3://bucket/", "no key"),
+            ("s3://B_ad/key", "bucket name"),
+            ("s3://ab/key", "bucket name"),
+            ("s3://bucket/key?color=red", "only query key"),
+            ("s3://bucket/key?size=", "only query key"),
+        ] {
+            let e = S3Location::parse(uri).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains(uri), "{uri}: {e}");
+        }
+    }
+}

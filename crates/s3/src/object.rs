@@ -1,0 +1,179 @@
+//! One S3 object, read-only, pinned to the ETag it had when opened.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockdev::{BlockDev, DevError, DevResult};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{BackoffConfig, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+use tracing::warn;
+
+use crate::credentials::Credentials;
+use crate::location::S3Location;
+use crate::runtime::runtime;
+
+pub struct S3ObjectDev {
+    store: Arc<AmazonS3>,
+    location: S3Location,
+    path: Path,
+    size: u64,
+    etag: String,
+    /// Set once a read found the object changed: every later read fails,
+    /// so no mix of old and new bytes is ever put together.
+    changed: AtomicBool,
+}
+
+/// How long one request keeps being retried (5xx, throttling, resets)
+/// before it fails that client request.
+const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) fn client(location: &S3Location, creds: &Credentials) -> Result<AmazonS3, String> {
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: 10,
+        retry_timeout: RETRY_TIMEOUT,
+    };
+    let mut b = AmazonS3Builder::new()
+        .with_bucket_name(&location.bucket)
+        .with_region(&creds.region)
+        .with_access_key_id(&creds.access_key_id)
+        .with_secret_access_key(&creds.secret_access_key)
+        .with_retry(retry);
+    if let Some(t) = &creds.session_token {
+        b = b.with_token(t);
+    }
+    if let Some(ep) = &creds.endpoint {
+        // A custom endpoint (MinIO, Ceph RGW, moto) is addressed path-style.
+        b = b
+            .with_endpoint(ep)
+            .with_allow_http(ep.starts_with("http://"))
+            .with_virtual_hosted_style_request(false);
+    }
+    b.build().map_err(|e| format!("{location}: {e}"))
+}
+
+fn remote(what: String) -> DevError {
+    DevError::Remote(what, libc::EIO)
+}
+
+impl S3ObjectDev {
+    /// Opens `location` (an object, not a prefix) and pins its ETag.
+    /// Fails at once, with the server's reason, on a missing bucket or
+    /// object, wrong credentials or no access.
+    pub fn open(location: &S3Location, creds: &Credentials) -> Result<S3ObjectDev, String> {
+        if location.is_prefix() || location.size.is_some() {
+            return Err(format!(
+                "{location}: a chunked disk (PREFIX/?size=) is not served yet; name one object"
+            ));
+        }
+        let store = Arc::new(client(location, creds)?);
+        let path = Path::from(location.key.as_str());
+        let rt = runtime().map_err(|e| format!("starting the S3 runtime: {e}"))?;
+        let meta = rt
+            .block_on(store.head(&path))
+            .map_err(|e| format!("{location}: {e} (credentials from {})", creds.source))?;
+        let etag = meta
+            .e_tag
+            .ok_or_else(|| format!("{location}: the server gave no ETag, so a change could not be seen"))?;
+        if meta.size == 0 {
+            return Err(format!("{location} is empty (size 0)"));
+        }
+        Ok(S3ObjectDev {
+            store,
+            location: location.clone(),
+            path,
+            size: meta.size,
+            etag,
+            changed: AtomicBool::new(false),
+        })
+    }
+
+    pub fn etag(&self) -> &str {
+        &self.etag
+    }
+
+    fn changed_error(&self) -> DevError {
+        remote(format!(
+            "{} changed underneath (ETag was {}); restart the server to serve the new version",
+            self.location, self.etag
+        ))
+    }
+}
+
+impl BlockDev for S3ObjectDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        let len = buf.len() as u64;
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(DevError::OutOfRange { offset, len, size: self.size });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        if self.changed.load(Ordering::Acquire) {
+            return Err(self.changed_error());
+        }
+        let opts = GetOptions {
+            if_match: Some(self.etag.clone()),
+            range: Some(GetRange::Bounded(offset..offset + len)),
+            ..Default::default()
+        };
+        let rt = runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
+        let bytes = rt.block_on(async {
+            let got = self.store.get_opts(&self.path, opts).await?;
+            got.bytes().await
+        });
+        match bytes {
+            Ok(b) if b.len() == buf.len() => {
+                buf.copy_from_slice(&b);
+                Ok(())
+            }
+            Ok(b) => Err(remote(format!(
+                "{}: asked {len} bytes at {offset}, got {} (object shorter than when opened?)",
+                self.location,
+                b.len()
+            ))),
+            Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::NotFound { .. }) => {
+                if !self.changed.swap(true, Ordering::AcqRel) {
+                    warn!(
+                        "{} changed or vanished underneath; its export now fails every read",
+                        self.location
+                    );
+                }
+                Err(self.changed_error())
+            }
+            Err(e) => Err(remote(format!("{}: read of {len} bytes at {offset}: {e}", self.location))),
+        }
+    }
+
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> DevResult<()> {
+        Err(DevError::ReadOnly)
+    }
+
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        self.location.to_string()
+    }
+
+    /// The version is part of what this store is: a persistent L2 filled
+    /// from the old object is never taken for the new one.
+    fn identity(&self) -> String {
+        format!("{}@{}", self.location, self.etag)
+    }
+
+    fn is_read_only(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""Test helper: S3 operations on a test server with boto3 (moto's venv has
+it). Usage: s3ctl.py ENDPOINT mkbucket BUCKET | put BUCKET KEY FILE"""
+import sys
+
+import boto3
+
+endpoint, op, *args = sys.argv[1:]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  aws_access_key_id="testing", aws_secret_access_key="testing")
+if op == "mkbucket":
+    s3.create_bucket(Bucket=args[0])
+elif op == "put":
+    with open(args[2], "rb") as f:
+        print(s3.put_object(Bucket=args[0], Key=args[1], Body=f)["ETag"])
+else:
+    sys.exit(f"unknown operation {op}")
