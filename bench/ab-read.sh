@@ -5,7 +5,10 @@
 #     every timed read is an ARC hit (--arc-max 1G);
 #   l2-hit: seed 003's job: 1 GiB of a slow origin (nbdkit file + delay
 #     4 ms + rate 2400M) through --arc-max 256M and --l2 FILE:4G, one run
-#     of the timed job first as its warm-up, so most timed reads hit L2.
+#     of the timed job first as its warm-up, so most timed reads hit L2;
+#   cold-miss: a 2 GiB file export opened O_DIRECT (--direct) through
+#     --arc-max 64M, no warm-up: nearly every timed read misses RAM and
+#     reads its record from the file.
 # Each run also reports the server's resident memory beyond the cached
 # data, per cached record: what a record costs in headers, policy entries
 # and indexes.
@@ -42,7 +45,10 @@ case $job in
       file "$work/origin.img" rdelay=4ms rate=2400M & pids+=($!)
     wait_sock "$work/origin.sock"
     export_of=("nbd+unix:///?socket=$work/origin.sock"); size=1G; serve_extra=(--arc-max 256M) ;;
-  *) echo "bench: AB_JOB is arc-hit or l2-hit" >&2; exit 2 ;;
+  cold-miss)
+    head -c $((2 << 30)) /dev/urandom > "$work/disk.img"
+    export_of=("$work/disk.img"); size=2G; serve_extra=(--arc-max 64M --direct) ;;
+  *) echo "bench: AB_JOB is arc-hit, l2-hit or cold-miss" >&2; exit 2 ;;
 esac
 fio_nbd() {
   timeout $((secs + 120)) fio --name=ab --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" \
@@ -65,7 +71,7 @@ for _ in $(seq "$rounds"); do
     if [ "$job" = arc-hit ]; then
       fio_nbd --rw=read --bs=1M --size=256M --iodepth=4
       fio_nbd --rw=read --bs=1M --size=256M --iodepth=4
-    else
+    elif [ "$job" = l2-hit ]; then
       fio_nbd --rw=randread --bs=4k --size=1G --iodepth=16 --time_based --runtime="$secs" --randseed=7
     fi
     before=$(stat_of "$bin")
@@ -94,6 +100,8 @@ done
   echo
   if [ "$job" = arc-hit ]; then
     echo "job arc-hit: a 256 MiB file of random bytes, read whole twice first; arcache --arc-max 1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
+  elif [ "$job" = cold-miss ]; then
+    echo "job cold-miss: a 2 GiB file of random bytes opened O_DIRECT; arcache --arc-max 64M --direct${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; no warm-up"
   else
     echo "job l2-hit: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; one timed job first as warm-up"
   fi

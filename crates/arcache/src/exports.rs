@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arcache_engine::{Batch, CommitDone, ReadEnd, Volume};
+use arcache_engine::{Batch, CommitDone, Volume};
 use blockdev::{Alloc, DevError};
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
 use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion};
@@ -27,6 +27,10 @@ impl NbdExport {
             r.record(self.vol.id(), write, offset, len as u64);
         }
     }
+}
+
+fn read_errno(e: DevError) -> Errno {
+    errno("read", &e)
 }
 
 fn errno(op: &str, e: &DevError) -> Errno {
@@ -72,26 +76,9 @@ impl Export for NbdExport {
         done: ReadCompletion,
         out: &mut Batch,
     ) -> Result<(), ReadCompletion> {
+        // Given back, the server reads through `read`, which notes it.
+        self.vol.read_async(offset, len as usize, done, read_errno, out)?;
         self.note(false, offset, len as usize);
-        let answer: arcache_engine::ReadDone = Box::new(move |end, out| match end {
-            ReadEnd::Data(buf) => done(nbd::ReadEnd::Data(Ok(()), buf), out),
-            ReadEnd::Blocking(work) => {
-                let work = Box::new(move || match work() {
-                    Ok(buf) => (Ok(()), buf),
-                    Err(e) => (Err(errno("read", &e)), Vec::new()),
-                });
-                done(nbd::ReadEnd::Blocking(work), out)
-            }
-        });
-        if let Err(answer) = self.vol.read_async(offset, len as usize, answer, out) {
-            // Not a read the ring can serve: the whole read on a worker.
-            let vol = Arc::clone(&self.vol);
-            let work = Box::new(move || {
-                let mut buf = vec![0u8; len as usize];
-                vol.read(offset, &mut buf).map(|()| buf)
-            });
-            answer(ReadEnd::Blocking(work), out);
-        }
         Ok(())
     }
 

@@ -692,10 +692,17 @@ pub fn start_on(
     };
     startup::stage("opening the L2 devices");
     let l2 = open_l2(&settings.l2, &descs, &persist)?;
-    if let Some(l2) = &l2 {
-        if let Err(e) = l2.start_async_reads() {
-            info!("io_uring unavailable ({e}): L2 reads are done by worker threads");
+    // One ring for every device read that can skip a worker thread: L2
+    // copies, and records of backing stores opened O_DIRECT.
+    let ring = match blockdev::uring::Uring::start("io-ring") {
+        Ok(ring) => Some(Arc::new(ring)),
+        Err(e) => {
+            info!("io_uring unavailable ({e}): L2 and backing reads are done by worker threads");
+            None
         }
+    };
+    if let (Some(l2), Some(ring)) = (&l2, &ring) {
+        l2.use_ring(Arc::clone(ring));
     }
     let cache = Cache::with_policy(
         CacheConfig {
@@ -747,6 +754,10 @@ pub fn start_on(
             if vol.read_only() { ", read-only" } else { "" }
         );
         vol.set_sync_mode(SyncMode::from_index(spec.sync.unwrap_or(t.value("sync"))));
+        if let Some(ring) = &ring {
+            vol.use_ring(Arc::clone(ring));
+        }
+        vol.set_backing_ring_reads(t.value("backing_ring_reads") != 0);
         table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone(), recorder.clone()));
         volumes.push(vol);
     }
@@ -1030,6 +1041,9 @@ impl ControlState {
         self.cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
         if let Some(l2) = self.cache.l2() {
             l2.set_ring_reads(t.value("l2arc_ring_reads") != 0);
+        }
+        for vol in &self.volumes {
+            vol.set_backing_ring_reads(t.value("backing_ring_reads") != 0);
         }
         self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
         feed_tunables(t, &self.feed);

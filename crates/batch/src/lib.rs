@@ -76,6 +76,32 @@ impl Drop for Batch {
     }
 }
 
+/// How a read handed to another thread ends. The storage layer and the
+/// protocol pass this same type, each with its own error: the engine's
+/// device errors become the protocol's with [`ReadEnd::map_err`] where a
+/// read crosses from one to the other.
+pub enum ReadEnd<E> {
+    /// The bytes asked for, or the error that answers the read.
+    Done(Result<Vec<u8>, E>),
+    /// Not finished without blocking: run this on a thread that may block.
+    Blocking(Box<dyn FnOnce() -> Result<Vec<u8>, E> + Send>),
+}
+
+impl<E: 'static> ReadEnd<E> {
+    /// The same end with its error, now or later, turned by `f`.
+    pub fn map_err<F: 'static>(self, f: fn(E) -> F) -> ReadEnd<F> {
+        match self {
+            ReadEnd::Done(res) => ReadEnd::Done(res.map_err(f)),
+            ReadEnd::Blocking(work) => ReadEnd::Blocking(Box::new(move || work().map_err(f))),
+        }
+    }
+}
+
+/// Called once with the end of a read started without blocking, on any
+/// thread, with the batch of the completions that ran together (the
+/// caller's for a read that ends before the call starting it returns).
+pub type ReadDone<E> = Box<dyn FnOnce(ReadEnd<E>, &mut Batch) + Send>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

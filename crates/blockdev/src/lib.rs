@@ -1,6 +1,8 @@
 //! Block devices behind one trait: where bytes live (a file, a block device,
 //! RAM; a remote NBD export is `arcache-remote`'s) apart from how they behave under test (slow,
-//! faulty, counted), which decorators add around any device.
+//! faulty, counted), which decorators add around any device; and the IO
+//! engine (`uring`) through which reads of devices that hand out an
+//! O_DIRECT descriptor skip a blocking thread.
 
 mod counting;
 mod crash;
@@ -12,6 +14,7 @@ mod lock;
 mod mem;
 pub mod owner;
 mod slow;
+pub mod uring;
 
 pub use counting::{CountingDev, IoCounts};
 pub use crash::CrashDev;

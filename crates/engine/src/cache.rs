@@ -70,6 +70,7 @@ pub(crate) struct Counters {
     pub l2_partial_reads: AtomicU64,
     pub l2_partial_read_bytes: AtomicU64,
     pub l2_ring_reads: AtomicU64,
+    pub backing_ring_reads: AtomicU64,
     pub evict_l2_cached: AtomicU64,
     pub evict_l2_eligible: AtomicU64,
     pub evict_l2_ineligible: AtomicU64,

@@ -75,6 +75,9 @@ pub struct ArcStats {
     /// from the ring thread, no worker thread involved (arcache's own;
     /// counted in `l2_hits` too).
     pub l2_ring_reads: u64,
+    /// Backing-store reads of one record done through io_uring and
+    /// finished on the ring thread (arcache's own).
+    pub backing_ring_reads: u64,
     pub l2_size: u64,
     pub l2_asize: u64,
     /// Records on L2 (arcache's own).
@@ -176,6 +179,7 @@ impl ArcStats {
             l2_partial_reads: c.l2_partial_reads.load(Relaxed),
             l2_partial_read_bytes: c.l2_partial_read_bytes.load(Relaxed),
             l2_ring_reads: c.l2_ring_reads.load(Relaxed),
+            backing_ring_reads: c.backing_ring_reads.load(Relaxed),
             l2_abort_lowmem: c.l2_abort_lowmem.load(Relaxed),
             demand_hit_predictive_prefetch: p.demand_hit_prefetch,
             ..Default::default()

@@ -15,17 +15,18 @@ use arc_policy::Key;
 use arcache_sync::{Mutex, MutexGuard};
 use blockdev::{BlockDev, DevError, DevResult};
 
-use crate::cache::{Cache, Found, Looked, RecordData};
+use crate::cache::{Cache, Found, RecordData};
 use crate::dirty::{self, Page, PAGE, SECTOR};
 use crate::record::Record;
 use crate::writeback::{write_backing, Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
-mod async_read;
 mod record_write;
+mod ring_read;
+mod tiers;
 
-pub use async_read::{ReadDone, ReadEnd};
 use record_write::RecordWrite;
+pub use ring_read::{ReadDone, ReadEnd};
 
 /// The ZFS `sync` property of an export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +59,6 @@ impl SyncMode {
 
 const STRIPES: usize = 1024;
 
-arcache_sync::thread_local! {
-    /// Each thread's buffer for reads from the backing store: a fresh
-    /// megabyte per fill would cost page faults on every miss.
-    static FILL_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Most records one backing IO fills or writes at once; bounds the locks
 /// one request holds and the size of a single device request.
 const MAX_RECORDS_PER_IO: u64 = 64;
@@ -86,7 +81,11 @@ pub struct Volume {
     recordsize: u64,
     read_only: bool,
     cache: Arc<Cache>,
-    stripes: Vec<Mutex<()>>,
+    stripes: Vec<Stripe>,
+    /// The IO ring backing-store reads may go through, and whether they
+    /// may now (`backing_ring_reads`).
+    ring: std::sync::OnceLock<Arc<blockdev::uring::Uring>>,
+    ring_on: std::sync::atomic::AtomicBool,
     /// Ranges known to read as zeroes, for block status (see `ZeroMap`).
     zeroed: crate::extents::KnownZeroes,
     zfetch: Zfetch,
@@ -96,6 +95,15 @@ pub struct Volume {
     wb: Option<Arc<WriteBack>>,
     sync: AtomicU8,
     counts: VolumeCounts,
+}
+
+/// The lock of the records hashed to it, and the count of write guards
+/// it has given out and taken back: odd while a write holds it. A read that
+/// cannot hold the lock across its device read (a ring read) notes the
+/// count before and checks it after, under the lock.
+struct Stripe {
+    lock: Mutex<()>,
+    writes: AtomicU64,
 }
 
 /// What clients asked of one export, for per-export metrics.
@@ -155,7 +163,11 @@ impl Volume {
             recordsize: cfg.recordsize,
             dev,
             cache,
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..STRIPES)
+                .map(|_| Stripe { lock: Mutex::new(()), writes: AtomicU64::new(0) })
+                .collect(),
+            ring: std::sync::OnceLock::new(),
+            ring_on: std::sync::atomic::AtomicBool::new(true),
             zeroed: crate::extents::KnownZeroes::default(),
             zfetch: Zfetch::new(cfg.recordsize, size),
             this: this.clone(),
@@ -241,12 +253,17 @@ impl Volume {
         Ok(())
     }
 
-    fn lock_records(&self, records: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
+    /// The stripes of `records`, in ascending order: the order every path
+    /// takes them in, so two requests never wait on each other in a cycle.
+    fn stripes_of(&self, records: Range<u64>) -> Vec<usize> {
         let mut idx: Vec<usize> = records.map(|r| self.stripe(r)).collect();
         idx.sort_unstable();
         idx.dedup();
-        // Ascending order everywhere, so two requests never wait on each other in a cycle.
-        idx.into_iter().map(|i| self.stripes[i].lock()).collect()
+        idx
+    }
+
+    fn lock_records(&self, records: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
+        self.stripes_of(records).into_iter().map(|i| self.stripes[i].lock.lock()).collect()
     }
 
     fn check(&self, offset: u64, len: u64) -> DevResult<()> {
@@ -321,307 +338,6 @@ impl Volume {
         }
     }
 
-    /// Reads records into the ARC as prefetches, skipping cached ones
-    /// without touching their place in the lists.
-    fn prefetch_records(&self, rs: Range<u64>) -> DevResult<()> {
-        let missing: Vec<u64> = rs.filter(|&r| self.cache.peek(self.key(r)).is_none()).collect();
-        for run in runs(&missing) {
-            self.fill(run, true, 0, None)?;
-        }
-        Ok(())
-    }
-
-    pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
-        self.check(offset, buf.len() as u64)?;
-        let s = self.span(offset, buf.len() as u64);
-        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
-        self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
-        let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
-        self.predict(s, missed);
-        Ok(())
-    }
-
-    /// Brings a range into the ARC as a prefetch (NBD_CMD_CACHE).
-    pub fn prefetch(&self, offset: u64, len: u64) -> DevResult<()> {
-        self.check(offset, len)?;
-        self.load(offset, len, true, None).map(|_| ())
-    }
-
-    /// Finds every record of the range, filling missing runs from the
-    /// device, and copies into `out` when given. Returns true if any record
-    /// was not in RAM.
-    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<bool> {
-        let s = self.span(offset, len);
-        let mut missing: Vec<u64> = Vec::new();
-        let mut missed = false;
-        for r in s.first..s.end {
-            match self.cache.lookup(self.key(r), prefetch) {
-                Looked::Hit(data) => {
-                    self.cache.count(Found::Hit, prefetch, 1);
-                    if let Some(buf) = out.as_deref_mut() {
-                        self.copy_out(r, &data, offset, buf)?;
-                    }
-                }
-                Looked::Cold if self.serve_from_half(r, offset, out.as_deref_mut()) => missed = true,
-                Looked::Cold | Looked::Ghost => missing.push(r),
-            }
-        }
-        for run in runs(&missing) {
-            let mut start = run.start;
-            while start < run.end {
-                let end = (start + MAX_RECORDS_PER_IO).min(run.end);
-                self.fill(start..end, prefetch, offset, out.as_deref_mut())?;
-                start = end;
-            }
-        }
-        Ok(missed || !missing.is_empty())
-    }
-
-    /// Serves the bytes a read wants of record `r` from half of its L2
-    /// copy, leaving the record out of RAM (docs/l2arc.md, "Partial
-    /// reads"). Only for a cold record (no ghost: not cached recently) whose
-    /// wanted bytes lie in one half of a split copy and that was not read
-    /// this way within the window of [`Cache::leave_uncached`]. False when
-    /// the record is to be read whole and cached instead, or the half read
-    /// failed (the entry is then gone and the whole path goes to the
-    /// backing store).
-    fn serve_from_half(&self, r: u64, offset: u64, out: Option<&mut [u8]>) -> bool {
-        let (Some(buf), Some(l2)) = (out, self.cache.l2()) else { return false };
-        if !self.cache.partial_reads() {
-            return false;
-        }
-        let key = self.key(r);
-        let rr = self.record_range(r);
-        let len = rr.end - rr.start;
-        let want = offset.max(rr.start)..(offset + buf.len() as u64).min(rr.end);
-        let Some(which) = self.half_holding(r, &want) else { return false };
-        if !l2.lookup(key).is_some_and(|p| self.is_split_copy(r, p)) || !self.cache.leave_uncached(key, len) {
-            return false;
-        }
-        let _lock = self.lock_records(r..r + 1);
-        let half = self.half_range(r, which);
-        // As in `fill`: dirty bytes first, then the device read.
-        let snap = match &self.wb {
-            Some(wb) => wb.snapshot(self.id, half.clone()),
-            None => Vec::new(),
-        };
-        let dst = &mut buf[(want.start - offset) as usize..(want.end - offset) as usize];
-        if let Some(data) = self.cache.peek(key) {
-            let from = (want.start - rr.start) as usize;
-            if data.copy_to(from, dst).is_ok() {
-                self.cache.count(Found::IoHit, false, 1);
-                return true;
-            }
-            return false;
-        }
-        let Some(ptr) = l2.lookup(key).filter(|&p| self.is_split_copy(r, p)) else { return false };
-        let Ok(mut bytes) = l2.read_half(key, ptr, which) else { return false };
-        WriteBack::apply(&snap, half.start, &mut bytes);
-        dst.copy_from_slice(&bytes[(want.start - half.start) as usize..(want.end - half.start) as usize]);
-        self.count_half_read(half.end - half.start);
-        true
-    }
-
-    /// Which half of record `r` holds all of `want` (bytes within it).
-    fn half_holding(&self, r: u64, want: &Range<u64>) -> Option<u64> {
-        let rr = self.record_range(r);
-        let mid = rr.start + (rr.end - rr.start) / 2;
-        if want.end <= mid {
-            Some(0)
-        } else if want.start >= mid {
-            Some(1)
-        } else {
-            None
-        }
-    }
-
-    /// Whether `ptr` is a copy of record `r` whose halves can be read
-    /// apart: stored split and uncompressed, the record's full length.
-    fn is_split_copy(&self, r: u64, ptr: arcache_l2::L2Ptr) -> bool {
-        let rr = self.record_range(r);
-        ptr.split() && ptr.blob_len() == rr.end - rr.start
-    }
-
-    /// The bytes of half `which` of record `r`.
-    fn half_range(&self, r: u64, which: u64) -> Range<u64> {
-        let rr = self.record_range(r);
-        let half = (rr.end - rr.start) / 2;
-        rr.start + which * half..rr.start + (which + 1) * half
-    }
-
-    /// Counts a read served from half an L2 copy, the record left uncached.
-    fn count_half_read(&self, half_len: u64) {
-        let c = &self.cache.counters;
-        c.l2_hits.fetch_add(1, Relaxed);
-        c.l2_partial_reads.fetch_add(1, Relaxed);
-        c.l2_partial_read_bytes.fetch_add(half_len, Relaxed);
-        self.cache.count(Found::Miss, false, 1);
-    }
-
-    /// Brings records `rs` into the cache under their locks: records another
-    /// request filled meanwhile come from RAM, records on L2 from L2 (checked
-    /// by checksum), the rest from the backing device in contiguous reads.
-    fn fill(&self, rs: Range<u64>, prefetch: bool, offset: u64, mut out: Option<&mut [u8]>) -> DevResult<()> {
-        let _locks = self.lock_records(rs.clone());
-        // Dirty bytes are taken before any device read: a txg that syncs
-        // meanwhile has written the same bytes to the device.
-        let snap = match &self.wb {
-            Some(wb) => {
-                wb.snapshot(self.id, self.record_range(rs.start).start..self.record_range(rs.end - 1).end)
-            }
-            None => Vec::new(),
-        };
-        let mut absent: Vec<u64> = Vec::new();
-        for r in rs {
-            match self.cache.peek(self.key(r)) {
-                Some(data) => {
-                    self.cache.count(Found::IoHit, prefetch, 1);
-                    if let Some(buf) = out.as_deref_mut() {
-                        self.copy_out(r, &data, offset, buf)?;
-                    }
-                }
-                None => absent.push(r),
-            }
-        }
-        let mut from_backing: Vec<u64> = Vec::new();
-        for (r, rec) in self.read_l2(&absent) {
-            match rec.map(|rec| self.overlaid(r, rec, &snap)) {
-                Some(rec) => {
-                    self.cache.count(Found::Miss, prefetch, 1);
-                    if let Some(buf) = out.as_deref_mut() {
-                        self.copy_out(r, &rec, offset, buf)?;
-                    }
-                    self.cache.insert_read(self.key(r), rec, prefetch);
-                }
-                None => from_backing.push(r),
-            }
-        }
-        for run in runs(&from_backing) {
-            self.fill_from_backing(run, prefetch, offset, out.as_deref_mut(), &snap)?;
-        }
-        Ok(())
-    }
-
-    /// A record read from L2 with any dirty sectors laid over it.
-    fn overlaid(&self, r: u64, rec: RecordData, snap: &[(u64, Arc<Page>)]) -> RecordData {
-        let rr = self.record_range(r);
-        if !snap.iter().any(|(p, _)| p * PAGE < rr.end && (p + 1) * PAGE > rr.start) {
-            return rec;
-        }
-        match rec.to_vec() {
-            Ok(mut v) => {
-                WriteBack::apply(snap, rr.start, &mut v);
-                Arc::new(Record::new(&v, self.cache.compress_enabled()))
-            }
-            Err(_) => rec,
-        }
-    }
-
-    /// The records of `rs` that are on L2 and read back intact; the others
-    /// come back as `None`, to be read from the backing store.
-    fn read_l2(&self, rs: &[u64]) -> Vec<(u64, Option<RecordData>)> {
-        let Some(l2) = self.cache.l2() else {
-            return rs.iter().map(|&r| (r, None)).collect();
-        };
-        let c = &self.cache.counters;
-        let mut found = Vec::new();
-        let mut result: Vec<(u64, Option<RecordData>)> = Vec::with_capacity(rs.len());
-        for &r in rs {
-            match l2.lookup(self.key(r)) {
-                Some(ptr) => found.push((r, ptr)),
-                None => {
-                    c.l2_misses.fetch_add(1, Relaxed);
-                    result.push((r, None));
-                }
-            }
-        }
-        let wanted: Vec<(u64, arcache_l2::L2Ptr)> = found.iter().map(|&(r, p)| (self.key(r), p)).collect();
-        for ((r, ptr), bytes) in found.into_iter().zip(l2.read_many(&wanted)) {
-            let rec = match bytes {
-                Ok(b) => self.record_from_l2(r, ptr, b),
-                Err(_) => {
-                    l2.invalidate(self.key(r));
-                    None
-                }
-            };
-            if rec.is_some() {
-                c.l2_hits.fetch_add(1, Relaxed);
-            } else {
-                c.l2_misses.fetch_add(1, Relaxed);
-            }
-            result.push((r, rec.map(Arc::new)));
-        }
-        result.sort_by_key(|(r, _)| *r);
-        result
-    }
-
-    /// Record `r` from the verified bytes of its L2 copy `ptr`; `None`, and
-    /// the copy dropped, if they do not decode to the record's size.
-    fn record_from_l2(&self, r: u64, ptr: arcache_l2::L2Ptr, bytes: Box<[u8]>) -> Option<Record> {
-        let rr = self.record_range(r);
-        let rec = Record::from_stored(bytes, (rr.end - rr.start) as u32, ptr.flags().compressed).ok();
-        if rec.is_none() {
-            if let Some(l2) = self.cache.l2() {
-                l2.invalidate(self.key(r));
-            }
-        }
-        rec
-    }
-
-    fn fill_from_backing(
-        &self,
-        need: Range<u64>,
-        prefetch: bool,
-        offset: u64,
-        out: Option<&mut [u8]>,
-        snap: &[(u64, Arc<Page>)],
-    ) -> DevResult<()> {
-        let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
-        FILL_BUF.with(|cell| {
-            let mut block = cell.borrow_mut();
-            block.resize((bytes.end - bytes.start) as usize, 0);
-            self.fill_from_block(need, bytes, &mut block, prefetch, offset, out, snap)
-        })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn fill_from_block(
-        &self,
-        need: Range<u64>,
-        bytes: Range<u64>,
-        block: &mut [u8],
-        prefetch: bool,
-        offset: u64,
-        mut out: Option<&mut [u8]>,
-        snap: &[(u64, Arc<Page>)],
-    ) -> DevResult<()> {
-        let c = &self.cache.counters;
-        c.backing_reads.fetch_add(1, Relaxed);
-        c.backing_read_bytes.fetch_add(block.len() as u64, Relaxed);
-        let started = std::time::Instant::now();
-        let read = read_backing(self.dev.as_ref(), block, bytes.start);
-        if let Err(e) = read {
-            c.backing_errors.fetch_add(1, Relaxed);
-            return Err(e);
-        }
-        c.backing_read_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-        WriteBack::apply(snap, bytes.start, block);
-        let compress = self.cache.compress_enabled();
-        for r in need.clone() {
-            let rr = self.record_range(r);
-            let slice = &block[(rr.start - bytes.start) as usize..(rr.end - bytes.start) as usize];
-            if let Some(buf) = out.as_deref_mut() {
-                let from = offset.max(rr.start);
-                let to = (offset + buf.len() as u64).min(rr.end);
-                buf[(from - offset) as usize..(to - offset) as usize]
-                    .copy_from_slice(&slice[(from - rr.start) as usize..(to - rr.start) as usize]);
-            }
-            self.cache.insert_read(self.key(r), Arc::new(Record::new(slice, compress)), prefetch);
-        }
-        self.cache.count(Found::Miss, prefetch, need.end - need.start);
-        Ok(())
-    }
-
     /// Writes a range: into dirty RAM with write-back (made durable as the
     /// export's `sync` mode says), otherwise through to the device. The
     /// cached records follow either way.
@@ -682,10 +398,7 @@ impl Volume {
     }
 
     fn try_lock_records(&self, records: Range<u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
-        let mut idx: Vec<usize> = records.map(|r| self.stripe(r)).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| self.stripes[i].try_lock()).collect()
+        self.stripes_of(records).into_iter().map(|i| self.stripes[i].lock.try_lock()).collect()
     }
 
     fn stripe(&self, record: u64) -> usize {
@@ -1025,13 +738,6 @@ impl Volume {
         }
         Ok(())
     }
-}
-
-/// Reads the backing store: the fail point `backing.read` in fault-test
-/// builds.
-fn read_backing(dev: &dyn BlockDev, buf: &mut [u8], offset: u64) -> DevResult<()> {
-    fail::fail_point!("backing.read", |_| blockdev::injected("backing.read", offset));
-    dev.read_at(buf, offset)
 }
 
 /// Groups sorted record numbers into contiguous runs.

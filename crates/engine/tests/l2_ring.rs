@@ -7,11 +7,11 @@
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arcache_engine::{
-    Cache, CacheConfig, Feed, FeedTunables, ReadDone, ReadEnd, Volume, VolumeConfig, WriteBack, WriteTunables,
+    Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig, WriteBack, WriteTunables,
 };
 use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
 use blockdev::{BlockDev, FileDev, FileDevOptions, MemDev};
@@ -66,22 +66,10 @@ fn rig(recordsize: u64, write_back: bool) -> Rig {
     Rig { cache, vol, feed, _dir: dir, l2_path }
 }
 
-/// A read the way the NBD server does it: through the ring when the
-/// volume takes it, else (or when the ring hands it back) blocking.
+mod common;
+
 fn read(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {
-    let (tx, rx) = mpsc::channel();
-    let done: ReadDone = Box::new(move |end, _| tx.send(end).expect("reader waits"));
-    match vol.read_async(offset, len, done, &mut arcache_engine::Batch::new()) {
-        Ok(()) => match rx.recv_timeout(Duration::from_secs(10)).expect("the ring answers") {
-            ReadEnd::Data(b) => b,
-            ReadEnd::Blocking(work) => work().unwrap(),
-        },
-        Err(_) => {
-            let mut b = vec![0u8; len];
-            vol.read(offset, &mut b).unwrap();
-            b
-        }
-    }
+    common::try_read(vol, offset, len).unwrap()
 }
 
 fn payload(seed: u64, len: usize) -> Vec<u8> {
@@ -207,12 +195,6 @@ fn ring_reads_survive_the_device_disappearing() {
     r.cache.validate().unwrap();
 }
 
-/// A record's bytes at version `v`: every 8 bytes say (record, version).
-fn versioned(rec: u64, v: u64, len: usize) -> Vec<u8> {
-    let word = (rec << 32 | v).to_le_bytes();
-    word.iter().copied().cycle().take(len).collect()
-}
-
 /// One writer keeps overwriting records that four readers read through
 /// the ring, so ring reads are often in flight across a write to their
 /// record. A read must never return a version older than one acknowledged
@@ -226,51 +208,10 @@ fn a_ring_read_overtaken_by_a_write_never_brings_back_the_old_version() {
 }
 
 fn overtaken_reads(write_back: bool) {
-    const RS: u64 = 16 << 10;
-    const RECORDS: u64 = 96;
-    let r = rig(RS, write_back);
+    let r = rig(16 << 10, write_back);
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = r.feed.spawn(Arc::clone(&stop));
-    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..RECORDS).map(|_| AtomicU64::new(0)).collect());
-    for rec in 0..RECORDS {
-        r.vol.write(rec * RS, &versioned(rec, 0, RS as usize), false).unwrap();
-    }
-    let until = Instant::now() + Duration::from_secs(4);
-    std::thread::scope(|s| {
-        let (vol, versions) = (Arc::clone(&r.vol), Arc::clone(&acked));
-        s.spawn(move || {
-            let acked = versions;
-            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-            while Instant::now() < until {
-                let rec = rng.gen_range(0..RECORDS);
-                let v = acked[rec as usize].load(Relaxed) + 1;
-                vol.write(rec * RS, &versioned(rec, v, RS as usize), false).unwrap();
-                acked[rec as usize].store(v, Relaxed);
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        });
-        for t in 0..4u64 {
-            let (vol, versions) = (Arc::clone(&r.vol), Arc::clone(&acked));
-            s.spawn(move || {
-                let acked = versions;
-                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t);
-                while Instant::now() < until {
-                    let rec = rng.gen_range(0..RECORDS);
-                    let at = rng.gen_range(0..RS / 4096) * 4096;
-                    let before = acked[rec as usize].load(Relaxed);
-                    let b = read(&vol, rec * RS + at, 4096);
-                    let word = u64::from_le_bytes(b[..8].try_into().unwrap());
-                    let (got_rec, v) = (word >> 32, word & 0xffff_ffff);
-                    assert_eq!(got_rec, rec, "another record's bytes");
-                    assert!(
-                        v >= before,
-                        "record {rec}: version {v} read after version {before} was acknowledged"
-                    );
-                    assert!(b == versioned(rec, v, 4096), "record {rec}: torn read");
-                }
-            });
-        }
-    });
+    common::overtaken_reads(&r.vol, 16 << 10, 96, 4);
     stop.store(true, Relaxed);
     feeder.join().unwrap();
     let st = r.cache.stats();

@@ -11,7 +11,6 @@ pub mod format;
 pub mod index;
 mod persist;
 mod rebuild;
-pub mod uring;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -179,7 +178,7 @@ pub struct L2Arc {
     pub(crate) uncommitted: Vec<AtomicU64>,
     commit_every: AtomicU64,
     /// Reads queued through io_uring, once started ([`L2Arc::start_async_reads`]).
-    uring: std::sync::OnceLock<uring::Uring>,
+    uring: std::sync::OnceLock<Arc<blockdev::uring::Uring>>,
     /// `l2arc_ring_reads`: whether reads may use the ring once started.
     ring_on: AtomicBool,
 }
@@ -637,13 +636,18 @@ impl L2Arc {
     /// Fails where io_uring is unavailable; reads then stay blocking.
     pub fn start_async_reads(&self) -> std::io::Result<()> {
         if self.uring.get().is_none() {
-            let ring = uring::Uring::start("l2-ring")?;
-            let _ = self.uring.set(ring);
+            self.use_ring(Arc::new(blockdev::uring::Uring::start("l2-ring")?));
         }
         Ok(())
     }
 
-    /// Makes the read ring fail (see [`uring::Uring::inject_failure`]).
+    /// Queues L2 reads through `ring`, which other readers (the backing
+    /// stores) may share; ignored once reads have a ring.
+    pub fn use_ring(&self, ring: Arc<blockdev::uring::Uring>) {
+        let _ = self.uring.set(ring);
+    }
+
+    /// Makes the read ring fail (see [`blockdev::uring::Uring::inject_failure`]).
     #[doc(hidden)]
     pub fn inject_ring_failure(&self) {
         if let Some(ring) = self.uring.get() {
@@ -663,7 +667,10 @@ impl L2Arc {
     }
 
     /// The ring, device and descriptor a ring read of `ptr` goes through.
-    fn ring_route(&self, ptr: L2Ptr) -> Option<(&uring::Uring, &Arc<L2Device>, std::os::fd::RawFd)> {
+    fn ring_route(
+        &self,
+        ptr: L2Ptr,
+    ) -> Option<(&blockdev::uring::Uring, &Arc<L2Device>, std::os::fd::RawFd)> {
         let ring = self.uring.get()?;
         let dev = self.devices.get(ptr.dev()).filter(|d| !d.is_degraded())?;
         Some((ring, dev, dev.direct_read_fd()?))
@@ -688,23 +695,23 @@ impl L2Arc {
         let (at, need, skip) = dev.aligned_extent(start, len);
         let me = Arc::clone(self);
         let dev = Arc::clone(dev);
-        let finish: uring::Finish = Box::new(move |bytes, batch| {
+        let finish: blockdev::uring::Finish = Box::new(move |bytes, batch| {
             let verified = match bytes {
                 Ok(b) => Ok(me.verify_run(&run, part, b)),
-                Err(uring::ReadError::Device(e)) => Err(e),
+                Err(blockdev::uring::ReadError::Device(e)) => Err(e),
                 // Not the device's fault: the copy stays, the read is redone.
-                Err(uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable), batch),
+                Err(blockdev::uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable), batch),
             };
             let mut out = Vec::with_capacity(1);
             me.settle_run(&dev, &run, len, verified, &mut out);
             done(out.pop().unwrap_or(Err(L2Miss::Unavailable)), batch);
         });
-        match ring.submit(uring::Op { fd, at, need, skip, len: len as usize, finish }) {
+        match ring.submit(blockdev::uring::Op { fd, at, need, skip, len: len as usize, finish }) {
             Ok(()) => Ok(()),
             Err(op) => {
                 // The ring failed since `can_read_async` said yes: `done`
                 // hears so at once and the read is redone on a worker.
-                (op.finish)(Err(uring::ReadError::RingFailed), &mut Batch::new());
+                (op.finish)(Err(blockdev::uring::ReadError::RingFailed), &mut Batch::new());
                 Ok(())
             }
         }

@@ -35,18 +35,23 @@ pub type NbdResult = Result<(), Errno>;
 /// replies together.
 pub type Completion = Box<dyn FnOnce(NbdResult, &mut Batch) + Send>;
 
-/// How a read started with [`Export::read_async`] ends.
-pub enum ReadEnd {
-    /// The bytes the request asked for.
-    Data(NbdResult, Vec<u8>),
-    /// The export could not finish without blocking: the server runs this
-    /// on a worker thread and answers with what it returns.
-    Blocking(Box<dyn FnOnce() -> (NbdResult, Vec<u8>) + Send>),
-}
+/// How a read started with [`Export::read_async`] ends: its bytes or
+/// error, or work the server runs on a worker thread, answering with what
+/// it returns.
+pub type ReadEnd = arcache_batch::ReadEnd<Errno>;
 
 /// Called exactly once with the end of a read started asynchronously, with
 /// a batch as for [`Completion`].
-pub type ReadCompletion = Box<dyn FnOnce(ReadEnd, &mut Batch) + Send>;
+pub type ReadCompletion = arcache_batch::ReadDone<Errno>;
+
+/// A read's answer as the replies take it: the status, and the bytes
+/// (none on error).
+fn split(res: Result<Vec<u8>, Errno>) -> (NbdResult, Vec<u8>) {
+    match res {
+        Ok(buf) => (Ok(()), buf),
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
 
 /// What a client learns about an export during the handshake.
 #[derive(Debug, Clone)]
@@ -789,17 +794,18 @@ impl Server {
     ) {
         let (server, ex) = (Arc::clone(self), Arc::clone(export));
         let done: ReadCompletion = Box::new(move |end, out| match end {
-            ReadEnd::Data(res, buf) => {
+            ReadEnd::Done(res) => {
+                let (res, buf) = split(res);
                 slot.shared.reply_read(req, res, &buf, &server.stats, Some(&mut *out));
                 hold_slot(out, slot);
             }
-            ReadEnd::Blocking(work) => server.dispatch(slot, req, move |_| work(), &ex),
+            ReadEnd::Blocking(work) => server.dispatch(slot, req, move |_| split(work()), &ex),
         });
         if let Err(done) = export.read_async(req.offset, req.length, done, out) {
             let ex = Arc::clone(export);
             let work = Box::new(move || {
                 let mut buf = vec![0u8; req.length as usize];
-                (ex.read(req.offset, &mut buf), buf)
+                ex.read(req.offset, &mut buf).map(|()| buf)
             });
             done(ReadEnd::Blocking(work), out);
         }

@@ -11,6 +11,7 @@
 //! the locks go.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use arc_policy::Key;
 use arcache_sync::MutexGuard;
@@ -23,6 +24,9 @@ pub(crate) struct RecordWrite<'v> {
     records: Range<u64>,
     keys: Vec<Key>,
     l2_held: bool,
+    /// The write counts of the locked stripes, odd while this guard lives
+    /// (see `Stripe`).
+    writes: Vec<&'v AtomicU64>,
     // Dropped after `Drop::drop` has ended the L2 hold.
     _locks: Vec<MutexGuard<'v, ()>>,
 }
@@ -65,6 +69,11 @@ impl Drop for RecordWrite<'_> {
         if self.l2_held {
             self.cache.end_write(&self.keys);
         }
+        // Before the locks go: a ring read that takes one then sees the
+        // count even again, but not the one it started with.
+        for w in &self.writes {
+            w.fetch_add(1, SeqCst);
+        }
     }
 }
 
@@ -84,6 +93,11 @@ impl Volume {
 
     fn guard_with<'v>(&'v self, rs: Range<u64>, locks: Vec<MutexGuard<'v, ()>>) -> RecordWrite<'v> {
         let keys = rs.clone().map(|r| self.key(r)).collect();
-        RecordWrite { cache: &self.cache, records: rs, keys, l2_held: false, _locks: locks }
+        let writes: Vec<&AtomicU64> =
+            self.stripes_of(rs.clone()).into_iter().map(|i| &self.stripes[i].writes).collect();
+        for w in &writes {
+            w.fetch_add(1, SeqCst);
+        }
+        RecordWrite { cache: &self.cache, records: rs, keys, l2_held: false, writes, _locks: locks }
     }
 }

@@ -268,7 +268,7 @@ fn l2_reads_racing_the_hand_random_schedules() {
 
 /// An L2 whose reads go through the read ring: its device is a file whose
 /// descriptor the ring reads (the ring's kernel side is a model under
-/// shuttle, `l2arc/src/uring/model.rs`). Dropping it ends the ring thread,
+/// shuttle, `blockdev/src/uring/model.rs`). Dropping it ends the ring thread,
 /// which shuttle checks: a thread left waiting fails the test.
 fn ring_l2() -> Arc<L2Arc> {
     let dev: Arc<dyn BlockDev> = Arc::new(FileBacked::new(HEADER_RESERVED + 4 * RS));

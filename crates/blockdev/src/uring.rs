@@ -1,5 +1,7 @@
-//! L2 reads queued to the kernel through io_uring and finished on one
-//! thread. A 4K miss served from L2 then costs no worker thread that
+//! The IO engine: device reads queued to the kernel through io_uring and
+//! finished on one thread, for every reader that has an O_DIRECT
+//! descriptor (L2 copies, backing stores opened with `--direct`). A 4K
+//! miss then costs no worker thread that
 //! sleeps in `pread`: the ring thread submits every read queued since it
 //! last looked in one system call, sleeps once for whichever completes
 //! first, and finishes a whole batch of completions at a time (checksum,
@@ -11,10 +13,10 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use crate::{AlignedBuf, DevError};
 use arcache_batch::Batch;
 use arcache_sync::atomic::{AtomicBool, Ordering::SeqCst};
 use arcache_sync::Mutex;
-use blockdev::{AlignedBuf, DevError};
 use tracing::warn;
 
 // The kernel side, or under shuttle a model of it: shuttle runs every
@@ -108,7 +110,7 @@ impl Uring {
                 RingThread { kernel, slots: Vec::new(), free: Vec::new(), spare: Vec::new(), in_flight: 0 };
             let mut waiting = Vec::new();
             if let Err(e) = t.run(&sh, &mut waiting) {
-                warn!("L2 read ring failed, reading L2 the blocking way from now on: {e}");
+                warn!("the IO ring failed, reading the blocking way from now on: {e}");
                 let queued = sh.queue.lock().take().unwrap_or_default();
                 t.fail_all(waiting.into_iter().chain(queued));
             }
@@ -277,8 +279,13 @@ impl RingThread {
                 } else {
                     io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {res} of {need} bytes"))
                 };
-                let e =
-                    DevError::Io { op: "read", dev: "L2 ring".into(), offset: at, len: need as u64, source };
+                let e = DevError::Io {
+                    op: "read",
+                    dev: "the IO ring".into(),
+                    offset: at,
+                    len: need as u64,
+                    source,
+                };
                 finish_guarded(finish, Err(ReadError::Device(e)), &mut batch);
             }
             self.spare.push(buf);
@@ -297,7 +304,7 @@ impl RingThread {
 /// read of every client.
 fn finish_guarded(finish: Finish, res: Result<&[u8], ReadError>, batch: &mut Batch) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| finish(res, batch))).is_err() {
-        warn!("an L2 ring read's completion panicked; that one request goes unanswered");
+        warn!("a ring read's completion panicked; that one request goes unanswered");
     }
 }
 

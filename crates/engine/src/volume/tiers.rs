@@ -1,0 +1,408 @@
+//! The read pipeline: ARC, then the dirty overlay, then L2, then the
+//! backing store. Each tier's bytes are turned into what the reader gets
+//! by one `settle_*` function, whether they were read here, on a thread
+//! that may block, or arrived as an io_uring completion (`ring_read.rs`):
+//! the checksum, the dirty overlay, the copy out, the insert and the
+//! counting are written once.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use arcache_l2::L2Ptr;
+use blockdev::{BlockDev, DevResult};
+
+use super::{runs, Volume, MAX_RECORDS_PER_IO};
+use crate::cache::{Found, Looked, RecordData};
+use crate::dirty::{Page, PAGE};
+use crate::record::Record;
+use crate::writeback::WriteBack;
+
+/// The dirty bytes of a range, taken before its device read: a txg that
+/// syncs meanwhile has put the same bytes on the device.
+pub(super) type Snapshot = Vec<(u64, Arc<Page>)>;
+
+/// An L2 copy and its verified bytes.
+type L2Copy = (L2Ptr, Box<[u8]>);
+
+arcache_sync::thread_local! {
+    /// Each thread's buffer for reads from the backing store: a fresh
+    /// megabyte per fill would cost page faults on every miss.
+    static FILL_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Volume {
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.check(offset, buf.len() as u64)?;
+        let s = self.span(offset, buf.len() as u64);
+        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
+        let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
+        self.predict(s, missed);
+        Ok(())
+    }
+
+    /// Brings a range into the ARC as a prefetch (NBD_CMD_CACHE).
+    pub fn prefetch(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.check(offset, len)?;
+        self.load(offset, len, true, None).map(|_| ())
+    }
+
+    /// Reads records into the ARC as prefetches, skipping cached ones
+    /// without touching their place in the lists.
+    pub(super) fn prefetch_records(&self, rs: Range<u64>) -> DevResult<()> {
+        let missing: Vec<u64> = rs.filter(|&r| self.cache.peek(self.key(r)).is_none()).collect();
+        for run in runs(&missing) {
+            self.fill(run, true, 0, None)?;
+        }
+        Ok(())
+    }
+
+    /// Finds every record of the range, filling missing runs from the
+    /// device, and copies into `out` when given. Returns true if any record
+    /// was not in RAM.
+    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<bool> {
+        let s = self.span(offset, len);
+        let mut missing: Vec<u64> = Vec::new();
+        let mut missed = false;
+        for r in s.first..s.end {
+            match self.cache.lookup(self.key(r), prefetch) {
+                Looked::Hit(data) => {
+                    self.cache.count(Found::Hit, prefetch, 1);
+                    if let Some(buf) = out.as_deref_mut() {
+                        self.copy_out(r, &data, offset, buf)?;
+                    }
+                }
+                Looked::Cold if self.serve_from_half(r, offset, out.as_deref_mut()) => missed = true,
+                Looked::Cold | Looked::Ghost => missing.push(r),
+            }
+        }
+        for run in runs(&missing) {
+            let mut start = run.start;
+            while start < run.end {
+                let end = (start + MAX_RECORDS_PER_IO).min(run.end);
+                self.fill(start..end, prefetch, offset, out.as_deref_mut())?;
+                start = end;
+            }
+        }
+        Ok(missed || !missing.is_empty())
+    }
+
+    /// The dirty bytes of `range` (none without write-back).
+    pub(super) fn dirty_snapshot(&self, range: Range<u64>) -> Snapshot {
+        self.wb.as_ref().map_or_else(Vec::new, |wb| wb.snapshot(self.id, range))
+    }
+
+    /// Serves the bytes a read wants of record `r` from half of its L2
+    /// copy, leaving the record out of RAM (docs/l2arc.md, "Partial
+    /// reads"). Only for a cold record (no ghost: not cached recently) whose
+    /// wanted bytes lie in one half of a split copy and that was not read
+    /// this way within the window of [`crate::cache::Cache::leave_uncached`].
+    /// False when the record is to be read whole and cached instead, or the
+    /// half read failed (the entry is then gone and the whole path goes to
+    /// the backing store).
+    fn serve_from_half(&self, r: u64, offset: u64, out: Option<&mut [u8]>) -> bool {
+        let (Some(buf), Some(l2)) = (out, self.cache.l2()) else { return false };
+        let key = self.key(r);
+        let Some(which) = l2.lookup(key).and_then(|p| self.half_to_serve(r, offset, buf.len() as u64, p))
+        else {
+            return false;
+        };
+        let _lock = self.lock_records(r..r + 1);
+        let half = self.half_range(r, which);
+        let snap = self.dirty_snapshot(half.clone());
+        if let Some(data) = self.cache.peek(key) {
+            let ok = self.copy_out(r, &data, offset, buf).is_ok();
+            if ok {
+                self.cache.count(Found::IoHit, false, 1);
+            }
+            return ok;
+        }
+        let Some(ptr) = l2.lookup(key).filter(|&p| self.is_split_copy(r, p)) else { return false };
+        let Ok(bytes) = l2.read_half(key, ptr, which) else { return false };
+        self.settle_half(r, which, bytes, &snap, offset, buf)
+    }
+
+    /// Which half of its L2 copy `ptr` a read of `[offset, offset+len)` in
+    /// cold record `r` is served from, the record left uncached; `None`
+    /// when the record is to be read whole and cached instead.
+    pub(super) fn half_to_serve(&self, r: u64, offset: u64, len: u64, ptr: L2Ptr) -> Option<u64> {
+        if !self.cache.partial_reads() || !self.is_split_copy(r, ptr) {
+            return None;
+        }
+        let rr = self.record_range(r);
+        let want = offset.max(rr.start)..(offset + len).min(rr.end);
+        let which = self.half_holding(r, &want)?;
+        self.cache.leave_uncached(self.key(r), rr.end - rr.start).then_some(which)
+    }
+
+    /// Which half of record `r` holds all of `want` (bytes within it).
+    fn half_holding(&self, r: u64, want: &Range<u64>) -> Option<u64> {
+        let rr = self.record_range(r);
+        let mid = rr.start + (rr.end - rr.start) / 2;
+        if want.end <= mid {
+            Some(0)
+        } else if want.start >= mid {
+            Some(1)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `ptr` is a copy of record `r` whose halves can be read
+    /// apart: stored split and uncompressed, the record's full length.
+    pub(super) fn is_split_copy(&self, r: u64, ptr: L2Ptr) -> bool {
+        let rr = self.record_range(r);
+        ptr.split() && ptr.blob_len() == rr.end - rr.start
+    }
+
+    /// The bytes of half `which` of record `r`.
+    pub(super) fn half_range(&self, r: u64, which: u64) -> Range<u64> {
+        let rr = self.record_range(r);
+        let half = (rr.end - rr.start) / 2;
+        rr.start + which * half..rr.start + (which + 1) * half
+    }
+
+    /// The L2 tier, half a copy: the bytes of record `r` that `out` (at
+    /// `offset`) wants, all within half `which`, with dirty bytes laid
+    /// over; the record stays uncached. False if the bytes are not the
+    /// half's length.
+    pub(super) fn settle_half(
+        &self,
+        r: u64,
+        which: u64,
+        mut bytes: Box<[u8]>,
+        snap: &[(u64, Arc<Page>)],
+        offset: u64,
+        out: &mut [u8],
+    ) -> bool {
+        let half = self.half_range(r, which);
+        if bytes.len() as u64 != half.end - half.start {
+            return false;
+        }
+        WriteBack::apply(snap, half.start, &mut bytes);
+        let rr = self.record_range(r);
+        let want = offset.max(rr.start)..(offset + out.len() as u64).min(rr.end);
+        out[(want.start - offset) as usize..(want.end - offset) as usize]
+            .copy_from_slice(&bytes[(want.start - half.start) as usize..(want.end - half.start) as usize]);
+        let c = &self.cache.counters;
+        c.l2_hits.fetch_add(1, Relaxed);
+        c.l2_partial_reads.fetch_add(1, Relaxed);
+        c.l2_partial_read_bytes.fetch_add(half.end - half.start, Relaxed);
+        self.cache.count(Found::Miss, false, 1);
+        true
+    }
+
+    /// Brings records `rs` into the cache under their locks: records another
+    /// request filled meanwhile come from RAM, records on L2 from L2 (checked
+    /// by checksum), the rest from the backing device in contiguous reads.
+    pub(super) fn fill(
+        &self,
+        rs: Range<u64>,
+        prefetch: bool,
+        offset: u64,
+        mut out: Option<&mut [u8]>,
+    ) -> DevResult<()> {
+        let _locks = self.lock_records(rs.clone());
+        let snap = self.dirty_snapshot(self.record_range(rs.start).start..self.record_range(rs.end - 1).end);
+        let mut absent: Vec<u64> = Vec::new();
+        for r in rs {
+            match self.cache.peek(self.key(r)) {
+                Some(data) => {
+                    self.cache.count(Found::IoHit, prefetch, 1);
+                    if let Some(buf) = out.as_deref_mut() {
+                        self.copy_out(r, &data, offset, buf)?;
+                    }
+                }
+                None => absent.push(r),
+            }
+        }
+        let mut from_backing: Vec<u64> = Vec::new();
+        for (r, copy) in self.read_l2(&absent) {
+            let settled = match copy {
+                Some((ptr, bytes)) => {
+                    self.settle_l2(r, ptr, bytes, &snap, prefetch, offset, out.as_deref_mut())?
+                }
+                None => false,
+            };
+            if !settled {
+                from_backing.push(r);
+            }
+        }
+        for run in runs(&from_backing) {
+            self.fill_from_backing(run, prefetch, offset, out.as_deref_mut(), &snap)?;
+        }
+        Ok(())
+    }
+
+    /// A record read from L2 with any dirty sectors laid over it.
+    fn overlaid(&self, r: u64, rec: RecordData, snap: &[(u64, Arc<Page>)]) -> RecordData {
+        let rr = self.record_range(r);
+        if !snap.iter().any(|(p, _)| p * PAGE < rr.end && (p + 1) * PAGE > rr.start) {
+            return rec;
+        }
+        match rec.to_vec() {
+            Ok(mut v) => {
+                WriteBack::apply(snap, rr.start, &mut v);
+                Arc::new(Record::new(&v, self.cache.compress_enabled()))
+            }
+            Err(_) => rec,
+        }
+    }
+
+    /// The verified bytes of the L2 copies of `rs`, in order; `None` for
+    /// records with no copy or whose copy could not be read.
+    fn read_l2(&self, rs: &[u64]) -> Vec<(u64, Option<L2Copy>)> {
+        let Some(l2) = self.cache.l2() else {
+            return rs.iter().map(|&r| (r, None)).collect();
+        };
+        let c = &self.cache.counters;
+        let mut found = Vec::new();
+        let mut result = Vec::with_capacity(rs.len());
+        for &r in rs {
+            match l2.lookup(self.key(r)) {
+                Some(ptr) => found.push((r, ptr)),
+                None => {
+                    c.l2_misses.fetch_add(1, Relaxed);
+                    result.push((r, None));
+                }
+            }
+        }
+        let wanted: Vec<(u64, L2Ptr)> = found.iter().map(|&(r, p)| (self.key(r), p)).collect();
+        for ((r, ptr), bytes) in found.into_iter().zip(l2.read_many(&wanted)) {
+            match bytes {
+                Ok(b) => result.push((r, Some((ptr, b)))),
+                Err(_) => {
+                    l2.invalidate(self.key(r));
+                    c.l2_misses.fetch_add(1, Relaxed);
+                    result.push((r, None));
+                }
+            }
+        }
+        result.sort_by_key(|(r, _)| *r);
+        result
+    }
+
+    /// The L2 tier, a whole copy: record `r` from the verified bytes of its
+    /// copy `ptr`, dirty bytes laid over, copied into `out` and inserted.
+    /// False, and the copy dropped, if the bytes do not decode to the
+    /// record (the backing store is read instead).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn settle_l2(
+        &self,
+        r: u64,
+        ptr: L2Ptr,
+        bytes: Box<[u8]>,
+        snap: &[(u64, Arc<Page>)],
+        prefetch: bool,
+        offset: u64,
+        out: Option<&mut [u8]>,
+    ) -> DevResult<bool> {
+        let c = &self.cache.counters;
+        let rr = self.record_range(r);
+        let Ok(rec) = Record::from_stored(bytes, (rr.end - rr.start) as u32, ptr.flags().compressed) else {
+            if let Some(l2) = self.cache.l2() {
+                l2.invalidate(self.key(r));
+            }
+            c.l2_misses.fetch_add(1, Relaxed);
+            return Ok(false);
+        };
+        let rec = self.overlaid(r, Arc::new(rec), snap);
+        c.l2_hits.fetch_add(1, Relaxed);
+        self.cache.count(Found::Miss, prefetch, 1);
+        if let Some(buf) = out {
+            self.copy_out(r, &rec, offset, buf)?;
+        }
+        self.cache.insert_read(self.key(r), rec, prefetch);
+        Ok(true)
+    }
+
+    fn fill_from_backing(
+        &self,
+        need: Range<u64>,
+        prefetch: bool,
+        offset: u64,
+        out: Option<&mut [u8]>,
+        snap: &[(u64, Arc<Page>)],
+    ) -> DevResult<()> {
+        let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
+        with_fill_buf((bytes.end - bytes.start) as usize, |block| {
+            let started = std::time::Instant::now();
+            let read = read_backing(self.dev.as_ref(), block, bytes.start);
+            self.count_backing_read(block.len(), started, read)?;
+            self.settle_block(need, block, prefetch, offset, out, snap);
+            Ok(())
+        })
+    }
+
+    /// Counts a backing read of `len` bytes started at `started` that
+    /// ended with `res`, and passes `res` on.
+    pub(super) fn count_backing_read(
+        &self,
+        len: usize,
+        started: std::time::Instant,
+        res: DevResult<()>,
+    ) -> DevResult<()> {
+        let c = &self.cache.counters;
+        c.backing_reads.fetch_add(1, Relaxed);
+        c.backing_read_bytes.fetch_add(len as u64, Relaxed);
+        if res.is_err() {
+            c.backing_errors.fetch_add(1, Relaxed);
+            return res;
+        }
+        c.backing_read_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// The backing tier: records `need` from `block`, the backing store's
+    /// bytes from the first record's start, dirty bytes laid over, copied
+    /// into `out` and inserted.
+    pub(super) fn settle_block(
+        &self,
+        need: Range<u64>,
+        block: &mut [u8],
+        prefetch: bool,
+        offset: u64,
+        mut out: Option<&mut [u8]>,
+        snap: &[(u64, Arc<Page>)],
+    ) {
+        let start = self.record_range(need.start).start;
+        WriteBack::apply(snap, start, block);
+        let compress = self.cache.compress_enabled();
+        for r in need.clone() {
+            let rr = self.record_range(r);
+            let slice = &block[(rr.start - start) as usize..(rr.end - start) as usize];
+            if let Some(buf) = out.as_deref_mut() {
+                let from = offset.max(rr.start);
+                let to = (offset + buf.len() as u64).min(rr.end);
+                buf[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&slice[(from - rr.start) as usize..(to - rr.start) as usize]);
+            }
+            self.cache.insert_read(self.key(r), Arc::new(Record::new(slice, compress)), prefetch);
+        }
+        self.cache.count(Found::Miss, prefetch, need.end - need.start);
+    }
+}
+
+/// Runs `f` on this thread's fill buffer, sized to `len`.
+pub(super) fn with_fill_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    FILL_BUF.with(|cell| {
+        let mut block = cell.borrow_mut();
+        block.resize(len, 0);
+        f(&mut block[..len])
+    })
+}
+
+/// The fail point `backing.read` of fault-test builds: an injected error
+/// for a backing read at `offset`, whichever way it is done.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+pub(super) fn injected_backing_error(offset: u64) -> DevResult<()> {
+    fail::fail_point!("backing.read", |_| blockdev::injected("backing.read", offset));
+    Ok(())
+}
+
+/// Reads the backing store, or fails as the fail point says.
+fn read_backing(dev: &dyn BlockDev, buf: &mut [u8], offset: u64) -> DevResult<()> {
+    injected_backing_error(offset)?;
+    dev.read_at(buf, offset)
+}
