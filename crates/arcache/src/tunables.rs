@@ -85,7 +85,7 @@ pub const SPECS: &[Spec] = &[
         Unit::Bool,
         0,
         1,
-        "Queue a read within one record that misses RAM and L2 to io_uring when its backing store is opened O_DIRECT (--direct), answered from the ring thread",
+        "Queue a read within one record that misses RAM and L2 to io_uring when its backing store is opened O_DIRECT (--direct), answered from the ring thread (off by default: slower than the workers on the 2-core reference host)",
     ),
     spec("l2arc_trim_ahead", Unit::Percent, 0, 100, "Trim this share of the device ahead of the write hand (0: off)"),
     spec("l2arc_dwpd_limit", Unit::Count, 0, 10_000, "Wear bound in 1/100 drive writes per day once a device has wrapped (0: off)"),
@@ -196,12 +196,9 @@ impl Tunables {
                     "l2arc_headroom" => 8,
                     "l2arc_feed_secs" => 1,
                     "l2arc_feed_min_ms" => 200,
-                    "l2arc_feed_again"
-                    | "l2arc_partial_reads"
-                    | "l2arc_ring_reads"
-                    | "backing_ring_reads" => 1,
+                    "l2arc_feed_again" | "l2arc_partial_reads" | "l2arc_ring_reads" => 1,
                     "l2arc_noprefetch" => AUTO,
-                    "l2arc_mfuonly" | "l2arc_trim_ahead" => 0,
+                    "l2arc_mfuonly" | "l2arc_trim_ahead" | "backing_ring_reads" => 0,
                     "l2arc_dwpd_limit" => 100,
                     "l2arc_meta_percent" => 33,
                     "l2arc_rebuild_enabled" => 1,

@@ -1,7 +1,7 @@
 //! Backing-store reads through the IO ring, through the real binary: with
-//! `--direct`, 4K reads that miss RAM are answered from the ring thread
-//! with the file's bytes, and `backing_ring_reads=0` sends them to the
-//! worker threads again.
+//! `--direct` and `backing_ring_reads=1`, 4K reads that miss RAM are
+//! answered from the ring thread with the file's bytes, and
+//! `backing_ring_reads=0` sends them to the worker threads again.
 
 mod common;
 
@@ -30,7 +30,9 @@ fn cold_reads_of_a_direct_backing_go_through_the_ring_and_can_be_turned_off() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("backing.img");
     let data = random_file(&img, SIZE, 21);
-    let s = Serve::start(dir, &["--export", img.to_str().unwrap(), "--direct", "--arc-max", "4M"]);
+    let args =
+        ["--export", img.to_str().unwrap(), "--direct", "--arc-max", "4M", "--set", "backing_ring_reads=1"];
+    let s = Serve::start(dir, &args);
     read_scattered(&s, &data, 2000, 0);
     let ring = ring_reads(&s);
     assert!(ring > 1000, "cold 4K reads went through the ring: {ring}; {}", s.stat());

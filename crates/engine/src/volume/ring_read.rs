@@ -87,6 +87,7 @@ impl Volume {
     /// `done` back otherwise (the caller then uses [`Volume::read`]).
     /// Bookkeeping (statistics, zfetch, the ARC's ghost lists) is as for
     /// [`Volume::read`].
+    ///
     /// `done` is the caller's own, with its errors (`err` makes them from
     /// the engine's), so a read given back is the caller's to run as it
     /// runs any other.
@@ -335,9 +336,15 @@ impl Volume {
         let c = &self.cache.counters;
         match settled {
             Ok(true) => {
-                let ring =
-                    if matches!(fetch, Fetch::Backing) { &c.backing_ring_reads } else { &c.l2_ring_reads };
-                ring.fetch_add(1, Relaxed);
+                if !matches!(fetch, Fetch::Backing) {
+                    c.l2_ring_reads.fetch_add(1, Relaxed);
+                } else {
+                    c.backing_ring_reads.fetch_add(1, Relaxed);
+                    // As `read_l2` counts a record with no copy.
+                    if self.cache.l2().is_some() {
+                        c.l2_misses.fetch_add(1, Relaxed);
+                    }
+                }
                 done(ReadEnd::Done(Ok(buf)), out)
             }
             Ok(false) => self.finish_blocking(w, done, out),
