@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod mrccmd;
 pub mod plot;
 pub mod recorder;
+pub mod s3cmd;
 pub mod serve;
 pub mod simcmd;
 pub mod size;

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use arcache::{demo, l2cmd, logcmd, serve, simcmd, statcmd, summary};
+use arcache::{demo, l2cmd, logcmd, s3cmd, serve, simcmd, statcmd, summary};
 use clap::{Parser, Subcommand};
 
 /// Records of 4K..1M are allocated and freed by dozens of threads; glibc's
@@ -45,6 +45,8 @@ enum Cmd {
     Log(logcmd::LogArgs),
     /// Sync a transaction group of a running server now: all dirty data to the backing stores.
     Flush(logcmd::FlushArgs),
+    /// S3 chunked disks: `s3 break-lease s3://BUCKET/PREFIX/ [--force]`.
+    S3(s3cmd::S3Args),
 }
 
 fn init_logging(default_level: &str) {
@@ -111,6 +113,7 @@ fn main() -> ExitCode {
         Cmd::L2(a) => l2cmd::run(&a),
         Cmd::Log(a) => logcmd::run(&a),
         Cmd::Flush(a) => logcmd::flush(&a),
+        Cmd::S3(a) => s3cmd::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -40,9 +40,11 @@ pub struct ServeArgs {
     /// An export: [NAME=]BACKING, where BACKING is a file, a block device or
     /// an NBD URI (nbd://host[:port]/name, nbd+unix:///name?socket=PATH, or
     /// nbds://... and nbds+unix://... with tls-certificates=DIR for TLS), or
-    /// s3://BUCKET/KEY (one S3 object, served read-only; credentials,
-    /// region and endpoint as the AWS tools take them: AWS_ACCESS_KEY_ID,
-    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, AWS_PROFILE).
+    /// s3://BUCKET/KEY (one S3 object, served read-only), or
+    /// s3://BUCKET/PREFIX/?size=SIZE (a writable disk of chunk objects, one
+    /// writer at a time); credentials, region and endpoint as the AWS tools
+    /// take them: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT_URL, AWS_PROFILE.
     /// Repeatable; no NAME means the default export "".
     #[arg(long = "export", value_name = "[NAME=]BACKING")]
     pub exports: Vec<String>,
@@ -427,7 +429,7 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
         return Ok(dev);
     }
     if arcache_s3::is_s3_uri(&spec.backing) {
-        return open_s3(&spec.backing);
+        return open_s3(&spec.backing, spec.read_only);
     }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
@@ -450,9 +452,16 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     Ok(Arc::new(dev))
 }
 
-fn open_s3(text: &str) -> Result<Arc<dyn BlockDev>> {
+fn open_s3(text: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
     let location = arcache_s3::S3Location::parse(text)?;
     let creds = arcache_s3::S3Settings::default().resolve().map_err(|e| anyhow!("{text}: {e}"))?;
+    if location.is_prefix() {
+        let size = location.size.as_deref().map(crate::size::parse_size).transpose()?;
+        let dev = arcache_s3::S3ChunkDev::open(&location, &creds, size, !read_only)
+            .map_err(|e| anyhow!("opening backing {e}"))?;
+        info!("backing {text}: a chunked disk of {} bytes (credentials from {})", dev.size(), creds.source);
+        return Ok(Arc::new(dev));
+    }
     let dev = arcache_s3::S3ObjectDev::open(&location, &creds).map_err(|e| anyhow!("opening backing {e}"))?;
     info!("backing {text}: {} bytes, ETag {} (credentials from {})", dev.size(), dev.etag(), creds.source);
     Ok(Arc::new(dev))
@@ -606,6 +615,11 @@ impl Running {
                 warn!("flushing export {:?}: {e}", v.name());
                 result = Err(e).context("flushing at shutdown");
             }
+        }
+        // Only with every dirty byte in the bucket may another server write
+        // there; otherwise the lease stays, and the log keeps the rest.
+        if result.is_ok() {
+            arcache_s3::release_leases();
         }
         for s in self.sockets.iter().chain(self.control.iter()) {
             let _ = std::fs::remove_file(s);

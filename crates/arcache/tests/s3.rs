@@ -174,3 +174,107 @@ fn a_missing_bucket_or_object_or_bad_key_is_refused_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("AWS_ACCESS_KEY_ID"), "{err}");
 }
+
+fn write_flush(s: &Serve, offset: u64, data: &[u8]) {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    c.write(offset, data, false).unwrap();
+    c.flush().unwrap();
+}
+
+fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut b = vec![0u8; len];
+    c.read(offset, &mut b).unwrap();
+    b
+}
+
+/// A writable disk of chunk objects: fio's verified writes pass, what was
+/// flushed is there after a restart, never-written chunks are not stored.
+#[test]
+fn a_chunked_disk_keeps_what_was_written_across_restarts() {
+    let Some(moto) = Moto::start() else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let uri = "s3://vms/disk1/?size=64M";
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), uri, &[]);
+    fio_verified_writes(&s.uri(""), "s3", "16M", &["--offset=8M"]);
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    write_flush(&s, 40 << 20, &data);
+    s.stop();
+    let keys = moto.ctl(&["list", "vms", "disk1/"]);
+    let chunks = keys.lines().filter(|k| k.starts_with("disk1/c/")).count();
+    assert!(keys.contains("disk1/arcache-manifest") && keys.contains("disk1/arcache-lease"), "{keys}");
+    // 16 MiB at 8 MiB: chunks 2..=5 of 4 MiB, and chunk 10 for 40 MiB.
+    assert_eq!(chunks, 5, "only written chunks are stored: {keys}");
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/disk1/", &[]);
+    assert!(read_at(&s, 40 << 20, data.len()) == data, "flushed data after a restart");
+    assert!(read_at(&s, 0, 65536).iter().all(|&b| b == 0), "never written reads as zeros");
+    s.stop();
+    // A different size for an existing disk is an error.
+    let err = serve_refused_s3(&moto, "s3://vms/disk1/?size=128M");
+    assert!(err.contains("not 134217728"), "{err}");
+}
+
+fn serve_refused_s3(moto: &Moto, uri: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--export",
+            uri,
+            "--listen",
+            &format!("unix:{}", dir.path().join("r.sock").display()),
+        ])
+        .args(["--control", dir.path().join("r.ctl").to_str().unwrap()])
+        .envs(moto.env().iter().map(|(k, v)| (*k, v.clone())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that starts when it should not never exits by itself.
+    let out = wait_timeout(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{uri} was served; it was to be refused: {err}");
+    err
+}
+
+fn break_lease(moto: &Moto, uri: &str, force: bool) -> std::process::Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["s3", "break-lease", uri]).envs(moto.env().iter().map(|(k, v)| (*k, v.clone())));
+    if force {
+        cmd.arg("--force");
+    }
+    cmd.output().unwrap()
+}
+
+/// One writer: a second server is refused with the holder's identity, a
+/// read-only one is served; after kill -9 the lease stays until broken,
+/// and every byte acknowledged by a FLUSH on the log is there after.
+#[test]
+fn one_writer_and_kill9_after_flush_loses_nothing() {
+    let Some(moto) = Moto::start() else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let uri = "s3://vms/d2/?size=32M";
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.img");
+    let log_arg = format!("{}:64M", log.display());
+    let s = serve_s3(&moto, dir, uri, &["--log", &log_arg]);
+    let err = serve_refused_s3(&moto, uri);
+    assert!(err.contains("is held by host") && err.contains("break-lease"), "{err}");
+    let ro = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/d2/", &["--read-only"]);
+    drop(ro);
+    let data: Vec<u8> = (0..(300u32 << 10)).map(|i| (i % 251) as u8).collect();
+    write_flush(&s, 5 << 20, &data);
+    let dir = s.kill9();
+    let err = serve_refused_s3(&moto, uri);
+    assert!(err.contains("is held by host"), "after kill -9 the lease is still held: {err}");
+    let out = break_lease(&moto, "s3://vms/d2/", false);
+    assert!(!out.status.success(), "a lease renewed just now is not broken without --force");
+    let out = break_lease(&moto, "s3://vms/d2/", true);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("broke the lease"),
+        "{out:?}"
+    );
+    let s = serve_s3(&moto, dir, uri, &["--log", &log_arg]);
+    assert!(read_at(&s, 5 << 20, data.len()) == data, "a FLUSHed write survives kill -9");
+    s.stop();
+}

@@ -1,6 +1,8 @@
 //! S3-compatible object storage as a block device: one object served
 //! read-only (`s3://BUCKET/KEY`), through ranged GETs pinned to the ETag
-//! the object had when it was opened (docs/s3-backing.md).
+//! the object had when it was opened, and a writable disk of chunk
+//! objects under a prefix (`s3://BUCKET/PREFIX/?size=SIZE`) with one
+//! writer at a time (docs/s3-backing.md).
 //!
 //! The client is `object_store` (docs/s3-backing.md, section 2): it signs,
 //! retries 5xx, throttling and connection errors with backoff and jitter,
@@ -8,11 +10,15 @@
 //! runtime of this crate; the engine's threads call the synchronous
 //! `BlockDev` methods, which block on them.
 
+mod chunked;
 mod credentials;
+pub mod format;
+mod lease;
 mod location;
 mod object;
 mod runtime;
 
+pub use chunked::{break_lease, release_leases, S3ChunkDev, DEFAULT_CHUNK};
 pub use credentials::{Credentials, S3Settings};
 pub use location::S3Location;
 pub use object::S3ObjectDev;

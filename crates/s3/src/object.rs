@@ -68,9 +68,7 @@ impl S3ObjectDev {
     /// object, wrong credentials or no access.
     pub fn open(location: &S3Location, creds: &Credentials) -> Result<S3ObjectDev, String> {
         if location.is_prefix() || location.size.is_some() {
-            return Err(format!(
-                "{location}: a chunked disk (PREFIX/?size=) is not served yet; name one object"
-            ));
+            return Err(format!("{location}: a prefix or size= names a chunked disk, not one object"));
         }
         let store = Arc::new(client(location, creds)?);
         let path = Path::from(location.key.as_str());

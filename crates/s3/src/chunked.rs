@@ -1,0 +1,439 @@
+//! A writable disk stored as fixed-size chunk objects under a prefix
+//! (docs/s3-backing.md, section 5): a manifest made on first start, one
+//! writer at a time by a lease taken with a create-only PUT, chunks that
+//! were never written (or were trimmed whole) stored as nothing at all.
+//!
+//! Every chunk PUT is conditional on the ETag this writer last saw for it
+//! (or on its absence), so a writer whose lease was broken cannot
+//! overwrite what another wrote; a refused PUT fences the device.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use blockdev::{Alloc, BlockDev, DevError, DevResult};
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::aws::AmazonS3;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use crate::credentials::Credentials;
+use crate::format::{Lease, Manifest};
+use crate::lease::LeaseKeeper;
+use crate::location::S3Location;
+use crate::object::client;
+use crate::runtime::runtime;
+
+pub const DEFAULT_CHUNK: u64 = 4 << 20;
+const LOCK_STRIPES: usize = 64;
+
+pub struct S3ChunkDev {
+    store: Arc<AmazonS3>,
+    location: S3Location,
+    manifest: Manifest,
+    /// Chunk index to the ETag of its object; absent chunks read as zeros.
+    map: Mutex<HashMap<u64, String>>,
+    /// Read-modify-writes of one chunk go one at a time.
+    stripes: Vec<Mutex<()>>,
+    fenced: Arc<AtomicBool>,
+    writable: bool,
+    /// Ours until [`release_leases`] or drop gives it back.
+    lease: Arc<Mutex<Option<LeaseKeeper>>>,
+}
+
+/// Every lease this process holds, for [`release_leases`].
+static HELD: Mutex<Vec<Arc<Mutex<Option<LeaseKeeper>>>>> = Mutex::new(Vec::new());
+
+/// Gives back every lease this process holds, marking them released: for a
+/// clean stop, once all dirty data has reached the bucket. After it the
+/// disks refuse writes.
+pub fn release_leases() {
+    for held in HELD.lock().drain(..) {
+        if let Some(l) = held.lock().take() {
+            l.release();
+        }
+    }
+}
+
+pub(crate) fn block<T>(
+    fut: impl std::future::Future<Output = object_store::Result<T>>,
+) -> object_store::Result<T> {
+    match runtime() {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => Err(object_store::Error::Generic { store: "S3", source: Box::new(e) }),
+    }
+}
+
+pub(crate) fn key(location: &S3Location, name: &str) -> Path {
+    Path::from(format!("{}{name}", location.key))
+}
+
+fn chunk_key(location: &S3Location, index: u64) -> Path {
+    key(location, &format!("c/{index:016x}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn eio(what: String) -> DevError {
+    DevError::Remote(what, libc::EIO)
+}
+
+/// The manifest: made create-only on first start, read on later ones.
+fn manifest(
+    store: &AmazonS3,
+    location: &S3Location,
+    size: Option<u64>,
+    chunk: u64,
+) -> Result<Manifest, String> {
+    let path = key(location, "arcache-manifest");
+    let existing = match block(store.get(&path)) {
+        Ok(r) => Some(block(r.bytes()).map_err(|e| format!("{location}: reading the manifest: {e}"))?),
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(e) => return Err(format!("{location}: reading the manifest: {e}")),
+    };
+    let m = match existing {
+        Some(b) => Manifest::decode(&b).map_err(|e| format!("{location}arcache-manifest: {e}"))?,
+        None => {
+            let size = size
+                .ok_or_else(|| format!("{location} has no disk yet; give its size: {location}?size=SIZE"))?;
+            let m = Manifest { disk_uuid: rand::random(), size, chunk_size: chunk, created: now_ms() / 1000 };
+            let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+            match block(store.put_opts(&path, m.encode().into(), opts)) {
+                Ok(_) => {
+                    info!("{location}: made a disk of {size} bytes in chunks of {chunk}");
+                    m
+                }
+                // Another server made it first, or our retried PUT did.
+                Err(object_store::Error::AlreadyExists { .. })
+                | Err(object_store::Error::Precondition { .. }) => {
+                    return manifest(store, location, Some(size), chunk);
+                }
+                Err(e) => return Err(format!("{location}: writing the manifest: {e}")),
+            }
+        }
+    };
+    if let Some(s) = size.filter(|&s| s != m.size) {
+        return Err(format!("{location} is {} bytes, not {s} as size= says", m.size));
+    }
+    Ok(m)
+}
+
+impl S3ChunkDev {
+    /// Opens (or, with `size`, makes) the disk under `location`'s prefix;
+    /// `writable` takes its lease first.
+    pub fn open(
+        location: &S3Location,
+        creds: &Credentials,
+        size: Option<u64>,
+        writable: bool,
+    ) -> Result<S3ChunkDev, String> {
+        if size.is_some_and(|s| s == 0 || s % 512 != 0) {
+            return Err(format!("{location}: size must be a non-zero multiple of 512"));
+        }
+        let store = Arc::new(client(location, creds)?);
+        let manifest = manifest(&store, location, size, DEFAULT_CHUNK)?;
+        let fenced = Arc::new(AtomicBool::new(false));
+        let lease = if writable {
+            Some(LeaseKeeper::acquire(Arc::clone(&store), location, manifest.disk_uuid, Arc::clone(&fenced))?)
+        } else {
+            None
+        };
+        let lease = Arc::new(Mutex::new(lease));
+        if writable {
+            HELD.lock().push(Arc::clone(&lease));
+        }
+        let mut map = HashMap::new();
+        let prefix = key(location, "c/");
+        let listed: Vec<_> = block(async { Ok(store.list(Some(&prefix)).collect::<Vec<_>>().await) })
+            .map_err(|e| format!("{location}: listing chunks: {e}"))?;
+        for meta in listed {
+            let meta = meta.map_err(|e| format!("{location}: listing chunks: {e}"))?;
+            let name = meta.location.filename().unwrap_or_default();
+            let (Ok(index), Some(etag)) = (u64::from_str_radix(name, 16), meta.e_tag) else {
+                warn!("{location}: ignoring {} (not a chunk of this disk)", meta.location);
+                continue;
+            };
+            map.insert(index, etag);
+        }
+        info!("{location}: {} bytes, {} chunks stored", manifest.size, map.len());
+        Ok(S3ChunkDev {
+            store,
+            location: location.clone(),
+            manifest,
+            map: Mutex::new(map),
+            stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            fenced,
+            writable,
+            lease,
+        })
+    }
+
+    fn chunk_len(&self, index: u64) -> u64 {
+        let c = self.manifest.chunk_size;
+        c.min(self.manifest.size - index * c)
+    }
+
+    /// Chunks touched by `[offset, offset+len)`: index and the range inside it.
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, Range<u64>)> + '_ {
+        let c = self.manifest.chunk_size;
+        let end = offset + len;
+        (offset / c..end.div_ceil(c)).map(move |i| {
+            let start = offset.max(i * c) - i * c;
+            let stop = end.min(i * c + self.chunk_len(i)) - i * c;
+            (i, start..stop)
+        })
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> DevResult<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.manifest.size => Ok(()),
+            _ => Err(DevError::OutOfRange { offset, len, size: self.manifest.size }),
+        }
+    }
+
+    fn check_writable(&self) -> DevResult<()> {
+        if !self.writable {
+            return Err(DevError::ReadOnly);
+        }
+        if self.fenced.load(Ordering::Acquire) || self.lease.lock().is_none() {
+            return Err(eio(format!("{}: the lease was lost; no write reaches the bucket", self.location)));
+        }
+        Ok(())
+    }
+
+    fn fence(&self, why: String) -> DevError {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            warn!("{}: {why}; fenced: no more writes go to the bucket", self.location);
+        }
+        eio(format!("{}: {why}", self.location))
+    }
+
+    fn get_chunk(&self, index: u64, range: Range<u64>, etag: &str) -> DevResult<Bytes> {
+        let opts = GetOptions {
+            if_match: Some(etag.to_string()),
+            range: Some(GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let path = chunk_key(&self.location, index);
+        match block(async { self.store.get_opts(&path, opts).await?.bytes().await }) {
+            Ok(b) if b.len() as u64 == range.end - range.start => Ok(b),
+            Ok(b) => Err(eio(format!("{path}: asked {} bytes, got {}", range.end - range.start, b.len()))),
+            Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::NotFound { .. }) => {
+                Err(self.fence(format!("chunk {index} changed underneath")))
+            }
+            Err(e) => Err(eio(format!("{path}: {e}"))),
+        }
+    }
+
+    /// Replaces chunk `index` whole with `data`, conditional on what this
+    /// writer last saw of it.
+    fn put_chunk(&self, index: u64, data: Vec<u8>) -> DevResult<()> {
+        let seen = self.map.lock().get(&index).cloned();
+        let mode = match &seen {
+            Some(e) => PutMode::Update(UpdateVersion { e_tag: Some(e.clone()), version: None }),
+            None => PutMode::Create,
+        };
+        let path = chunk_key(&self.location, index);
+        let opts = PutOptions { mode, ..Default::default() };
+        match block(self.store.put_opts(&path, data.into(), opts)) {
+            Ok(r) => {
+                let etag = r.e_tag.ok_or_else(|| eio(format!("{path}: the server gave no ETag")))?;
+                self.map.lock().insert(index, etag);
+                Ok(())
+            }
+            Err(object_store::Error::Precondition { .. })
+            | Err(object_store::Error::AlreadyExists { .. }) => {
+                Err(self.fence(format!("chunk {index} was written by someone else")))
+            }
+            Err(e) => Err(eio(format!("{path}: {e}"))),
+        }
+    }
+
+    fn delete_chunk(&self, index: u64) -> DevResult<()> {
+        let path = chunk_key(&self.location, index);
+        match block(self.store.delete(&path)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                self.map.lock().remove(&index);
+                Ok(())
+            }
+            Err(e) => Err(eio(format!("{path}: {e}"))),
+        }
+    }
+
+    /// Writes `part` (None: zeros) into chunk `index` at `range`: a whole
+    /// chunk is put (or, for zeros, deleted), a part is read, patched and
+    /// put back under the chunk's lock.
+    fn patch(&self, index: u64, range: Range<u64>, part: Option<&[u8]>) -> DevResult<()> {
+        let _g = self.stripes[index as usize % LOCK_STRIPES].lock();
+        let len = self.chunk_len(index);
+        if range.start == 0 && range.end == len {
+            return match part {
+                Some(p) => self.put_chunk(index, p.to_vec()),
+                None => self.delete_chunk(index),
+            };
+        }
+        let seen = self.map.lock().get(&index).cloned();
+        let mut whole = match (&seen, part) {
+            (None, None) => return Ok(()),
+            (Some(e), _) => self.get_chunk(index, 0..len, e)?.to_vec(),
+            (None, Some(_)) => vec![0u8; len as usize],
+        };
+        let dst = &mut whole[range.start as usize..range.end as usize];
+        match part {
+            Some(p) => dst.copy_from_slice(p),
+            None => dst.fill(0),
+        }
+        self.put_chunk(index, whole)
+    }
+}
+
+impl BlockDev for S3ChunkDev {
+    fn size(&self) -> u64 {
+        self.manifest.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let mut at = 0usize;
+        for (index, range) in self.pieces(offset, buf.len() as u64) {
+            let n = (range.end - range.start) as usize;
+            let seen = self.map.lock().get(&index).cloned();
+            match seen {
+                None => buf[at..at + n].fill(0),
+                Some(e) => buf[at..at + n].copy_from_slice(&self.get_chunk(index, range, &e)?),
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        self.check_writable()?;
+        let mut at = 0usize;
+        for (index, range) in self.pieces(offset, buf.len() as u64) {
+            let n = (range.end - range.start) as usize;
+            self.patch(index, range, Some(&buf[at..at + n]))?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Every write is a finished PUT: nothing is held back.
+    fn flush(&self) -> DevResult<()> {
+        if self.writable && self.fenced.load(Ordering::Acquire) {
+            return Err(eio(format!("{}: the lease was lost", self.location)));
+        }
+        Ok(())
+    }
+
+    /// Whole chunks are deleted; parts of chunks are left as they are
+    /// (TRIM leaves contents unspecified).
+    fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.check_range(offset, len)?;
+        self.check_writable()?;
+        for (index, range) in self.pieces(offset, len) {
+            if range.start == 0 && range.end == self.chunk_len(index) {
+                self.patch(index, range, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.check_range(offset, len)?;
+        self.check_writable()?;
+        for (index, range) in self.pieces(offset, len) {
+            self.patch(index, range, None)?;
+        }
+        Ok(())
+    }
+
+    fn allocation(&self, offset: u64, len: u64) -> DevResult<Vec<(u64, Alloc)>> {
+        self.check_range(offset, len)?;
+        let map = self.map.lock();
+        let mut out: Vec<(u64, Alloc)> = Vec::new();
+        for (index, range) in self.pieces(offset, len) {
+            let kind = if map.contains_key(&index) { Alloc::Data } else { Alloc::Hole };
+            let n = range.end - range.start;
+            match out.last_mut() {
+                Some((l, k)) if *k == kind => *l += n,
+                _ => out.push((n, kind)),
+            }
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        self.location.to_string()
+    }
+
+    fn identity(&self) -> String {
+        let u: String = self.manifest.disk_uuid.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}#{u}", self.location)
+    }
+
+    fn is_read_only(&self) -> bool {
+        !self.writable
+    }
+}
+
+/// What `arcache s3 break-lease` does: a held lease renewed less than
+/// `min_age` ago is left alone unless `force`; else it is marked released,
+/// conditional on being the copy just read.
+pub fn break_lease(
+    location: &S3Location,
+    creds: &Credentials,
+    force: bool,
+    min_age: Duration,
+) -> Result<String, String> {
+    let store = client(location, creds)?;
+    let path = key(location, "arcache-lease");
+    let got = match block(store.get(&path)) {
+        Ok(g) => g,
+        Err(object_store::Error::NotFound { .. }) => return Ok(format!("{location} has no lease")),
+        Err(e) => return Err(format!("{location}: reading the lease: {e}")),
+    };
+    let etag = got.meta.e_tag.clone();
+    let modified = got.meta.last_modified;
+    let bytes = block(got.bytes()).map_err(|e| format!("{location}: reading the lease: {e}"))?;
+    let mut lease = Lease::decode(&bytes).map_err(|e| format!("{location}arcache-lease: {e}"))?;
+    let holder = format!("host {} pid {}", lease.host, lease.pid);
+    if !lease.held {
+        return Ok(format!("{location}: the lease is not held (last holder {holder})"));
+    }
+    let age = SystemTime::now().duration_since(modified.into()).unwrap_or_default();
+    if age < min_age && !force {
+        return Err(format!(
+            "{location} is held by {holder}, renewed {} s ago: it looks alive; stop that server, or pass --force",
+            age.as_secs()
+        ));
+    }
+    lease.held = false;
+    let opts = PutOptions {
+        mode: PutMode::Update(UpdateVersion { e_tag: etag, version: None }),
+        ..Default::default()
+    };
+    match block(store.put_opts(&path, lease.encode().into(), opts)) {
+        Ok(_) => Ok(format!("{location}: broke the lease of {holder}")),
+        Err(object_store::Error::Precondition { .. }) => {
+            Err(format!("{location}: the holder renewed just now; it is alive"))
+        }
+        Err(e) => Err(format!("{location}: writing the lease: {e}")),
+    }
+}
+
+impl Drop for S3ChunkDev {
+    fn drop(&mut self) {
+        if let Some(l) = self.lease.lock().take() {
+            l.release();
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The writer's lease: taken with a create-only PUT (or over a released
+//! one, conditional on its ETag), renewed conditionally, released at a
+//! clean stop. A held lease is never taken over automatically.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
+use parking_lot::Mutex;
+use tracing::warn;
+
+use crate::chunked::{block, key};
+use crate::format::Lease;
+use crate::location::S3Location;
+
+const RENEW_PERIOD: Duration = Duration::from_secs(10);
+
+pub struct LeaseKeeper {
+    store: Arc<AmazonS3>,
+    path: Path,
+    location: S3Location,
+    /// The lease as we last wrote it, and the ETag that write got.
+    mine: Arc<Mutex<(Lease, Option<String>)>>,
+    stop: Arc<AtomicBool>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "?".into(), |h| h.trim().to_string())
+}
+
+fn put(store: &AmazonS3, path: &Path, lease: &Lease, mode: PutMode) -> object_store::Result<Option<String>> {
+    let opts = PutOptions { mode, ..Default::default() };
+    block(store.put_opts(path, lease.encode().into(), opts)).map(|r| r.e_tag)
+}
+
+fn update(etag: Option<String>) -> PutMode {
+    PutMode::Update(UpdateVersion { e_tag: etag, version: None })
+}
+
+impl LeaseKeeper {
+    pub fn acquire(
+        store: Arc<AmazonS3>,
+        location: &S3Location,
+        disk_uuid: [u8; 16],
+        fenced: Arc<AtomicBool>,
+    ) -> Result<LeaseKeeper, String> {
+        let path = key(location, "arcache-lease");
+        let now = now_ms();
+        let lease = Lease {
+            held: true,
+            disk_uuid,
+            token: rand::random(),
+            pid: std::process::id(),
+            renew_period_ms: RENEW_PERIOD.as_millis() as u32,
+            proc_start: now / 1000,
+            acquired_ms: now,
+            renewed_ms: now,
+            renewals: 0,
+            generation: 0,
+            host: host_name(),
+        };
+        let etag = match put(&store, &path, &lease, PutMode::Create) {
+            Ok(e) => e,
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => {
+                Self::take_existing(&store, &path, location, &lease)?
+            }
+            Err(e) => return Err(format!("{location}: taking the lease: {e}")),
+        };
+        let mine = Arc::new(Mutex::new((lease, etag)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let renewer = {
+            let (store, path, mine, stop, loc) =
+                (Arc::clone(&store), path.clone(), Arc::clone(&mine), Arc::clone(&stop), location.clone());
+            std::thread::Builder::new()
+                .name("s3-lease".into())
+                .spawn(move || renew_loop(&store, &path, &mine, &stop, &fenced, &loc))
+                .map_err(|e| format!("starting the lease thread: {e}"))?
+        };
+        Ok(LeaseKeeper { store, path, location: location.clone(), mine, stop, renewer: Some(renewer) })
+    }
+
+    /// The lease object exists: ours (a retried PUT), released (taken
+    /// over conditionally), or held by another (refused, with who).
+    fn take_existing(
+        store: &AmazonS3,
+        path: &Path,
+        location: &S3Location,
+        ours: &Lease,
+    ) -> Result<Option<String>, String> {
+        let got = block(store.get(path)).map_err(|e| format!("{location}: reading the lease: {e}"))?;
+        let etag = got.meta.e_tag.clone();
+        let modified = got.meta.last_modified;
+        let bytes = block(got.bytes()).map_err(|e| format!("{location}: reading the lease: {e}"))?;
+        let theirs = Lease::decode(&bytes).map_err(|e| format!("{location}arcache-lease: {e}"))?;
+        if theirs.token == ours.token {
+            return Ok(etag);
+        }
+        if theirs.held {
+            return Err(format!(
+                "{location} is held by host {} pid {} (last renewed at {modified}); a disk has one writer at a time; \
+                 serve it read-only, or if that server is gone, `arcache s3 break-lease {location}`",
+                theirs.host, theirs.pid
+            ));
+        }
+        match put(store, path, ours, update(etag)) {
+            Ok(e) => Ok(e),
+            Err(object_store::Error::Precondition { .. }) => {
+                Err(format!("{location}: another server took the lease just now"))
+            }
+            Err(e) => Err(format!("{location}: taking the lease: {e}")),
+        }
+    }
+
+    /// Marks the lease released (at a clean stop), conditional on it being
+    /// still ours.
+    pub fn release(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.renewer.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        let (mut lease, etag) = self.mine.lock().clone();
+        lease.held = false;
+        if let Err(e) = put(&self.store, &self.path, &lease, update(etag)) {
+            warn!("{}: releasing the lease: {e}", self.location);
+        }
+    }
+}
+
+fn renew_loop(
+    store: &AmazonS3,
+    path: &Path,
+    mine: &Mutex<(Lease, Option<String>)>,
+    stop: &AtomicBool,
+    fenced: &AtomicBool,
+    location: &S3Location,
+) {
+    while !stop.load(Ordering::Acquire) {
+        std::thread::park_timeout(RENEW_PERIOD);
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (mut lease, etag) = mine.lock().clone();
+        lease.renewed_ms = now_ms();
+        lease.renewals += 1;
+        match put(store, path, &lease, update(etag)) {
+            Ok(e) => *mine.lock() = (lease, e),
+            Err(object_store::Error::Precondition { .. }) => {
+                warn!("{location}: the lease was broken by someone else; no more writes go to the bucket");
+                fenced.store(true, Ordering::Release);
+                return;
+            }
+            // Retried already inside the client; try again next period.
+            Err(e) => warn!("{location}: renewing the lease: {e}"),
+        }
+    }
+}
