@@ -115,7 +115,8 @@ fn utc(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-fn hostname() -> String {
+/// This host's name, as the owner blocks and the S3 lease record it.
+pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -136,7 +137,9 @@ fn host_name(raw: &[u8]) -> String {
     }
 }
 
-fn truncate_utf8(s: &str, max: usize) -> &str {
+/// The longest prefix of `s` of at most `max` bytes that ends on a
+/// character boundary.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;

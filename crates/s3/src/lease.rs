@@ -33,10 +33,6 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "?".into(), |h| h.trim().to_string())
-}
-
 fn put(store: &AmazonS3, path: &Path, lease: &Lease, mode: PutMode) -> object_store::Result<Option<String>> {
     let opts = PutOptions { mode, ..Default::default() };
     block(store.put_opts(path, lease.encode().into(), opts)).map(|r| r.e_tag)
@@ -66,7 +62,7 @@ impl LeaseKeeper {
             renewed_ms: now,
             renewals: 0,
             generation: 0,
-            host: host_name(),
+            host: blockdev::owner::hostname(),
         };
         let etag = match put(&store, &path, &lease, PutMode::Create) {
             Ok(e) => e,
