@@ -77,7 +77,7 @@ fn chunk_key(location: &S3Location, index: u64) -> Path {
     key(location, &format!("c/{index:016x}"))
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

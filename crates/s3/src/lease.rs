@@ -13,7 +13,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersi
 use parking_lot::Mutex;
 use tracing::warn;
 
-use crate::chunked::{block, key};
+use crate::chunked::{block, key, now_ms};
 use crate::format::Lease;
 use crate::location::S3Location;
 
@@ -27,10 +27,6 @@ pub struct LeaseKeeper {
     mine: Arc<Mutex<(Lease, Option<String>)>>,
     stop: Arc<AtomicBool>,
     renewer: Option<JoinHandle<()>>,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn put(store: &AmazonS3, path: &Path, lease: &Lease, mode: PutMode) -> object_store::Result<Option<String>> {
