@@ -37,8 +37,9 @@ pub struct FileDev {
     is_block: bool,
     read_only: bool,
     /// With `sync_writes`: set when a write went through the buffered
-    /// descriptor, which only a flush makes durable.
-    buffered_dirty: std::sync::atomic::AtomicBool,
+    /// descriptor, which only a flush makes durable. Handed from writers to
+    /// whichever thread flushes: arcache-sync's, so shuttle sees it.
+    buffered_dirty: arcache_sync::atomic::AtomicBool,
     sync_writes: bool,
     /// Cleared when the file system refused a hole punch or zero range:
     /// zeroing is no longer offered as fast.
@@ -227,7 +228,7 @@ impl FileDev {
             size,
             is_block,
             read_only: opts.read_only,
-            buffered_dirty: std::sync::atomic::AtomicBool::new(false),
+            buffered_dirty: arcache_sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -284,7 +285,7 @@ impl BlockDev for FileDev {
                 f.write_all_at(bounce.as_slice(), offset).map_err(err)
             }
             None => {
-                self.buffered_dirty.store(true, std::sync::atomic::Ordering::Release);
+                self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
                 self.buffered.write_all_at(buf, offset).map_err(err)
             }
         }
@@ -294,7 +295,7 @@ impl BlockDev for FileDev {
         if self.read_only {
             return Ok(());
         }
-        if self.sync_writes && !self.buffered_dirty.swap(false, std::sync::atomic::Ordering::AcqRel) {
+        if self.sync_writes && !self.buffered_dirty.swap(false, arcache_sync::atomic::Ordering::AcqRel) {
             // Every write since the last flush was synchronous already.
             return Ok(());
         }
@@ -305,7 +306,7 @@ impl BlockDev for FileDev {
         if self.read_only {
             return Err(DevError::ReadOnly);
         }
-        self.buffered_dirty.store(true, std::sync::atomic::Ordering::Release);
+        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
         check_range(self.size, offset, len)?;
         let res = if self.is_block {
             const BLKDISCARD: libc::c_ulong = 0x1277;
@@ -324,7 +325,7 @@ impl BlockDev for FileDev {
         if self.read_only {
             return Err(DevError::ReadOnly);
         }
-        self.buffered_dirty.store(true, std::sync::atomic::Ordering::Release);
+        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
         check_range(self.size, offset, len)?;
         let res = if self.is_block {
             const BLKZEROOUT: libc::c_ulong = 0x127f;
@@ -350,7 +351,7 @@ impl BlockDev for FileDev {
             return Err(DevError::Unsupported(format!("fast zeroing on {}", self.path.display())));
         }
         check_range(self.size, offset, len)?;
-        self.buffered_dirty.store(true, std::sync::atomic::Ordering::Release);
+        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
         let mode = if keep_allocated { libc::FALLOC_FL_ZERO_RANGE } else { libc::FALLOC_FL_PUNCH_HOLE };
         match fallocate(&self.buffered, mode | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
             Ok(()) => Ok(()),

@@ -3,12 +3,12 @@
 //! committer and the syncing thread, and copied on write.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_policy::Key;
 use arcache_l2::Ticket;
+use arcache_sync::atomic::{AtomicBool, Ordering::Relaxed};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 pub const PAGE: u64 = 4096;
@@ -33,7 +33,9 @@ pub fn key_page(key: PageKey) -> u64 {
 pub struct Page {
     pub data: Box<[u8]>,
     pub mask: u8,
-    /// Set once this exact version is in the intent log.
+    /// Set once this exact version is in the intent log. Set by the log
+    /// committer and read by the next commit and by the txg syncer, none
+    /// holding a lock the others take: arcache-sync's, so shuttle sees it.
     pub logged: AtomicBool,
 }
 

@@ -4,6 +4,10 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
+use arcache_sync::atomic::{
+    AtomicBool,
+    Ordering::{Acquire, Release},
+};
 use blockdev::Alloc;
 
 /// Byte ranges of an export known to read as zeroes because a zeroing
@@ -24,7 +28,7 @@ pub struct ZeroMap {
 /// zeroing just recorded always sees it.
 #[derive(Default)]
 pub struct KnownZeroes {
-    any: std::sync::atomic::AtomicBool,
+    any: AtomicBool,
     map: arcache_sync::Mutex<ZeroMap>,
 }
 
@@ -32,17 +36,17 @@ impl KnownZeroes {
     pub fn zeroed(&self, r: Range<u64>) {
         let mut m = self.map.lock();
         m.zeroed(r);
-        self.any.store(!m.ranges.is_empty(), std::sync::atomic::Ordering::Release);
+        self.any.store(!m.ranges.is_empty(), Release);
     }
 
     pub fn changed(&self, r: Range<u64>) {
-        if self.any.load(std::sync::atomic::Ordering::Acquire) {
+        if self.any.load(Acquire) {
             self.map.lock().changed(r);
         }
     }
 
     pub fn overlay(&self, start: u64, extents: &[(u64, Alloc)]) -> Vec<(u64, Alloc)> {
-        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.any.load(Acquire) {
             return extents.to_vec();
         }
         self.map.lock().overlay(start, extents)

@@ -85,7 +85,7 @@ pub struct Volume {
     /// The IO ring backing-store reads may go through, and whether they
     /// may now (`backing_ring_reads`).
     ring: std::sync::OnceLock<Arc<blockdev::uring::Uring>>,
-    ring_on: std::sync::atomic::AtomicBool,
+    ring_on: arcache_sync::atomic::AtomicBool,
     /// Ranges known to read as zeroes, for block status (see `ZeroMap`).
     zeroed: crate::extents::KnownZeroes,
     zfetch: Zfetch,
@@ -101,9 +101,11 @@ pub struct Volume {
 /// it has given out and taken back: odd while a write holds it. A read that
 /// cannot hold the lock across its device read (a ring read) notes the
 /// count before and checks it after, under the lock.
+/// The count is arcache-sync's: it is what a ring read and a write hand
+/// each other outside the lock, so shuttle must see it.
 struct Stripe {
     lock: Mutex<()>,
-    writes: AtomicU64,
+    writes: arcache_sync::atomic::AtomicU64,
 }
 
 /// What clients asked of one export, for per-export metrics.
@@ -164,10 +166,10 @@ impl Volume {
             dev,
             cache,
             stripes: (0..STRIPES)
-                .map(|_| Stripe { lock: Mutex::new(()), writes: AtomicU64::new(0) })
+                .map(|_| Stripe { lock: Mutex::new(()), writes: arcache_sync::atomic::AtomicU64::new(0) })
                 .collect(),
             ring: std::sync::OnceLock::new(),
-            ring_on: std::sync::atomic::AtomicBool::new(true),
+            ring_on: arcache_sync::atomic::AtomicBool::new(true),
             zeroed: crate::extents::KnownZeroes::default(),
             zfetch: Zfetch::new(cfg.recordsize, size),
             this: this.clone(),

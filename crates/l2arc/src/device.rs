@@ -3,9 +3,10 @@
 //! whatever a new batch would overwrite is evicted first.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arcache_sync::atomic::{AtomicBool, AtomicU32};
 use arcache_sync::Mutex;
 use blockdev::{BlockDev, DevResult};
 use serde::Serialize;
@@ -66,6 +67,8 @@ pub struct L2Device {
     end: u64,
     ring: Mutex<Ring>,
     pub stats: DeviceStats,
+    /// Set by whichever thread saw the last failure, read by every reader
+    /// and the feed: arcache-sync's, so shuttle sees the hand-over.
     degraded: AtomicBool,
     consecutive_errors: AtomicU32,
 }

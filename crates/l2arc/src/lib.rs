@@ -13,10 +13,11 @@ mod persist;
 mod rebuild;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arcache_batch::Batch;
+use arcache_sync::atomic as sync_atomic;
 use arcache_sync::Mutex;
 use blockdev::AlignedBuf;
 use tracing::warn;
@@ -161,9 +162,14 @@ pub struct L2Arc {
     pub stats: L2Stats,
     exports: Vec<Option<ExportMap>>,
     persist: Vec<Mutex<Option<DevPersist>>>,
-    committed: Vec<AtomicU64>,
-    logs_on: Vec<AtomicBool>,
-    rebuilding: Vec<AtomicBool>,
+    // What writers, the feed, a rebuild and a commit hand each other
+    // outside the persist lock (how far each log is durable, whether it
+    // keeps one, whether it is being rebuilt): arcache-sync's atomics, so
+    // shuttle switches threads at each and sees the races on them.
+    // Statistics and tunables stay std's.
+    committed: Vec<sync_atomic::AtomicU64>,
+    logs_on: Vec<sync_atomic::AtomicBool>,
+    rebuilding: Vec<sync_atomic::AtomicBool>,
     pub(crate) progress: Vec<RebuildProgress>,
     /// A batch buffer kept between batches: a fresh one of megabytes would
     /// be faulted in and zeroed page by page on every batch. A leaf lock
@@ -175,12 +181,12 @@ pub struct L2Arc {
     /// Per device: batch bytes written since its log was last committed,
     /// and how many may be (0: commit after every batch).
     /// Counted down by every commit (persist.rs), whoever asked for it.
-    pub(crate) uncommitted: Vec<AtomicU64>,
+    pub(crate) uncommitted: Vec<sync_atomic::AtomicU64>,
     commit_every: AtomicU64,
     /// Reads queued through io_uring, once started ([`L2Arc::start_async_reads`]).
     uring: std::sync::OnceLock<Arc<blockdev::uring::Uring>>,
     /// `l2arc_ring_reads`: whether reads may use the ring once started.
-    ring_on: AtomicBool,
+    ring_on: sync_atomic::AtomicBool,
 }
 
 /// Whether a record is stored as it is: uncompressed and a whole number of
@@ -267,7 +273,7 @@ impl L2Arc {
         let n = devices.len();
         let mut persist = persist;
         persist.resize_with(n, || None);
-        let logs_on = persist.iter().map(|p| AtomicBool::new(p.is_some())).collect();
+        let logs_on = persist.iter().map(|p| sync_atomic::AtomicBool::new(p.is_some())).collect();
         Ok(L2Arc {
             logs_on,
             devices: devices.into_iter().map(Arc::new).collect(),
@@ -283,14 +289,14 @@ impl L2Arc {
             stats: L2Stats::default(),
             exports,
             persist: persist.into_iter().map(Mutex::new).collect(),
-            committed: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            committed: (0..n).map(|_| sync_atomic::AtomicU64::new(0)).collect(),
+            rebuilding: (0..n).map(|_| sync_atomic::AtomicBool::new(false)).collect(),
             progress: (0..n).map(|_| RebuildProgress::default()).collect(),
             spare_buf: parking_lot::Mutex::new(None),
-            uncommitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            uncommitted: (0..n).map(|_| sync_atomic::AtomicU64::new(0)).collect(),
             commit_every: AtomicU64::new(0),
             uring: std::sync::OnceLock::new(),
-            ring_on: AtomicBool::new(true),
+            ring_on: sync_atomic::AtomicBool::new(true),
         })
     }
 

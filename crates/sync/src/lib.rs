@@ -32,10 +32,15 @@ pub mod thread {
     pub use shuttle::thread::*;
 }
 
-/// Atomics for the flags that threads hand each other without a lock
-/// (a sleeping thread's "wake me" flag): shuttle's are points where
+/// Atomics for the flags and counts that threads hand each other without a
+/// lock (a sleeping thread's "wake me" flag, a page's "logged", a stripe's
+/// write count that a ring read compares): shuttle's are points where
 /// another thread may run, so it explores the orders around them. Plain
-/// counters stay std's.
+/// statistics counters and tunables (a value an operator sets and the code
+/// reads afresh, where no order between threads matters) stay std's: as
+/// shuttle's they would only add scheduling points that make the races
+/// the tests look for rarer. So does an atomic touched only by threads
+/// shuttle does not run (the L2 rebuild's, on `std::thread::scope`).
 #[cfg(not(feature = "shuttle"))]
 pub mod atomic {
     pub use std::sync::atomic::*;

@@ -11,9 +11,9 @@
 //! the locks go.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use arc_policy::Key;
+use arcache_sync::atomic::{AtomicU64, Ordering::SeqCst};
 use arcache_sync::MutexGuard;
 
 use super::Volume;

@@ -2,9 +2,9 @@
 //! that keeps writes of dirty pages apart from changes applied straight to
 //! a backing store.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arcache_sync::atomic::{AtomicU64, Ordering::Relaxed};
 use arcache_sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use blockdev::{BlockDev, DevError, DevResult};
 use rustc_hash::FxHashMap;
@@ -66,6 +66,8 @@ impl Backings {
         let size_of = |v: u16| backings.get(v as usize).and_then(|b| b.as_ref()).map_or(0, |b| b.size);
         let extents = dirty::extents(pages, size_of);
         let bytes: u64 = extents.iter().map(|e| e.data.len() as u64).sum();
+        // The next extent to claim: handed between the writers, so
+        // arcache-sync's (shuttle switches threads at each claim).
         let next = AtomicU64::new(0);
         let first_error: Mutex<Option<DevError>> = Mutex::new(None);
         let workers = (self.tunables.sync_writers.load(Relaxed).clamp(1, 64) as usize).min(extents.len());
