@@ -1,14 +1,18 @@
-//! The IO engine: device reads queued to the kernel through io_uring and
-//! finished on one thread, for every reader that has an O_DIRECT
-//! descriptor (L2 copies, backing stores opened with `--direct`). A 4K
-//! miss then costs no worker thread that
-//! sleeps in `pread`: the ring thread submits every read queued since it
-//! last looked in one system call, sleeps once for whichever completes
-//! first, and finishes a whole batch of completions at a time (checksum,
-//! ARC insert, reply), all with one [`Batch`] flushed after the last, so the
-//! replies they make can go out together. On this project's 2-core host the blocking path spent
-//! more CPU in wake-ups and context switches than in its own work.
+//! The IO engine: device reads through io_uring, for every reader that
+//! has an O_DIRECT descriptor (L2 copies, backing stores opened with
+//! `--direct`). A 4K miss then costs no worker thread asleep in `pread`.
+//!
+//! The thread that starts a read (a connection's) puts it in the ring and
+//! enters the kernel itself, so the device has it at once; one ring thread
+//! sleeps for completions and finishes a whole batch at a time (checksum,
+//! ARC insert, reply) with one [`Batch`] flushed after the last, so the
+//! replies go out together. Reads that find every entry in use wait in a
+//! queue the ring thread starts as entries come free. An earlier version
+//! had submitters queue reads for the ring thread to submit: each read
+//! then waited for that thread to wake, and cold misses were slower than
+//! with blocking workers (bench/results/ab-read-cold-miss-arms.md).
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -57,16 +61,32 @@ pub struct Op {
 }
 
 struct Shared {
-    /// Reads queued for the ring thread; `None` once the ring has failed.
-    queue: Mutex<Option<Vec<Op>>>,
-    /// Set by the ring thread before it sleeps; whoever queues a read and
-    /// finds it set wakes the thread through `wake`.
-    sleeping: AtomicBool,
+    kernel: Kernel,
+    /// Every read this ring owes an answer, and the submission queue's
+    /// lock: whoever pushes an entry holds it.
+    state: Mutex<State>,
+    /// Wakes the ring thread out of its wait for completions: to stop, or
+    /// to fail.
     wake: Waker,
     /// The submitting side is gone: finish what was queued, then stop.
     closed: AtomicBool,
     /// Tests: make the ring fail as if the kernel had refused it.
     inject_failure: AtomicBool,
+    /// A submitter's push failed: the ring thread fails the ring.
+    broken: AtomicBool,
+}
+
+struct State {
+    /// The ring has failed: reads are given back to their submitters.
+    failed: bool,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    /// Buffers of finished reads, kept for the next ones.
+    spare: Vec<AlignedBuf>,
+    in_flight: usize,
+    /// Reads that found every entry in use; the ring thread starts them as
+    /// entries come free, oldest first.
+    waiting: VecDeque<Op>,
 }
 
 /// The submitting side; dropping it stops the thread once every read
@@ -96,23 +116,31 @@ impl Uring {
     pub fn start(name: &str) -> io::Result<Uring> {
         let (kernel, wake) = kernel::start(DEPTH)?;
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Some(Vec::new())),
-            sleeping: AtomicBool::new(false),
+            kernel,
+            state: Mutex::new(State {
+                failed: false,
+                slots: Vec::new(),
+                free: Vec::new(),
+                spare: Vec::new(),
+                in_flight: 0,
+                waiting: VecDeque::new(),
+            }),
             wake,
             closed: AtomicBool::new(false),
             inject_failure: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
         });
-        // The thread holds `shared` (and so the eventfd its wake-up read is
-        // armed on) until it stops.
+        {
+            let _sq = shared.state.lock();
+            shared.kernel.arm_wake()?;
+        }
+        // The thread holds `shared` (and so the ring and the eventfd its
+        // wake-up read is armed on) until it stops.
         let sh = Arc::clone(&shared);
         arcache_sync::thread::Builder::new().name(name.into()).spawn(move || {
-            let mut t =
-                RingThread { kernel, slots: Vec::new(), free: Vec::new(), spare: Vec::new(), in_flight: 0 };
-            let mut waiting = Vec::new();
-            if let Err(e) = t.run(&sh, &mut waiting) {
+            if let Err(e) = run(&sh) {
                 warn!("the IO ring failed, reading the blocking way from now on: {e}");
-                let queued = sh.queue.lock().take().unwrap_or_default();
-                t.fail_all(waiting.into_iter().chain(queued));
+                fail_all(&sh);
             }
         })?;
         Ok(Uring { shared })
@@ -123,35 +151,50 @@ impl Uring {
     #[doc(hidden)]
     pub fn inject_failure(&self) {
         self.shared.inject_failure.store(true, SeqCst);
-        self.kick();
+        self.shared.wake.kick();
     }
 
     /// False once the ring has failed.
     pub fn is_alive(&self) -> bool {
-        self.shared.queue.lock().is_some()
+        !self.shared.state.lock().failed
     }
 
-    /// Queues a read; gives it back if the ring has failed.
+    /// Starts a read; gives it back if the ring has failed.
+    ///
+    /// The caller's thread hands the read to the kernel itself, so the
+    /// device sees it without waiting for the ring thread to wake: on a
+    /// 2-core host that wake-up cost more than the read's own submission.
     pub fn submit(&self, op: Op) -> Result<(), Op> {
-        match self.shared.queue.lock().as_mut() {
-            Some(q) => q.push(op),
-            None => return Err(op),
+        let sh = &*self.shared;
+        {
+            let mut st = sh.state.lock();
+            if st.failed {
+                return Err(op);
+            }
+            if st.in_flight >= DEPTH as usize - 1 || !st.waiting.is_empty() {
+                st.waiting.push_back(op);
+                return Ok(());
+            }
+            if st.push(&sh.kernel, op).is_err() {
+                // The read is in its slot: the ring thread's failure path
+                // answers it.
+                sh.broken.store(true, SeqCst);
+                sh.wake.kick();
+                return Ok(());
+            }
         }
-        if self.shared.sleeping.swap(false, SeqCst) {
-            self.kick();
-        }
+        // Outside the lock: an entry another thread pushes meanwhile goes
+        // with this call or the next. A failed call leaves the entries
+        // queued for the ring thread's next wait, which reports the error.
+        let _ = sh.kernel.submit();
         Ok(())
-    }
-
-    fn kick(&self) {
-        self.shared.wake.kick();
     }
 }
 
 impl Drop for Uring {
     fn drop(&mut self) {
         self.shared.closed.store(true, SeqCst);
-        self.kick();
+        self.shared.wake.kick();
     }
 }
 
@@ -164,59 +207,10 @@ struct InFlight {
     finish: Finish,
 }
 
-struct RingThread {
-    kernel: Kernel,
-    slots: Vec<Option<InFlight>>,
-    free: Vec<usize>,
-    /// Buffers of finished reads, kept for the next ones.
-    spare: Vec<AlignedBuf>,
-    in_flight: usize,
-}
-
-impl RingThread {
-    fn run(&mut self, sh: &Shared, waiting: &mut Vec<Op>) -> io::Result<()> {
-        self.kernel.arm_wake()?;
-        loop {
-            if sh.inject_failure.load(SeqCst) {
-                return Err(io::Error::other("failure injected by a test"));
-            }
-            if let Some(q) = sh.queue.lock().as_mut() {
-                waiting.append(q);
-            }
-            // Oldest first; the rest wait for free entries.
-            while self.in_flight < DEPTH as usize - 1 && !waiting.is_empty() {
-                self.push(waiting.remove(0))?;
-            }
-            sh.sleeping.store(true, SeqCst);
-            if sh.queue.lock().as_ref().is_some_and(|q| !q.is_empty()) {
-                sh.sleeping.store(false, SeqCst);
-                continue;
-            }
-            // Nobody can queue more once the submitting side is gone.
-            if sh.closed.load(SeqCst) && self.in_flight == 0 && waiting.is_empty() {
-                return Ok(());
-            }
-            self.kernel.wait()?;
-            sh.sleeping.store(false, SeqCst);
-            self.complete()?;
-        }
-    }
-
-    /// Ends every read this thread still owes an answer as failed by the
-    /// ring. Buffers of reads in flight are leaked, not freed: the kernel
-    /// may still be filling them.
-    fn fail_all(&mut self, queued: impl Iterator<Item = Op>) {
-        let mut batch = Batch::new();
-        for f in self.slots.iter_mut().filter_map(Option::take) {
-            std::mem::forget(f.buf);
-            finish_guarded(f.finish, Err(ReadError::RingFailed), &mut batch);
-        }
-        for op in queued {
-            finish_guarded(op.finish, Err(ReadError::RingFailed), &mut batch);
-        }
-    }
-
-    fn push(&mut self, op: Op) -> io::Result<()> {
+impl State {
+    /// Puts a read in a free slot and its entry in the submission queue;
+    /// the caller holds the state lock, which is the queue's too.
+    fn push(&mut self, kernel: &Kernel, op: Op) -> io::Result<()> {
         // `reuse_as` sizes a kept buffer to this read if its allocation
         // holds it (its `capacity` is only the last read's length).
         let mut buf = match self.spare.iter_mut().position(|b| b.reuse_as(op.need)) {
@@ -238,21 +232,47 @@ impl RingThread {
         self.slots[slot] = Some(InFlight { buf, at: op.at, skip: op.skip, len: op.len, finish: op.finish });
         self.in_flight += 1;
         // SAFETY: the buffer lives in its slot (moving `buf` there moved
-        // no bytes) until its completion is reaped, or is leaked.
+        // no bytes) until its completion is reaped, or is leaked; the
+        // state lock held by the caller makes this the only pusher.
         unsafe {
-            self.kernel.read(ReadAt {
-                fd: op.fd,
-                buf: ptr,
-                len: op.need as u32,
-                at: op.at,
-                data: slot as u64,
-            })
+            kernel.read(ReadAt { fd: op.fd, buf: ptr, len: op.need as u32, at: op.at, data: slot as u64 })
         }
     }
+}
 
-    fn complete(&mut self) -> io::Result<()> {
-        let done = self.kernel.reap();
-        let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
+fn run(sh: &Shared) -> io::Result<()> {
+    loop {
+        if sh.inject_failure.load(SeqCst) {
+            return Err(io::Error::other("failure injected by a test"));
+        }
+        if sh.broken.load(SeqCst) {
+            return Err(io::Error::other("a read could not be queued to the ring"));
+        }
+        // Nobody can submit more once the submitting side is gone.
+        if sh.closed.load(SeqCst) {
+            let st = sh.state.lock();
+            if st.in_flight == 0 && st.waiting.is_empty() {
+                return Ok(());
+            }
+        }
+        sh.kernel.wait()?;
+        complete(sh)?;
+    }
+}
+
+/// Finishes every completed read: takes them from their slots, starts
+/// waiting reads in the entries they free (before the completions' work,
+/// so the device is not idle while this thread copies and inserts), then
+/// runs the completions, all with one batch.
+fn complete(sh: &Shared) -> io::Result<()> {
+    let done = sh.kernel.reap();
+    let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
+    let mut started = false;
+    // An error is returned after the completions taken out of their slots
+    // have run: nothing `fail_all` cannot see goes unanswered.
+    let mut failed = None;
+    {
+        let mut st = sh.state.lock();
         let mut woken = false;
         for (data, res) in done {
             if data == WAKE {
@@ -260,43 +280,72 @@ impl RingThread {
                 continue;
             }
             let slot = data as usize;
-            if let Some(f) = self.slots.get_mut(slot).and_then(Option::take) {
-                self.free.push(slot);
-                self.in_flight -= 1;
+            if let Some(f) = st.slots.get_mut(slot).and_then(Option::take) {
+                st.free.push(slot);
+                st.in_flight -= 1;
                 finished.push((f, res));
             }
         }
-        let mut batch = Batch::new();
-        for (f, res) in finished {
-            let InFlight { buf, at, skip, len, finish } = f;
-            let bytes = buf.as_slice();
-            let need = bytes.len();
-            if res >= 0 && res as usize == need {
-                finish_guarded(finish, Ok(&bytes[skip..skip + len]), &mut batch);
-            } else {
-                let source = if res < 0 {
-                    io::Error::from_raw_os_error(-res)
-                } else {
-                    io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {res} of {need} bytes"))
-                };
-                let e = DevError::Io {
-                    op: "read",
-                    dev: "the IO ring".into(),
-                    offset: at,
-                    len: need as u64,
-                    source,
-                };
-                finish_guarded(finish, Err(ReadError::Device(e)), &mut batch);
-            }
-            self.spare.push(buf);
+        while failed.is_none() && st.in_flight < DEPTH as usize - 1 {
+            let Some(op) = st.waiting.pop_front() else { break };
+            // A failed push leaves the read in its slot for `fail_all`.
+            failed = st.push(&sh.kernel, op).err();
+            started = true;
         }
-        batch.flush();
-        self.spare.truncate(64);
-        if woken {
-            self.kernel.arm_wake()?;
+        if woken && failed.is_none() {
+            failed = sh.kernel.arm_wake().err();
+            started = true;
         }
-        Ok(())
     }
+    if started && failed.is_none() {
+        failed = sh.kernel.submit().err();
+    }
+    let mut batch = Batch::new();
+    let mut bufs = Vec::with_capacity(finished.len());
+    for (f, res) in finished {
+        let InFlight { buf, at, skip, len, finish } = f;
+        let bytes = buf.as_slice();
+        let need = bytes.len();
+        if res >= 0 && res as usize == need {
+            finish_guarded(finish, Ok(&bytes[skip..skip + len]), &mut batch);
+        } else {
+            let source = if res < 0 {
+                io::Error::from_raw_os_error(-res)
+            } else {
+                io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {res} of {need} bytes"))
+            };
+            let e =
+                DevError::Io { op: "read", dev: "the IO ring".into(), offset: at, len: need as u64, source };
+            finish_guarded(finish, Err(ReadError::Device(e)), &mut batch);
+        }
+        bufs.push(buf);
+    }
+    batch.flush();
+    let mut st = sh.state.lock();
+    let room = 64usize.saturating_sub(st.spare.len());
+    st.spare.extend(bufs.into_iter().take(room));
+    failed.map_or(Ok(()), Err)
+}
+
+/// Ends every read the ring still owes an answer as failed by the ring,
+/// and gives every later one back to its submitter. Buffers of reads in
+/// flight are leaked, not freed: the kernel may still be filling them.
+fn fail_all(sh: &Shared) {
+    let (slots, waiting) = {
+        let mut st = sh.state.lock();
+        st.failed = true;
+        st.in_flight = 0;
+        (std::mem::take(&mut st.slots), std::mem::take(&mut st.waiting))
+    };
+    let mut batch = Batch::new();
+    for f in slots.into_iter().flatten() {
+        std::mem::forget(f.buf);
+        finish_guarded(f.finish, Err(ReadError::RingFailed), &mut batch);
+    }
+    for op in waiting {
+        finish_guarded(op.finish, Err(ReadError::RingFailed), &mut batch);
+    }
+    batch.flush();
 }
 
 /// Runs one read's completion. A panic in it (a bug) is logged and

@@ -3,7 +3,8 @@
 //! them all. Reads are done with `pread` when the ring thread waits, each
 //! after a point where other threads may run (a real read overlaps with
 //! them); the eventfd is a counter under a lock, and the wait a condition
-//! variable's.
+//! variable's, which a submission also wakes (as a real read's completion
+//! would).
 
 use std::io;
 use std::sync::Arc;
@@ -13,79 +14,95 @@ use arcache_sync::{Condvar, Mutex};
 use super::{ReadAt, WAKE};
 
 #[derive(Default)]
-struct Wake {
-    kicks: Mutex<u64>,
+struct Model {
+    kicks: u64,
+    wake_armed: bool,
+    queued: Vec<ReadAt>,
+    done: Vec<(u64, i32)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    m: Mutex<Model>,
     cv: Condvar,
 }
 
-pub(super) struct Waker(Arc<Wake>);
+pub(super) struct Waker(Arc<Inner>);
 
 impl Waker {
     pub(super) fn kick(&self) {
-        *self.0.kicks.lock() += 1;
+        self.0.m.lock().kicks += 1;
         self.0.cv.notify_all();
     }
 }
 
-pub(super) struct Kernel {
-    wake: Arc<Wake>,
-    queued: Vec<ReadAt>,
-    wake_armed: bool,
-    done: Vec<(u64, i32)>,
-}
+pub(super) struct Kernel(Arc<Inner>);
 
-// SAFETY: it moves to the ring thread with nothing queued; the buffers it
-// later points at are that thread's slots, which it alone touches.
-unsafe impl Send for Kernel {}
+// SAFETY: the buffer a queued read points at is its ring slot's, which
+// stays put until the completion is reaped.
+unsafe impl Send for ReadAt {}
 
 pub(super) fn start(_depth: u32) -> io::Result<(Kernel, Waker)> {
-    let wake = Arc::new(Wake::default());
-    let kernel = Kernel { wake: Arc::clone(&wake), queued: Vec::new(), wake_armed: false, done: Vec::new() };
-    Ok((kernel, Waker(wake)))
+    let inner = Arc::new(Inner::default());
+    Ok((Kernel(Arc::clone(&inner)), Waker(inner)))
 }
 
 impl Kernel {
     /// # Safety
     /// As the real ring's: `r.buf` stays valid for `r.len` bytes until
     /// the read's completion is reaped.
-    pub(super) unsafe fn read(&mut self, r: ReadAt) -> io::Result<()> {
-        self.queued.push(r);
+    pub(super) unsafe fn read(&self, r: ReadAt) -> io::Result<()> {
+        self.0.m.lock().queued.push(r);
         Ok(())
     }
 
-    pub(super) fn arm_wake(&mut self) -> io::Result<()> {
-        self.wake_armed = true;
+    pub(super) fn arm_wake(&self) -> io::Result<()> {
+        self.0.m.lock().wake_armed = true;
         Ok(())
     }
 
-    pub(super) fn wait(&mut self) -> io::Result<()> {
+    pub(super) fn submit(&self) -> io::Result<()> {
+        self.0.cv.notify_all();
+        Ok(())
+    }
+
+    pub(super) fn wait(&self) -> io::Result<()> {
+        let mut m = self.0.m.lock();
         loop {
-            for r in std::mem::take(&mut self.queued) {
-                arcache_sync::thread::yield_now();
-                // SAFETY: the caller of `read` keeps `buf` valid for `len`
-                // bytes until this completion is reaped.
-                let n = unsafe { libc::pread(r.fd, r.buf.cast(), r.len as usize, r.at as libc::off_t) };
-                let res = if n < 0 {
-                    -io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
-                } else {
-                    n as i32
-                };
-                self.done.push((r.data, res));
+            let queued = std::mem::take(&mut m.queued);
+            if !queued.is_empty() {
+                drop(m);
+                let mut done = Vec::with_capacity(queued.len());
+                for r in queued {
+                    arcache_sync::thread::yield_now();
+                    // SAFETY: the caller of `read` keeps `buf` valid for
+                    // `len` bytes until this completion is reaped.
+                    let n = unsafe { libc::pread(r.fd, r.buf.cast(), r.len as usize, r.at as libc::off_t) };
+                    let res = if n < 0 {
+                        -io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+                    } else {
+                        n as i32
+                    };
+                    done.push((r.data, res));
+                }
+                m = self.0.m.lock();
+                m.done.extend(done);
             }
-            let mut kicks = self.wake.kicks.lock();
-            if self.wake_armed && *kicks > 0 {
-                *kicks = 0;
-                self.wake_armed = false;
-                self.done.push((WAKE, 8));
+            if m.wake_armed && m.kicks > 0 {
+                m.kicks = 0;
+                m.wake_armed = false;
+                m.done.push((WAKE, 8));
             }
-            if !self.done.is_empty() {
+            if !m.done.is_empty() {
                 return Ok(());
             }
-            self.wake.cv.wait(&mut kicks);
+            if m.queued.is_empty() {
+                self.0.cv.wait(&mut m);
+            }
         }
     }
 
-    pub(super) fn reap(&mut self) -> Vec<(u64, i32)> {
-        std::mem::take(&mut self.done)
+    pub(super) fn reap(&self) -> Vec<(u64, i32)> {
+        std::mem::take(&mut self.0.m.lock().done)
     }
 }
