@@ -411,31 +411,7 @@ impl Volume {
     /// the backing store and is flushed before it is acknowledged, in
     /// parallel with other writes, and replaces any dirty bytes it covers.
     fn write_direct(&self, wb: &WriteBack, offset: u64, data: &[u8]) -> DevResult<()> {
-        self.for_each_piece(offset, data, |rs, lo, part| {
-            let mut guard = self.write_guard(rs);
-            guard.drop_l2_copies();
-            self.zeroed.changed(lo..lo + part.len() as u64);
-            let c = &self.cache.counters;
-            c.backing_writes.fetch_add(1, Relaxed);
-            c.backing_write_bytes.fetch_add(part.len() as u64, Relaxed);
-            let res = wb.discard(
-                self.id,
-                guard.keys(),
-                lo..lo + part.len() as u64,
-                Change::Overwrite(part),
-                || self.dev.write_at(part, lo),
-            );
-            match &res {
-                Ok(()) => self.patch_cache(&guard, lo, part),
-                Err(_) => {
-                    c.backing_errors.fetch_add(1, Relaxed);
-                    for &k in guard.keys() {
-                        self.cache.invalidate(k);
-                    }
-                }
-            }
-            res
-        })?;
+        self.for_each_piece(offset, data, |rs, lo, part| self.write_records(Some(wb), rs, lo, part))?;
         self.dev.flush()
     }
 
@@ -518,26 +494,38 @@ impl Volume {
             return Err(DevError::ReadOnly);
         }
         self.check(offset, data.len() as u64)?;
-        self.for_each_piece(offset, data, |rs, lo, part| self.write_records(rs, lo, part))?;
+        self.for_each_piece(offset, data, |rs, lo, part| self.write_records(None, rs, lo, part))?;
         if fua {
             self.dev.flush()?;
         }
         Ok(())
     }
 
-    fn write_records(&self, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
+    /// The one way a write reaches the backing store: under its records'
+    /// guard, their L2 copies gone first; with write-back on, through
+    /// `WriteBack::discard`, which takes the dirty bytes it covers out of
+    /// the txg in the same step.
+    fn write_records(
+        &self,
+        wb: Option<&WriteBack>,
+        rs: Range<u64>,
+        offset: u64,
+        data: &[u8],
+    ) -> DevResult<()> {
         let mut guard = self.write_guard(rs);
         guard.drop_l2_copies();
-        self.write_locked(&guard, offset, data)
-    }
-
-    /// Writes the records of `guard`, whose L2 copies are gone.
-    fn write_locked(&self, guard: &RecordWrite<'_>, offset: u64, data: &[u8]) -> DevResult<()> {
         self.zeroed.changed(offset..offset + data.len() as u64);
         let c = &self.cache.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(data.len() as u64, Relaxed);
-        let written = write_backing(self.dev.as_ref(), data, offset);
+        let write = || write_backing(self.dev.as_ref(), data, offset);
+        let written = match wb {
+            Some(wb) => {
+                let range = offset..offset + data.len() as u64;
+                wb.discard(self.id, guard.keys(), range, Change::Overwrite(data), write)
+            }
+            None => write(),
+        };
         if let Err(e) = written {
             c.backing_errors.fetch_add(1, Relaxed);
             // What reached the device is unknown; the device is the truth.
@@ -546,7 +534,7 @@ impl Volume {
             }
             return Err(e);
         }
-        self.patch_cache(guard, offset, data);
+        self.patch_cache(&guard, offset, data);
         Ok(())
     }
 
