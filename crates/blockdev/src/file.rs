@@ -193,6 +193,16 @@ fn is_aligned_ptr(p: *const u8) -> bool {
 }
 
 impl FileDev {
+    /// Marks the page cache as holding changes a flush must sync, once a
+    /// buffered change has been made (failed ones too: part of it may have
+    /// landed). Marking it before the change would let a flush running
+    /// meanwhile clear the mark and sync too early, and the next flush
+    /// would then skip the sync the change needs.
+    fn dirtied<T>(&self, res: T) -> T {
+        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
+        res
+    }
+
     pub fn open(path: &Path, opts: FileDevOptions) -> DevResult<FileDev> {
         let err = |source| io_err("open", path, 0, 0, source);
         let buffered = match (opts.create_size, path.exists()) {
@@ -284,10 +294,7 @@ impl BlockDev for FileDev {
                 bounce.as_mut_slice().copy_from_slice(buf);
                 f.write_all_at(bounce.as_slice(), offset).map_err(err)
             }
-            None => {
-                self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
-                self.buffered.write_all_at(buf, offset).map_err(err)
-            }
+            None => self.dirtied(self.buffered.write_all_at(buf, offset).map_err(err)),
         }
     }
 
@@ -306,14 +313,13 @@ impl BlockDev for FileDev {
         if self.read_only {
             return Err(DevError::ReadOnly);
         }
-        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
         check_range(self.size, offset, len)?;
-        let res = if self.is_block {
+        let res = self.dirtied(if self.is_block {
             const BLKDISCARD: libc::c_ulong = 0x1277;
             range_ioctl(&self.buffered, BLKDISCARD, offset, len)
         } else {
             fallocate(&self.buffered, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
-        };
+        });
         match res {
             // Trim is advice: a device that cannot discard keeps its bytes.
             Err(e) if unsupported(&e) => Ok(()),
@@ -325,14 +331,13 @@ impl BlockDev for FileDev {
         if self.read_only {
             return Err(DevError::ReadOnly);
         }
-        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
         check_range(self.size, offset, len)?;
-        let res = if self.is_block {
+        let res = self.dirtied(if self.is_block {
             const BLKZEROOUT: libc::c_ulong = 0x127f;
             range_ioctl(&self.buffered, BLKZEROOUT, offset, len)
         } else {
             fallocate(&self.buffered, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
-        };
+        });
         match res {
             Ok(()) => Ok(()),
             Err(e) if unsupported(&e) => write_zeroes_by_writing(self, offset, len),
@@ -351,9 +356,8 @@ impl BlockDev for FileDev {
             return Err(DevError::Unsupported(format!("fast zeroing on {}", self.path.display())));
         }
         check_range(self.size, offset, len)?;
-        self.buffered_dirty.store(true, arcache_sync::atomic::Ordering::Release);
         let mode = if keep_allocated { libc::FALLOC_FL_ZERO_RANGE } else { libc::FALLOC_FL_PUNCH_HOLE };
-        match fallocate(&self.buffered, mode | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+        match self.dirtied(fallocate(&self.buffered, mode | libc::FALLOC_FL_KEEP_SIZE, offset, len)) {
             Ok(()) => Ok(()),
             Err(e) if unsupported(&e) => {
                 // The caller has already dropped cached and dirty bytes of
