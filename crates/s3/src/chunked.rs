@@ -6,10 +6,17 @@
 //! Every chunk PUT is conditional on the ETag this writer last saw for it
 //! (or on its absence), so a writer whose lease was broken cannot
 //! overwrite what another wrote; a refused PUT fences the device.
+//!
+//! A PUT whose answer was lost (a reset after the server acted on it) may
+//! have landed: each chunk PUT carries a write id of this device in its
+//! metadata (`x-amz-meta-arcache-write`), and a 412 on a chunk with a PUT
+//! of ours of unknown outcome is checked with a HEAD: if the chunk holds
+//! our write, its ETag is taken and nothing is fenced (docs/s3-backing.md,
+//! section 7). So such PUTs are safe to send again, and are.
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,7 +25,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
+use object_store::{
+    Attribute, Attributes, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    UpdateVersion,
+};
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
@@ -26,11 +36,14 @@ use crate::credentials::Credentials;
 use crate::format::{Lease, Manifest};
 use crate::lease::LeaseKeeper;
 use crate::location::S3Location;
-use crate::object::client;
+use crate::object::{client, retry_budget};
+use crate::retry::{explain, with_retries};
 use crate::runtime::runtime;
 
 pub const DEFAULT_CHUNK: u64 = 4 << 20;
 const LOCK_STRIPES: usize = 64;
+/// The user metadata key of a chunk's write id (`x-amz-meta-arcache-write`).
+const WRITE_ID: &str = "arcache-write";
 
 pub struct S3ChunkDev {
     store: Arc<AmazonS3>,
@@ -44,6 +57,14 @@ pub struct S3ChunkDev {
     writable: bool,
     /// Ours until [`release_leases`] or drop gives it back.
     lease: Arc<Mutex<Option<LeaseKeeper>>>,
+    /// Random at open; with `write_seq`, makes each PUT's write id.
+    writer_id: u128,
+    write_seq: AtomicU64,
+    /// Per chunk, the write ids of our PUTs in flight or whose answer was
+    /// lost: a 412 on that chunk may be our own write having landed.
+    unsure: Mutex<HashMap<u64, Vec<String>>>,
+    /// How long one request is retried (`retry_timeout=SECS`).
+    budget: Duration,
 }
 
 /// Every lease this process holds, for [`release_leases`].
@@ -91,12 +112,23 @@ fn manifest(
     location: &S3Location,
     size: Option<u64>,
     chunk: u64,
+    source: &str,
 ) -> Result<Manifest, String> {
     let path = key(location, "arcache-manifest");
     let existing = match block(store.get(&path)) {
         Ok(r) => Some(block(r.bytes()).map_err(|e| format!("{location}: reading the manifest: {e}"))?),
+        Err(e @ object_store::Error::NotFound { .. })
+            if crate::retry::s3_code(&e).as_deref() == Some("NoSuchBucket") =>
+        {
+            return Err(format!("{location}: {}", explain(&e, &location.bucket, source)));
+        }
         Err(object_store::Error::NotFound { .. }) => None,
-        Err(e) => return Err(format!("{location}: reading the manifest: {e}")),
+        Err(e) => {
+            return Err(format!(
+                "{location}: reading the manifest: {}",
+                explain(&e, &location.bucket, source)
+            ))
+        }
     };
     let m = match existing {
         Some(b) => Manifest::decode(&b).map_err(|e| format!("{location}arcache-manifest: {e}"))?,
@@ -113,9 +145,14 @@ fn manifest(
                 // Another server made it first, or our retried PUT did.
                 Err(object_store::Error::AlreadyExists { .. })
                 | Err(object_store::Error::Precondition { .. }) => {
-                    return manifest(store, location, Some(size), chunk);
+                    return manifest(store, location, Some(size), chunk, source);
                 }
-                Err(e) => return Err(format!("{location}: writing the manifest: {e}")),
+                Err(e) => {
+                    return Err(format!(
+                        "{location}: writing the manifest: {}",
+                        explain(&e, &location.bucket, source)
+                    ))
+                }
             }
         }
     };
@@ -138,7 +175,7 @@ impl S3ChunkDev {
             return Err(format!("{location}: size must be a non-zero multiple of 512"));
         }
         let store = Arc::new(client(location, creds)?);
-        let manifest = manifest(&store, location, size, DEFAULT_CHUNK)?;
+        let manifest = manifest(&store, location, size, DEFAULT_CHUNK, &creds.source)?;
         let fenced = Arc::new(AtomicBool::new(false));
         let lease = if writable {
             Some(LeaseKeeper::acquire(Arc::clone(&store), location, manifest.disk_uuid, Arc::clone(&fenced))?)
@@ -172,6 +209,10 @@ impl S3ChunkDev {
             fenced,
             writable,
             lease,
+            writer_id: rand::random(),
+            write_seq: AtomicU64::new(0),
+            unsure: Mutex::new(HashMap::new()),
+            budget: retry_budget(location),
         })
     }
 
@@ -216,49 +257,121 @@ impl S3ChunkDev {
     }
 
     fn get_chunk(&self, index: u64, range: Range<u64>, etag: &str) -> DevResult<Bytes> {
-        let opts = GetOptions {
-            if_match: Some(etag.to_string()),
-            range: Some(GetRange::Bounded(range.clone())),
-            ..Default::default()
-        };
         let path = chunk_key(&self.location, index);
-        match block(async { self.store.get_opts(&path, opts).await?.bytes().await }) {
-            Ok(b) if b.len() as u64 == range.end - range.start => Ok(b),
-            Ok(b) => Err(eio(format!("{path}: asked {} bytes, got {}", range.end - range.start, b.len()))),
-            Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::NotFound { .. }) => {
-                Err(self.fence(format!("chunk {index} changed underneath")))
+        let mut etag = etag.to_string();
+        // Once more after taking the ETag of a write of ours found landed.
+        for _ in 0..3 {
+            let opts = GetOptions {
+                if_match: Some(etag.clone()),
+                range: Some(GetRange::Bounded(range.clone())),
+                ..Default::default()
+            };
+            let got = with_retries(self.budget, &path, || {
+                block(async { self.store.get_opts(&path, opts.clone()).await?.bytes().await })
+            });
+            match got {
+                Ok(b) if b.len() as u64 == range.end - range.start => return Ok(b),
+                Ok(b) => {
+                    return Err(eio(format!(
+                        "{path}: asked {} bytes, got {}",
+                        range.end - range.start,
+                        b.len()
+                    )))
+                }
+                Err(object_store::Error::Precondition { .. }) => match self.landed(index)? {
+                    Some((_, now)) if now != etag => etag = now,
+                    _ => return Err(self.fence(format!("chunk {index} changed underneath"))),
+                },
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(self.fence(format!("chunk {index} changed underneath")))
+                }
+                Err(e) => return Err(eio(format!("{path}: {e}"))),
             }
-            Err(e) => Err(eio(format!("{path}: {e}"))),
+        }
+        Err(self.fence(format!("chunk {index} keeps changing underneath")))
+    }
+
+    fn next_write_id(&self) -> String {
+        format!("{:032x}-{}", self.writer_id, self.write_seq.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// After a 412 on chunk `index`: if the chunk now holds a write of ours
+    /// whose answer we never had (in flight, or its answer lost), takes its
+    /// ETag into the map and returns its write id and ETag; None if the
+    /// chunk holds someone else's write.
+    fn landed(&self, index: u64) -> DevResult<Option<(String, String)>> {
+        let ids = self.unsure.lock().get(&index).cloned().unwrap_or_default();
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        let path = chunk_key(&self.location, index);
+        let opts = GetOptions { head: true, ..Default::default() };
+        let got = match with_retries(self.budget, &path, || block(self.store.get_opts(&path, opts.clone()))) {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            // Unknown yet: not a reason to fence.
+            Err(e) => return Err(eio(format!("{path}: checking whose write it holds: {e}"))),
+        };
+        let id = got.attributes.get(&Attribute::Metadata(WRITE_ID.into())).map(|v| v.to_string());
+        match (id, got.meta.e_tag) {
+            (Some(id), Some(etag)) if ids.contains(&id) => {
+                info!("{path}: a write of ours whose answer was lost had landed; taking its ETag");
+                self.map.lock().insert(index, etag.clone());
+                Ok(Some((id, etag)))
+            }
+            _ => Ok(None),
         }
     }
 
     /// Replaces chunk `index` whole with `data`, conditional on what this
     /// writer last saw of it.
     fn put_chunk(&self, index: u64, data: Vec<u8>) -> DevResult<()> {
-        let seen = self.map.lock().get(&index).cloned();
-        let mode = match &seen {
-            Some(e) => PutMode::Update(UpdateVersion { e_tag: Some(e.clone()), version: None }),
-            None => PutMode::Create,
-        };
         let path = chunk_key(&self.location, index);
-        let opts = PutOptions { mode, ..Default::default() };
-        match block(self.store.put_opts(&path, data.into(), opts)) {
-            Ok(r) => {
-                let etag = r.e_tag.ok_or_else(|| eio(format!("{path}: the server gave no ETag")))?;
-                self.map.lock().insert(index, etag);
-                Ok(())
+        let data = Bytes::from(data);
+        let id = self.next_write_id();
+        let mut attributes = Attributes::new();
+        attributes.insert(Attribute::Metadata(WRITE_ID.into()), id.clone().into());
+        self.unsure.lock().entry(index).or_default().push(id.clone());
+        // Once more after taking the ETag of an earlier write of ours.
+        for _ in 0..3 {
+            let seen = self.map.lock().get(&index).cloned();
+            let mode = match &seen {
+                Some(e) => PutMode::Update(UpdateVersion { e_tag: Some(e.clone()), version: None }),
+                None => PutMode::Create,
+            };
+            let opts = PutOptions { mode, attributes: attributes.clone(), ..Default::default() };
+            let put = with_retries(self.budget, &path, || {
+                block(self.store.put_opts(&path, data.clone().into(), opts.clone()))
+            });
+            match put {
+                Ok(r) => {
+                    let etag = r.e_tag.ok_or_else(|| eio(format!("{path}: the server gave no ETag")))?;
+                    self.map.lock().insert(index, etag);
+                    // Every earlier write of ours to it is settled now.
+                    self.unsure.lock().remove(&index);
+                    return Ok(());
+                }
+                Err(object_store::Error::Precondition { .. })
+                | Err(object_store::Error::AlreadyExists { .. }) => match self.landed(index)? {
+                    // This very PUT landed; its answer was lost.
+                    Some((landed, _)) if landed == id => {
+                        self.unsure.lock().remove(&index);
+                        return Ok(());
+                    }
+                    // An earlier one did: its ETag is in the map; put over it.
+                    Some(_) => {}
+                    None => return Err(self.fence(format!("chunk {index} was written by someone else"))),
+                },
+                // The outcome is unknown: the id stays unsure.
+                Err(e) => return Err(eio(format!("{path}: {e}"))),
             }
-            Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::AlreadyExists { .. }) => {
-                Err(self.fence(format!("chunk {index} was written by someone else")))
-            }
-            Err(e) => Err(eio(format!("{path}: {e}"))),
         }
+        Err(self.fence(format!("chunk {index} keeps changing underneath")))
     }
 
     fn delete_chunk(&self, index: u64) -> DevResult<()> {
         let path = chunk_key(&self.location, index);
-        match block(self.store.delete(&path)) {
+        match with_retries(self.budget, &path, || block(self.store.delete(&path))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                 self.map.lock().remove(&index);
                 Ok(())

@@ -16,6 +16,8 @@ use tracing::warn;
 use crate::chunked::{block, key, now_ms};
 use crate::format::Lease;
 use crate::location::S3Location;
+use crate::object::retry_budget;
+use crate::retry::with_retries;
 
 const RENEW_PERIOD: Duration = Duration::from_secs(10);
 
@@ -32,6 +34,40 @@ pub struct LeaseKeeper {
 fn put(store: &AmazonS3, path: &Path, lease: &Lease, mode: PutMode) -> object_store::Result<Option<String>> {
     let opts = PutOptions { mode, ..Default::default() };
     block(store.put_opts(path, lease.encode().into(), opts)).map(|r| r.e_tag)
+}
+
+/// A conditional PUT of our own lease (renewal or release), sent again on
+/// transient errors; a 412 is checked against the lease there now, which
+/// is still ours if a PUT of ours landed and only its answer was lost
+/// (docs/s3-backing.md, section 7). `Ok(None)`: someone else's now.
+fn put_ours(
+    store: &AmazonS3,
+    path: &Path,
+    location: &S3Location,
+    lease: &Lease,
+    etag: Option<String>,
+) -> object_store::Result<Option<(Lease, Option<String>)>> {
+    let budget = retry_budget(location);
+    match with_retries(budget, path, || put(store, path, lease, update(etag.clone()))) {
+        Ok(e) => Ok(Some((lease.clone(), e))),
+        Err(object_store::Error::Precondition { .. }) => {
+            let (bytes, now) = with_retries(budget, path, || {
+                block(async {
+                    let got = store.get(path).await?;
+                    let etag = got.meta.e_tag.clone();
+                    Ok((got.bytes().await?, etag))
+                })
+            })?;
+            match Lease::decode(&bytes) {
+                Ok(there) if there.token == lease.token => {
+                    warn!("{location}: a lease write of ours landed but its answer was lost; going on");
+                    Ok(Some((there, now)))
+                }
+                _ => Ok(None),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn update(etag: Option<String>) -> PutMode {
@@ -123,8 +159,17 @@ impl LeaseKeeper {
         }
         let (mut lease, etag) = self.mine.lock().clone();
         lease.held = false;
-        if let Err(e) = put(&self.store, &self.path, &lease, update(etag)) {
-            warn!("{}: releasing the lease: {e}", self.location);
+        let mut put = put_ours(&self.store, &self.path, &self.location, &lease, etag);
+        // A renewal of ours had landed unseen: release over it.
+        if let Ok(Some((there, etag))) = &put {
+            if there.held {
+                put = put_ours(&self.store, &self.path, &self.location, &lease, etag.clone());
+            }
+        }
+        match put {
+            Ok(Some(_)) => {}
+            Ok(None) => warn!("{}: releasing the lease: someone else holds it now", self.location),
+            Err(e) => warn!("{}: releasing the lease: {e}", self.location),
         }
     }
 }
@@ -145,9 +190,9 @@ fn renew_loop(
         let (mut lease, etag) = mine.lock().clone();
         lease.renewed_ms = now_ms();
         lease.renewals += 1;
-        match put(store, path, &lease, update(etag)) {
-            Ok(e) => *mine.lock() = (lease, e),
-            Err(object_store::Error::Precondition { .. }) => {
+        match put_ours(store, path, location, &lease, etag) {
+            Ok(Some(now)) => *mine.lock() = now,
+            Ok(None) => {
                 warn!("{location}: the lease was broken by someone else; no more writes go to the bucket");
                 fenced.store(true, Ordering::Release);
                 return;

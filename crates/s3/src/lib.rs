@@ -16,6 +16,7 @@ pub mod format;
 mod lease;
 mod location;
 mod object;
+mod retry;
 mod runtime;
 
 pub use chunked::{break_lease, release_leases, S3ChunkDev, DEFAULT_CHUNK};

@@ -1,5 +1,7 @@
 //! `s3://BUCKET/KEY` and `s3://BUCKET/PREFIX/?size=SIZE`.
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,10 +11,13 @@ pub struct S3Location {
     pub key: String,
     /// The query's `size=`, as written (a chunked disk's size).
     pub size: Option<String>,
+    /// The query's `retry_timeout=SECS`: how long one request is retried
+    /// (5xx, SlowDown, resets) before it fails; `None` for the default.
+    pub retry_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE)")]
+#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE, either with &retry_timeout=SECS)")]
 pub struct LocationError {
     uri: String,
     why: &'static str,
@@ -38,13 +43,18 @@ impl S3Location {
             return Err(bad("no key after the bucket"));
         }
         let mut size = None;
+        let mut retry_timeout = None;
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("size", v)) if !v.is_empty() => size = Some(v.to_string()),
-                _ => return Err(bad("the only query key is size=SIZE")),
+                Some(("retry_timeout", v)) => match v.parse::<u64>() {
+                    Ok(secs @ 1..=3600) => retry_timeout = Some(Duration::from_secs(secs)),
+                    _ => return Err(bad("retry_timeout is whole seconds, 1 to 3600")),
+                },
+                _ => return Err(bad("the only query keys are size=SIZE and retry_timeout=SECS")),
             }
         }
-        Ok(S3Location { bucket: bucket.to_string(), key: key.to_string(), size })
+        Ok(S3Location { bucket: bucket.to_string(), key: key.to_string(), size, retry_timeout })
     }
 
     /// True for a chunked disk's prefix (`.../`), false for one object.
@@ -72,6 +82,11 @@ mod tests {
         assert_eq!((p.key.as_str(), p.size.as_deref()), ("disk1/", Some("10G")));
         assert!(p.is_prefix());
         assert_eq!(p.to_string(), "s3://vms/disk1/");
+        assert_eq!(p.retry_timeout, None);
+        let r = S3Location::parse("s3://vms/disk1/?size=10G&retry_timeout=3").unwrap();
+        assert_eq!((r.size.as_deref(), r.retry_timeout), (Some("10G"), Some(Duration::from_secs(3))));
+        let o = S3Location::parse("s3://games/disk.img?retry_timeout=60").unwrap();
+        assert_eq!((o.key.as_str(), o.retry_timeout), ("disk.img", Some(Duration::from_secs(60))));
     }
 
     #[test]
@@ -84,6 +99,8 @@ mod tests {
             ("s3://ab/key", "bucket name"),
             ("s3://bucket/key?color=red", "only query key"),
             ("s3://bucket/key?size=", "only query key"),
+            ("s3://bucket/key?retry_timeout=0", "retry_timeout"),
+            ("s3://bucket/key?retry_timeout=2s", "retry_timeout"),
         ] {
             let e = S3Location::parse(uri).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains(uri), "{uri}: {e}");

@@ -12,6 +12,7 @@ use tracing::warn;
 
 use crate::credentials::Credentials;
 use crate::location::S3Location;
+use crate::retry::{explain, with_retries, DEFAULT_RETRY_TIMEOUT};
 use crate::runtime::runtime;
 
 pub struct S3ObjectDev {
@@ -25,9 +26,11 @@ pub struct S3ObjectDev {
     changed: AtomicBool,
 }
 
-/// How long one request keeps being retried (5xx, throttling, resets)
-/// before it fails that client request.
-const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one request of `location` keeps being retried (5xx,
+/// throttling, resets) before it fails that client request.
+pub(crate) fn retry_budget(location: &S3Location) -> Duration {
+    location.retry_timeout.unwrap_or(DEFAULT_RETRY_TIMEOUT)
+}
 
 pub(crate) fn client(location: &S3Location, creds: &Credentials) -> Result<AmazonS3, String> {
     let retry = RetryConfig {
@@ -37,7 +40,7 @@ pub(crate) fn client(location: &S3Location, creds: &Credentials) -> Result<Amazo
             base: 2.0,
         },
         max_retries: 10,
-        retry_timeout: RETRY_TIMEOUT,
+        retry_timeout: retry_budget(location),
     };
     let mut b = AmazonS3Builder::new()
         .with_bucket_name(&location.bucket)
@@ -73,9 +76,23 @@ impl S3ObjectDev {
         let store = Arc::new(client(location, creds)?);
         let path = Path::from(location.key.as_str());
         let rt = runtime().map_err(|e| format!("starting the S3 runtime: {e}"))?;
-        let meta = rt
-            .block_on(store.head(&path))
-            .map_err(|e| format!("{location}: {e} (credentials from {})", creds.source))?;
+        let meta = rt.block_on(store.head(&path)).map_err(|e| {
+            // A HEAD answer has no body, so no S3 error code: a one-byte GET
+            // asks again for the reason (NoSuchBucket or NoSuchKey,
+            // InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied).
+            let opts = GetOptions { range: Some(GetRange::Bounded(0..1)), ..Default::default() };
+            let e = match rt.block_on(store.get_opts(&path, opts)) {
+                Err(again) => again,
+                Ok(_) => e,
+            };
+            let why = match crate::retry::s3_code(&e).as_deref() {
+                Some("NoSuchKey") => {
+                    format!("no object {} in bucket {} (NoSuchKey): {e}", location.key, location.bucket)
+                }
+                _ => explain(&e, &location.bucket, &creds.source),
+            };
+            format!("{location}: {why}")
+        })?;
         let etag = meta
             .e_tag
             .ok_or_else(|| format!("{location}: the server gave no ETag, so a change could not be seen"))?;
@@ -126,9 +143,12 @@ impl BlockDev for S3ObjectDev {
             ..Default::default()
         };
         let rt = runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
-        let bytes = rt.block_on(async {
-            let got = self.store.get_opts(&self.path, opts).await?;
-            got.bytes().await
+        let what = format!("{}: read of {len} bytes at {offset}", self.location);
+        let bytes = with_retries(retry_budget(&self.location), &what, || {
+            rt.block_on(async {
+                let got = self.store.get_opts(&self.path, opts.clone()).await?;
+                got.bytes().await
+            })
         });
         match bytes {
             Ok(b) if b.len() == buf.len() => {
@@ -149,7 +169,7 @@ impl BlockDev for S3ObjectDev {
                 }
                 Err(self.changed_error())
             }
-            Err(e) => Err(remote(format!("{}: read of {len} bytes at {offset}: {e}", self.location))),
+            Err(e) => Err(remote(format!("{what}: {e}"))),
         }
     }
 

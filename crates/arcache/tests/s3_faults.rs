@@ -1,0 +1,519 @@
+//! S3 faults through the real binary and NBD (issue 21's fault bullet):
+//! 5xx, SlowDown, resets and slow answers are retried, byte-exact; a fault
+//! that outlasts the retry budget is EIO for that request only; writes
+//! during a fault stay dirty and reach the bucket once it clears; wrong
+//! credentials, a missing bucket and 403 stop `arcache serve` at start
+//! with a message naming the cause.
+//!
+//! Faults come from `tests/s3/faultproxy.py` between arcache and moto (a
+//! real S3 server started per test from the venv `.ci/run` makes,
+//! `ARCACHE_MOTO_VENV`); every test asserts the proxy's counters, so a
+//! fault that was never injected fails it. Everything is on 127.0.0.1.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// moto on a free port of 127.0.0.1, and the venv's python for helpers.
+struct S3Server {
+    _proc: Proc,
+    port: u16,
+    python: PathBuf,
+}
+
+impl S3Server {
+    /// None (after `skip_or_fail`) when the venv is missing.
+    fn start(env: &[(&str, &str)]) -> Option<S3Server> {
+        let venv = std::env::var_os("ARCACHE_MOTO_VENV")
+            .map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from);
+        let moto = venv.join("bin/moto_server");
+        if !moto.is_file() {
+            skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(&moto)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let s = S3Server { _proc: Proc(child), port, python: venv.join("bin/python") };
+        wait_listening(port, "moto_server");
+        Some(s)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `tests/s3/s3ctl.py` against this server.
+    fn ctl(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.python)
+            .arg(format!("{ROOT}/tests/s3/s3ctl.py"))
+            .arg(self.endpoint())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "s3ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// `tests/s3/faultproxy.py` in front of an S3 server.
+struct Proxy {
+    _proc: Proc,
+    port: u16,
+}
+
+impl Proxy {
+    fn start(s3: &S3Server) -> Proxy {
+        let dir = tempfile::tempdir().unwrap();
+        let port_file = dir.path().join("port");
+        let child = Command::new(&s3.python)
+            .arg(format!("{ROOT}/tests/s3/faultproxy.py"))
+            .arg(s3.endpoint())
+            .arg(&port_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start faultproxy.py");
+        let proc = Proc(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let port = loop {
+            if let Some(p) = std::fs::read_to_string(&port_file).ok().and_then(|t| t.trim().parse().ok()) {
+                break p;
+            }
+            assert!(Instant::now() < deadline, "faultproxy.py did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        wait_listening(port, "faultproxy.py");
+        Proxy { _proc: proc, port }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// One control request; the proxy answers with its counters.
+    fn control(&self, method: &str, what: &str, body: &str) -> Value {
+        let mut c = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!(
+            "{method} /__faultproxy/{what} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let (head, json) = out.split_once("\r\n\r\n").expect("an HTTP answer");
+        assert!(head.starts_with("HTTP/1.1 200"), "faultproxy {what}: {out}");
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// Applies `rule` from now on (see faultproxy.py), counters kept.
+    fn rule(&self, rule: Value) {
+        self.control("POST", "rule", &rule.to_string());
+    }
+
+    fn pass(&self) {
+        self.rule(json!({}));
+    }
+
+    fn stats(&self) -> Value {
+        self.control("GET", "stats", "")
+    }
+
+    fn injected(&self, kind: &str) -> u64 {
+        self.stats()["injected"][kind].as_u64().unwrap_or(0)
+    }
+}
+
+/// moto with `buckets` made, and the proxy in front of it.
+fn moto_behind_proxy(buckets: &[&str]) -> Option<(S3Server, Proxy)> {
+    let s3 = S3Server::start(&[])?;
+    for b in buckets {
+        s3.ctl(&["mkbucket", b]);
+    }
+    let proxy = Proxy::start(&s3);
+    Some((s3, proxy))
+}
+
+fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+        ("AWS_PROFILE", String::new()),
+    ]
+}
+
+fn serve(endpoint: &str, args: &[&str]) -> Serve {
+    let env = s3_env(endpoint);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut all = vec!["--arc-max", "64M", "--set", "zfs_prefetch_disable=1"];
+    all.extend_from_slice(args);
+    Serve::start_with_env(tempfile::tempdir().unwrap(), &all, &env)
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 11) as u8).collect()
+}
+
+fn read(c: &mut nbd::Client, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut b = vec![0u8; len];
+    c.read(offset, &mut b).map(|_| b).map_err(|e| std::io::Error::other(format!("{e}")))
+}
+
+fn timed<T>(limit: Duration, what: &str, f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let r = f();
+    assert!(t.elapsed() < limit, "{what} took {:?}, more than {limit:?}", t.elapsed());
+    r
+}
+
+/// Transient faults while reading an object and while txgs write a chunked
+/// disk: 500s, 503 SlowDown, resets before and mid-answer, slow answers,
+/// and resets after the server acted on a conditional PUT (its answer
+/// lost). Every read is byte-exact, every FLUSH succeeds, and what reaches
+/// the bucket is what was written; the proxy counted each fault.
+#[test]
+fn transient_faults_are_retried_and_the_data_is_byte_exact() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["games", "vms"]) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let object = random_file(&img, 8 << 20, 21);
+    s3.ctl(&["put", "games", "disk.img", img.to_str().unwrap()]);
+    let s = serve(
+        &proxy.endpoint(),
+        &["--export", "obj=s3://games/disk.img", "--export", "disk=s3://vms/d/?size=32M"],
+    );
+
+    let mut obj = nbd::Client::connect(&s.target(), "obj").unwrap();
+    let reads = [
+        (json!({"fault": "500", "count": 3, "methods": ["GET"]}), "500", 3),
+        (json!({"fault": "slowdown", "count": 3, "methods": ["GET"]}), "slowdown", 3),
+        (json!({"fault": "reset", "count": 3, "methods": ["GET"]}), "reset", 3),
+        (json!({"fault": "reset_body", "count": 2, "methods": ["GET"]}), "reset_body", 2),
+        (json!({"fault": "delay", "delay": 0.5, "count": 1, "methods": ["GET"]}), "delay", 1),
+        (json!({"fault": "503", "rate": 0.5, "seed": 7, "methods": ["GET"]}), "503", 2),
+    ];
+    for (i, (rule, kind, at_least)) in reads.into_iter().enumerate() {
+        proxy.rule(rule);
+        // 1 MiB in reads of 128 KiB: a ranged GET each.
+        for piece in 0..8u64 {
+            let at = ((i as u64) << 20) + (piece << 17);
+            let got = timed(Duration::from_secs(30), kind, || read(&mut obj, at, 128 << 10))
+                .unwrap_or_else(|e| panic!("a read under transient {kind} faults failed: {e}"));
+            assert!(got[..] == object[at as usize..][..128 << 10], "bytes differ under {kind} faults");
+        }
+        let n = proxy.injected(kind);
+        assert!(n >= at_least, "{kind}: {n} faults injected, wanted {at_least}: {}", proxy.stats());
+    }
+    proxy.pass();
+
+    // Txg writes: the FLUSH (no log) writes the dirty pages to the bucket.
+    let mut disk = nbd::Client::connect(&s.target(), "disk").unwrap();
+    let mut written = Vec::new();
+    let writes = [
+        (json!({"fault": "slowdown", "count": 2, "methods": ["PUT"], "path": "/d/c/"}), "slowdown", 0u64),
+        (json!({"fault": "500", "count": 2, "methods": ["PUT"], "path": "/d/c/"}), "500", 4 << 20),
+        (json!({"fault": "reset", "count": 2, "methods": ["PUT"], "path": "/d/c/"}), "reset", 8 << 20),
+        // A create-only PUT that landed, its answer lost: the retry's 412
+        // is our own write.
+        (
+            json!({"fault": "reset_after", "count": 1, "methods": ["PUT"], "path": "/d/c/"}),
+            "reset_after",
+            12 << 20,
+        ),
+        // The same for an If-Match PUT over a chunk that exists.
+        (
+            json!({"fault": "reset_after", "count": 1, "methods": ["PUT"], "path": "/d/c/"}),
+            "reset_after",
+            (12 << 20) + (512 << 10),
+        ),
+        // And for a read-modify-write's GET of that chunk.
+        (
+            json!({"fault": "reset", "count": 1, "methods": ["GET"], "path": "/d/c/"}),
+            "reset",
+            (13 << 20) + 4096,
+        ),
+    ];
+    for (i, (rule, kind, at)) in writes.into_iter().enumerate() {
+        let before = proxy.injected(kind);
+        proxy.rule(rule);
+        let data = pattern(256 << 10, i as u32);
+        disk.write(at, &data, false).unwrap();
+        timed(Duration::from_secs(40), kind, || disk.flush())
+            .unwrap_or_else(|e| panic!("a FLUSH under transient {kind} faults failed: {e}"));
+        assert!(
+            proxy.injected(kind) > before,
+            "no {kind} fault was injected on write {i}: {}",
+            proxy.stats()
+        );
+        written.push((at, data));
+    }
+    proxy.pass();
+    let st = s.stat();
+    eprintln!(
+        "faults injected: {}; server backing_errors {}",
+        proxy.stats()["injected"],
+        st["backing_errors"]
+    );
+    assert_eq!(st["backing_errors"], 0, "transient faults reached a client");
+    s.stop();
+
+    // What the bucket holds, read by a server talking to moto directly.
+    let s = serve(&s3.endpoint(), &["--export", "disk=s3://vms/d/"]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    for (at, data) in &written {
+        assert!(read(&mut c, *at, data.len()).unwrap() == *data, "the bucket lacks the write at {at}");
+    }
+    s.stop();
+}
+
+/// A fault that outlasts the export's retry budget (`retry_timeout=2`):
+/// that read gets EIO after about the budget, while cached data of the
+/// same export, another export and the same connection go on; once the
+/// fault clears, the same read succeeds byte-exact.
+#[test]
+fn a_persistent_fault_is_eio_for_that_read_only_and_clears() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["games"]) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let object = random_file(&img, 4 << 20, 22);
+    s3.ctl(&["put", "games", "disk.img", img.to_str().unwrap()]);
+    let good = dir.path().join("good.img");
+    let local = random_file(&good, 1 << 20, 23);
+    let good_arg = format!("good={}", good.display());
+    let s = serve(
+        &proxy.endpoint(),
+        &["--export", "obj=s3://games/disk.img?retry_timeout=2", "--export", &good_arg],
+    );
+    let mut obj = nbd::Client::connect(&s.target(), "obj").unwrap();
+    let mut other = nbd::Client::connect(&s.target(), "good").unwrap();
+    assert!(read(&mut obj, 0, 65536).unwrap()[..] == object[..65536]);
+
+    for (n, kind) in ["slowdown", "reset"].into_iter().enumerate() {
+        proxy.rule(json!({"fault": kind, "methods": ["GET"], "path": "/games/"}));
+        let at = (1 + n as u64) << 20;
+        let err =
+            timed(Duration::from_secs(20), "a read past the retry budget", || read(&mut obj, at, 65536));
+        assert!(err.is_err(), "a read whose every GET fails ({kind}) must fail with EIO");
+        let tries = proxy.injected(kind);
+        assert!(tries >= 3, "the failing read was retried before EIO ({kind}: {tries} faults)");
+        // The same connection, cached data, and another export go on.
+        assert!(read(&mut obj, 0, 65536).unwrap()[..] == object[..65536], "cached data is still served");
+        assert!(read(&mut other, 4096, 4096).unwrap()[..] == local[4096..8192], "another export is served");
+        proxy.pass();
+        let again = read(&mut obj, at, 65536).expect("once the fault clears, the read succeeds");
+        assert!(again[..] == object[at as usize..][..65536]);
+        eprintln!("{kind}: {tries} faults injected before EIO");
+    }
+    let st = s.stat();
+    assert!(st["backing_errors"].as_u64().unwrap() >= 2, "{st}");
+    s.stop();
+}
+
+/// Writes during a fault that outlasts the retry budget: without a log the
+/// FLUSH gets EIO but the data stays dirty (reads return it) and is
+/// retried; with a log the FLUSH succeeds. After the fault clears, every
+/// byte reaches the bucket, as a fresh server reading it directly shows.
+#[test]
+fn writes_during_a_persistent_fault_are_kept_and_reach_the_bucket() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    for (n, with_log) in [false, true].into_iter().enumerate() {
+        let log_dir = tempfile::tempdir().unwrap();
+        let log_arg = format!("{}:64M", log_dir.path().join("log.img").display());
+        let uri = format!("disk=s3://vms/d{n}/?size=32M&retry_timeout=2");
+        let mut args = vec!["--export", uri.as_str()];
+        if with_log {
+            args.extend(["--log", log_arg.as_str()]);
+        }
+        let s = serve(&proxy.endpoint(), &args);
+        let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+        let first = pattern(1 << 20, 40);
+        c.write(1 << 20, &first, false).unwrap();
+        c.flush().unwrap();
+
+        // Every chunk PUT fails: 500s and resets, for longer than the budget.
+        let kind = if with_log { "reset" } else { "500" };
+        proxy.rule(json!({"fault": kind, "methods": ["PUT"], "path": "/c/"}));
+        let before = proxy.injected(kind);
+        let second = pattern(3 << 20, 41);
+        let third = pattern(512 << 10, 42);
+        c.write(3 << 20, &second, false).unwrap();
+        c.write(20 << 20, &third, false).unwrap();
+        let flushed = timed(Duration::from_secs(60), "a FLUSH during the fault", || c.flush());
+        if with_log {
+            flushed.expect("with a log, a FLUSH is durable in the log while the bucket fails");
+            // Let a txg try (and fail) to reach the bucket.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while s.stat()["txg_sync_errors"].as_u64().unwrap_or(0) == 0 {
+                assert!(Instant::now() < deadline, "no txg sync was tried during the fault: {}", s.stat());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        } else {
+            assert!(flushed.is_err(), "a FLUSH whose data cannot reach the bucket must fail");
+        }
+        assert!(proxy.injected(kind) > before, "no {kind} fault was injected: {}", proxy.stats());
+        // Dirty data is kept: reads return it during the fault.
+        assert!(read(&mut c, 3 << 20, second.len()).unwrap() == second, "dirty data must not be dropped");
+        assert!(read(&mut c, 20 << 20, third.len()).unwrap() == third);
+        let injected = proxy.injected(kind) - before;
+
+        proxy.pass();
+        timed(Duration::from_secs(60), "a FLUSH after the fault", || c.flush())
+            .expect("once the fault clears, the FLUSH succeeds");
+        let st = s.stat();
+        eprintln!(
+            "log {with_log}: {injected} {kind} faults injected; txg_sync_errors {}",
+            st["txg_sync_errors"]
+        );
+        drop(c);
+        s.stop();
+
+        // The bucket has every byte: a fresh server, no log, no proxy.
+        let s = serve(&s3.endpoint(), &["--export", &format!("disk=s3://vms/d{n}/")]);
+        let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+        assert!(read(&mut c, 1 << 20, first.len()).unwrap() == first);
+        assert!(
+            read(&mut c, 3 << 20, second.len()).unwrap() == second,
+            "log {with_log}: a write made during the fault is not in the bucket"
+        );
+        assert!(read(&mut c, 20 << 20, third.len()).unwrap() == third);
+        drop(c);
+        s.stop();
+    }
+}
+
+/// `arcache serve` refusing to start, with its standard error.
+fn refused(env: &[(&str, &str)], export: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(BIN)
+        .args(["serve", "--export", export, "--listen"])
+        .arg(format!("unix:{}", dir.path().join("r.sock").display()))
+        .arg("--control")
+        .arg(dir.path().join("r.ctl"))
+        .env("AWS_PROFILE", "")
+        .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_timeout(child, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{export} was served; it was to be refused: {err}");
+    err
+}
+
+/// Wrong credentials (unknown key id, wrong secret), a user denied access
+/// (403 AccessDenied), and a missing bucket stop `arcache serve` at start,
+/// for an object and for a chunked disk, saying which. moto checks
+/// signatures once its first actions (the set-up) are spent.
+#[test]
+fn wrong_credentials_403_and_a_missing_bucket_are_clear_errors_at_start() {
+    // Seven unauthenticated actions make the bucket, the object and two
+    // users; every request after is checked.
+    let Some(s3) = S3Server::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "7")]) else { return };
+    let setup = r#"
+import boto3, json, sys
+kw = dict(endpoint_url=sys.argv[1], region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+s3, iam = boto3.client("s3", **kw), boto3.client("iam", **kw)
+s3.create_bucket(Bucket="data")
+s3.put_object(Bucket="data", Key="disk.img", Body=b"x" * 65536)
+iam.create_user(UserName="admin")
+iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+admin = iam.create_access_key(UserName="admin")["AccessKey"]
+iam.create_user(UserName="nobody")
+nobody = iam.create_access_key(UserName="nobody")["AccessKey"]
+print(json.dumps([admin["AccessKeyId"], admin["SecretAccessKey"], nobody["AccessKeyId"], nobody["SecretAccessKey"]]))
+"#;
+    let out = Command::new(&s3.python).arg("-c").arg(setup).arg(s3.endpoint()).output().unwrap();
+    assert!(out.status.success(), "setting up users: {}", String::from_utf8_lossy(&out.stderr));
+    let keys: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    let ep = s3.endpoint();
+    let as_user = |id: &str, secret: &str| -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", id.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", secret.to_string()),
+            ("AWS_ENDPOINT_URL", ep.clone()),
+        ]
+    };
+    let cases = [
+        (as_user("AKIAUNKNOWNUNKNOWN00", "wrong"), "wrong credentials", "InvalidAccessKeyId"),
+        (as_user(&keys[0], "not-the-secret"), "wrong credentials", "SignatureDoesNotMatch"),
+        (as_user(&keys[2], &keys[3]), "access denied", "AccessDenied"),
+    ];
+    for (env, says, code) in &cases {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        for export in ["s3://data/disk.img", "s3://data/vm/?size=16M"] {
+            let err = refused(&env, export);
+            assert!(
+                err.contains(says) && err.contains(code) && err.contains("s3://data/"),
+                "{export}: {err}"
+            );
+        }
+    }
+    let admin = as_user(&keys[0], &keys[1]);
+    let admin: Vec<(&str, &str)> = admin.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for export in ["s3://nobucket/disk.img", "s3://nobucket/vm/?size=16M"] {
+        let err = refused(&admin, export);
+        assert!(err.contains("the bucket nobucket does not exist"), "{export}: {err}");
+    }
+    let err = refused(&admin, "s3://data/none.img");
+    assert!(err.contains("no object none.img in bucket data"), "{err}");
+    // The right keys are served: the refusals above were about them.
+    let s = Serve::start_with_env(tempfile::tempdir().unwrap(), &["--export", "s3://data/disk.img"], &admin);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    assert!(read(&mut c, 0, 4096).unwrap().iter().all(|&b| b == b'x'));
+    drop(c);
+    s.stop();
+}
+
+/// 403 answered by the proxy (as a server's policy would) for every
+/// request: the start fails at once with the cause, not after retries.
+#[test]
+fn a_403_at_start_is_not_retried_and_says_access_denied() {
+    let Some((_s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    proxy.rule(json!({"fault": "403"}));
+    let env = s3_env(&proxy.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for export in ["s3://vms/disk.img", "s3://vms/d/?size=16M"] {
+        let before = proxy.injected("403");
+        let err = timed(Duration::from_secs(10), "a refused start", || refused(&env, export));
+        assert!(err.contains("access denied (403 AccessDenied)"), "{export}: {err}");
+        let n = proxy.injected("403") - before;
+        assert!((1..=3).contains(&n), "{export}: {n} requests refused; a 403 is not retried");
+    }
+}
