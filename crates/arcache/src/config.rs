@@ -38,6 +38,29 @@ pub struct ExportFile {
     pub secondarycache: Option<String>,
     /// standard, always or disabled; default: the `sync` tunable.
     pub sync: Option<String>,
+    /// An S3 export's own credentials, region, endpoint or profile
+    /// (docs/s3-backing.md, "Credentials"); each one left out comes from
+    /// the environment or the shared credentials file.
+    pub s3_access_key_id: Option<String>,
+    pub s3_secret_access_key: Option<String>,
+    pub s3_session_token: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_profile: Option<String>,
+}
+
+impl ExportFile {
+    /// The export's own S3 settings.
+    pub fn s3_settings(&self) -> arcache_s3::S3Settings {
+        arcache_s3::S3Settings {
+            access_key_id: self.s3_access_key_id.clone(),
+            secret_access_key: self.s3_secret_access_key.clone(),
+            session_token: self.s3_session_token.clone(),
+            region: self.s3_region.clone(),
+            endpoint: self.s3_endpoint.clone(),
+            profile: self.s3_profile.clone(),
+        }
+    }
 }
 
 /// The config file as written.
@@ -107,6 +130,8 @@ pub struct ExportSpec {
     pub secondarycache: bool,
     /// The export's own `sync` (0 standard, 1 always, 2 disabled), if set.
     pub sync: Option<u64>,
+    /// An S3 export's own credentials and endpoint (config file only).
+    pub s3: arcache_s3::S3Settings,
 }
 
 /// An L2 device to open (and create with `size` if it is missing).

@@ -244,6 +244,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
             direct: false,
             secondarycache: true,
             sync: None,
+            s3: Default::default(),
         }],
         listen: vec![Listen::Unix(sock.clone())],
         control: dir.path().join("control.sock"),

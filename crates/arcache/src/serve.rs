@@ -239,6 +239,7 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
                 None => all_secondary,
             },
             sync: e.sync.as_deref().map(parse_sync).transpose()?,
+            s3: e.s3_settings(),
         };
         if exports.insert(e.name.clone(), spec).is_some() {
             bail!("export {:?} is defined twice in the config file", e.name);
@@ -258,6 +259,7 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
             direct,
             secondarycache: all_secondary,
             sync: None,
+            s3: Default::default(),
         };
         if from_flags.insert(name.clone(), spec).is_some() {
             bail!("export {name:?} is given twice");
@@ -429,7 +431,7 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
         return Ok(dev);
     }
     if arcache_s3::is_s3_uri(&spec.backing) {
-        return open_s3(&spec.backing, spec.read_only);
+        return open_s3(&spec.backing, &spec.s3, spec.read_only);
     }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
@@ -452,9 +454,9 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     Ok(Arc::new(dev))
 }
 
-fn open_s3(text: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+fn open_s3(text: &str, settings: &arcache_s3::S3Settings, read_only: bool) -> Result<Arc<dyn BlockDev>> {
     let location = arcache_s3::S3Location::parse(text)?;
-    let creds = arcache_s3::S3Settings::default().resolve().map_err(|e| anyhow!("{text}: {e}"))?;
+    let creds = settings.resolve().map_err(|e| anyhow!("{text}: {e}"))?;
     if location.is_prefix() {
         let size = location.size.as_deref().map(crate::size::parse_size).transpose()?;
         let dev = arcache_s3::S3ChunkDev::open(&location, &creds, size, !read_only)

@@ -278,3 +278,52 @@ fn one_writer_and_kill9_after_flush_loses_nothing() {
     assert!(read_at(&s, 5 << 20, data.len()) == data, "a FLUSHed write survives kill -9");
     s.stop();
 }
+
+/// Per-export settings in the config file: an export whose keys and
+/// endpoint are its own is served with none of them in the environment,
+/// and a key id without its secret is refused at start by name.
+#[test]
+fn an_exports_own_keys_and_endpoint_come_from_the_config_file() {
+    let Some(moto) = Moto::start() else { return };
+    moto.ctl(&["mkbucket", "games"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = put(&moto, dir.path(), "own.img", 2 << 20, 9);
+    let config = |extra: &str| {
+        format!(
+            "[[export]]\nname = \"own\"\nbacking = \"s3://games/own.img\"\ns3_endpoint = \"{}\"\n\
+             s3_access_key_id = \"testing\"\n{extra}",
+            moto.endpoint
+        )
+    };
+    let cfg = dir.path().join("own.toml");
+    std::fs::write(&cfg, config("s3_secret_access_key = \"testing\"\n")).unwrap();
+    let half = dir.path().join("half.toml");
+    std::fs::write(&half, config("")).unwrap();
+    // Nothing from the environment: no keys, no endpoint, no profile file.
+    let bare = [
+        ("AWS_ACCESS_KEY_ID", ""),
+        ("AWS_SECRET_ACCESS_KEY", ""),
+        ("AWS_ENDPOINT_URL", ""),
+        ("AWS_PROFILE", ""),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
+        ("AWS_CONFIG_FILE", "/nonexistent"),
+    ];
+    let out = Command::new(BIN)
+        .args(["serve", "--config", half.to_str().unwrap()])
+        .args(["--listen", &format!("unix:{}", dir.path().join("h.sock").display())])
+        .args(["--control", dir.path().join("h.ctl").to_str().unwrap()])
+        .envs(bare)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_timeout(out, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("s3_secret_access_key"), "half a key pair: {err}");
+    let s = Serve::start_with_env(dir, &["--config", cfg.to_str().unwrap(), "--arc-max", "16M"], &bare);
+    let mut c = nbd::Client::connect(&s.target(), "own").unwrap();
+    let mut got = vec![0u8; data.len()];
+    c.read(0, &mut got).unwrap();
+    assert!(got == data, "the export read with its own keys differs from the object");
+    s.stop();
+}
