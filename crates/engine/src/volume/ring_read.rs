@@ -23,7 +23,7 @@ use arcache_sync::MutexGuard;
 use blockdev::uring::{Op, ReadError, Uring};
 use blockdev::DevError;
 
-use super::tiers::{injected_backing_error, with_fill_buf, Snapshot};
+use super::tiers::{injected_backing_error, Snapshot};
 use super::{Span, Volume};
 use crate::cache::{Found, Looked};
 
@@ -326,11 +326,13 @@ impl Volume {
         let settled = match fetch {
             Fetch::L2(ptr) => self.settle_l2(w.r, ptr, bytes, snap, false, w.offset, Some(&mut buf)),
             Fetch::Half(_, which) => Ok(self.settle_half(w.r, which, bytes, snap, w.offset, &mut buf)),
-            Fetch::Backing => with_fill_buf(bytes.len(), |block| {
-                block.copy_from_slice(&bytes);
-                self.settle_block(w.r..w.r + 1, block, false, w.offset, Some(&mut buf), snap);
+            Fetch::Backing => {
+                // The bytes are this read's own: the dirty overlay goes
+                // on them in place.
+                let mut block = bytes;
+                self.settle_block(w.r..w.r + 1, &mut block, false, w.offset, Some(&mut buf), snap);
                 Ok(true)
-            }),
+            }
         };
         drop(lock);
         let c = &self.cache.counters;

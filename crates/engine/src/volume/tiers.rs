@@ -385,7 +385,7 @@ impl Volume {
 }
 
 /// Runs `f` on this thread's fill buffer, sized to `len`.
-pub(super) fn with_fill_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+fn with_fill_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
     FILL_BUF.with(|cell| {
         let mut block = cell.borrow_mut();
         block.resize(len, 0);
