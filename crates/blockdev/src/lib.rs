@@ -107,6 +107,22 @@ pub trait BlockDev: Send + Sync {
     fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// The unit this store is best written in, when a write of part of one
+    /// costs as much as the whole (an object store's chunk: a part is a
+    /// read, a patch and a put of the whole chunk). Writers that hold many
+    /// changes (a txg) group them by unit and hand each group to
+    /// [`BlockDev::write_parts`]. `None`: any write is fine.
+    fn write_unit(&self) -> Option<u64> {
+        None
+    }
+
+    /// Writes several `(offset, bytes)` parts, which a caller that asked
+    /// [`BlockDev::write_unit`] gives one unit at a time; a store whose
+    /// unit is costly writes each unit once. Parts do not overlap.
+    fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
+        parts.iter().try_for_each(|&(offset, data)| self.write_at(data, offset))
+    }
 }
 
 /// The failure a named fail point injects (`fail::fail_point!(NAME, |_|
@@ -178,5 +194,11 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
         (**self).direct_read_fd()
+    }
+    fn write_unit(&self) -> Option<u64> {
+        (**self).write_unit()
+    }
+    fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
+        (**self).write_parts(parts)
     }
 }

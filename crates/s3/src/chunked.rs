@@ -42,6 +42,9 @@ use crate::runtime::runtime;
 
 pub const DEFAULT_CHUNK: u64 = 4 << 20;
 const LOCK_STRIPES: usize = 64;
+
+/// Bytes for a range within one chunk.
+type ChunkPart<'a> = (Range<u64>, &'a [u8]);
 /// The user metadata key of a chunk's write id (`x-amz-meta-arcache-write`).
 const WRITE_ID: &str = "arcache-write";
 
@@ -380,6 +383,23 @@ impl S3ChunkDev {
         }
     }
 
+    /// Writes several parts of chunk `index` (ranges within the chunk,
+    /// not overlapping) with one PUT: the chunk is read first only when the
+    /// parts leave some of it uncovered and it exists.
+    fn patch_many(&self, index: u64, parts: &[ChunkPart<'_>]) -> DevResult<()> {
+        let _g = self.stripes[index as usize % LOCK_STRIPES].lock();
+        let len = self.chunk_len(index);
+        let covered: u64 = parts.iter().map(|(r, _)| r.end - r.start).sum();
+        let mut whole = match self.map.lock().get(&index).cloned() {
+            Some(e) if covered < len => self.get_chunk(index, 0..len, &e)?.to_vec(),
+            _ => vec![0u8; len as usize],
+        };
+        for (r, data) in parts {
+            whole[r.start as usize..r.end as usize].copy_from_slice(data);
+        }
+        self.put_chunk(index, whole)
+    }
+
     /// Writes `part` (None: zeros) into chunk `index` at `range`: a whole
     /// chunk is put (or, for zeros, deleted), a part is read, patched and
     /// put back under the chunk's lock.
@@ -437,6 +457,26 @@ impl BlockDev for S3ChunkDev {
             at += n;
         }
         Ok(())
+    }
+
+    fn write_unit(&self) -> Option<u64> {
+        Some(self.manifest.chunk_size)
+    }
+
+    /// Each chunk the parts touch is written once (see `patch_many`).
+    fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
+        self.check_writable()?;
+        let mut by_chunk: std::collections::BTreeMap<u64, Vec<ChunkPart<'_>>> = Default::default();
+        for &(offset, data) in parts {
+            self.check_range(offset, data.len() as u64)?;
+            let mut at = 0usize;
+            for (index, range) in self.pieces(offset, data.len() as u64) {
+                let n = (range.end - range.start) as usize;
+                by_chunk.entry(index).or_default().push((range, &data[at..at + n]));
+                at += n;
+            }
+        }
+        by_chunk.iter().try_for_each(|(&index, parts)| self.patch_many(index, parts))
     }
 
     /// Every write is a finished PUT: nothing is held back.
