@@ -20,6 +20,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = split_export(line);
         let _ = parse_l2(line);
         let _ = nbd::NbdUri::parse(line);
+        let _ = arcache_rbd::RbdSpec::parse(line);
         let _ = arcache::tunables::parse_value("zfs_arc_max", line);
         let _ = arcache::tunables::parse_value("sync", line);
         let _ = resolve_tls(Some(line), None, None, None);

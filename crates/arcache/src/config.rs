@@ -264,10 +264,15 @@ pub fn resolve_tls(
     }
 }
 
-/// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's query is not
-/// a name separator.
+/// Splits `--export [NAME=]BACKING`. A `=` inside an NBD URI's, an S3
+/// URI's or an RBD spec's query is not a name separator.
 pub fn split_export(s: &str) -> (String, String) {
-    if nbd::NbdUri::is_nbd_uri(s) || arcache_s3::is_s3_uri(s) || s.starts_with('/') || s.starts_with('.') {
+    if nbd::NbdUri::is_nbd_uri(s)
+        || arcache_s3::is_s3_uri(s)
+        || arcache_rbd::is_rbd_uri(s)
+        || s.starts_with('/')
+        || s.starts_with('.')
+    {
         return (String::new(), s.to_string());
     }
     match s.split_once('=') {
@@ -345,6 +350,8 @@ mod tests {
         assert_eq!(split_export("s3://b/d/?size=1G"), ("".into(), "s3://b/d/?size=1G".into()));
         assert_eq!(split_export("vm=s3://b/d/?size=1G"), ("vm".into(), "s3://b/d/?size=1G".into()));
         assert_eq!(split_export("nas=nbd://h/e"), ("nas".into(), "nbd://h/e".into()));
+        assert_eq!(split_export("rbd:p/i?conf=/c&id=u"), ("".into(), "rbd:p/i?conf=/c&id=u".into()));
+        assert_eq!(split_export("db=rbd:p/i@s?id=u"), ("db".into(), "rbd:p/i@s?id=u".into()));
     }
 
     #[test]

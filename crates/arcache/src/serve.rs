@@ -44,7 +44,11 @@ pub struct ServeArgs {
     /// s3://BUCKET/PREFIX/?size=SIZE (a writable disk of chunk objects, one
     /// writer at a time); credentials, region and endpoint as the AWS tools
     /// take them: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
-    /// AWS_ENDPOINT_URL, AWS_PROFILE.
+    /// AWS_ENDPOINT_URL, AWS_PROFILE; or rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=USER]
+    /// (a Ceph RBD image through librbd, in builds with the rbd feature;
+    /// written by one server at a time, which holds its exclusive lock; a
+    /// snapshot is served read-only; conf defaults to what librados finds,
+    /// CEPH_CONF or /etc/ceph/ceph.conf, and id to admin).
     /// Repeatable; no NAME means the default export "".
     #[arg(long = "export", value_name = "[NAME=]BACKING")]
     pub exports: Vec<String>,
@@ -433,6 +437,9 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     if arcache_s3::is_s3_uri(&spec.backing) {
         return open_s3(&spec.backing, &spec.s3, spec.read_only);
     }
+    if arcache_rbd::is_rbd_uri(&spec.backing) {
+        return open_rbd(&spec.backing, spec.read_only, t);
+    }
     let path = PathBuf::from(&spec.backing);
     if !path.exists() {
         bail!("backing store {} does not exist", path.display());
@@ -467,6 +474,29 @@ fn open_s3(text: &str, settings: &arcache_s3::S3Settings, read_only: bool) -> Re
     let dev = arcache_s3::S3ObjectDev::open(&location, &creds).map_err(|e| anyhow!("opening backing {e}"))?;
     info!("backing {text}: {} bytes, ETag {} (credentials from {})", dev.size(), dev.etag(), creds.source);
     Ok(Arc::new(dev))
+}
+
+/// A Ceph RBD image (writable with its exclusive lock held, or read-only:
+/// a snapshot, or `--read-only`).
+#[cfg(feature = "rbd")]
+fn open_rbd(text: &str, read_only: bool, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
+    let connect_timeout = match t.value("nbd_connect_timeout") {
+        0 => None,
+        secs => Some(Duration::from_secs(secs)),
+    };
+    let opts = arcache_rbd::RbdOptions { read_only, connect_timeout };
+    let dev = arcache_rbd::RbdDev::open_spec(text, opts).map_err(|e| anyhow!("opening backing {e}"))?;
+    Ok(Arc::new(dev))
+}
+
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(text: &str, _read_only: bool, _t: &Tunables) -> Result<Arc<dyn BlockDev>> {
+    // The spec is checked all the same, so a typo is reported as one.
+    arcache_rbd::RbdSpec::parse(text)?;
+    bail!(
+        "{text}: this arcache was built without RBD support (build it with `--features rbd`, \
+         which needs librbd-dev and librados-dev)"
+    )
 }
 
 /// Opens the intent log device: an NBD URI, or a file (created with its
@@ -620,8 +650,12 @@ impl Running {
         }
         // Only with every dirty byte in the bucket may another server write
         // there; otherwise the lease stays, and the log keeps the rest.
+        // Likewise an RBD image's exclusive lock; closing the image gives it
+        // back at once (a lock left by a process that is gone is taken over
+        // only when the cluster notices, about 30 s on).
         if result.is_ok() {
             arcache_s3::release_leases();
+            arcache_rbd::close_all();
         }
         for s in self.sockets.iter().chain(self.control.iter()) {
             let _ = std::fs::remove_file(s);

@@ -294,3 +294,15 @@ fn connections_beyond_max_connections_are_closed_and_counted() {
     let mut buf = [0u8; 512];
     again.read(0, &mut buf).unwrap();
 }
+
+/// A build without the `rbd` feature refuses an `rbd:` export, saying why
+/// (and a malformed spec as malformed).
+#[cfg(not(feature = "rbd"))]
+#[test]
+fn an_rbd_export_in_a_build_without_rbd_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = serve_refused(dir.path(), &["--export", "disk=rbd:rbd/disk0?conf=/etc/ceph/ceph.conf"]);
+    assert!(err.contains("built without RBD support"), "{err}");
+    let err = serve_refused(dir.path(), &["--export", "disk=rbd:rbd"]);
+    assert!(err.contains("no /IMAGE after the pool"), "{err}");
+}

@@ -137,15 +137,19 @@ pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
 /// Runs `arcache serve` with sockets in `dir` plus `args`, expecting it to
 /// refuse to start: asserts a non-zero exit and returns its standard error.
 pub fn serve_refused(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new(BIN)
+    let child = Command::new(BIN)
         .arg("serve")
         .arg("--listen")
         .arg(format!("unix:{}", dir.join("refused.sock").display()))
         .arg("--control")
         .arg(dir.join("refused.ctl"))
         .args(args)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run arcache serve");
+    // A server that starts when it should not never exits by itself.
+    let out = wait_timeout(child, Duration::from_secs(60));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "arcache serve {args:?} started; it was to refuse: {err}");
     err

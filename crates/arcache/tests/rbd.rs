@@ -1,0 +1,317 @@
+//! Ceph RBD backing stores against a real one-node Ceph (mon + memstore
+//! OSD, `tests/ceph/ceph-up.sh`), started once for this file and stopped
+//! when the test binary exits however it exits (the script follows its
+//! parent), driven through the real binary and real NBD clients. Each test
+//! makes an image of its own with `rbd create`. Built only with the `rbd`
+//! feature (`cargo test -p arcache --features rbd --test rbd`); without
+//! Ceph's packages the tests skip, and fail under CI=true.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Ceph {
+    conf: PathBuf,
+}
+
+static CEPH: OnceLock<Result<Ceph, String>> = OnceLock::new();
+
+/// The cluster, started by the first test that asks; `None` (after a skip
+/// line, or a failure under CI) when it cannot be.
+fn ceph() -> Option<&'static Ceph> {
+    match CEPH.get_or_init(start_ceph) {
+        Ok(c) => Some(c),
+        Err(why) => {
+            skip_or_fail(why);
+            None
+        }
+    }
+}
+
+fn start_ceph() -> Result<Ceph, String> {
+    for tool in ["ceph-mon", "ceph-osd", "ceph", "rbd", "monmaptool", "uuidgen"] {
+        if !on_path(tool) {
+            return Err(format!(
+                "{tool} is not installed (apt-get install ceph-mon ceph-osd ceph-common librbd-dev librados-dev)"
+            ));
+        }
+    }
+    // The script removes this directory when it stops; nothing else does.
+    let dir = tempfile::Builder::new().prefix("arcache-ceph-").tempdir().map_err(|e| e.to_string())?.keep();
+    let port =
+        TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/ceph/ceph-up.sh");
+    let started = Instant::now();
+    let mut child = Command::new("bash")
+        .arg(script)
+        .arg(&dir)
+        .env("CEPH_UP_RGW", "0")
+        .env("CEPH_UP_MON_PORT", port.to_string())
+        // It stays in the foreground and stops the cluster once this test
+        // binary is gone (its parent: the process, not a test thread).
+        .env("CEPH_UP_EXIT_WITH_PARENT", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {script}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = started + Duration::from_secs(120);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) if line.starts_with("ceph up") => break,
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let out = child.wait_with_output().map_err(|e| e.to_string())?;
+                return Err(format!("{script} failed: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(format!("{script} did not bring Ceph up within 120 s"));
+        }
+    }
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stderr(),
+        format_args!("one-node Ceph up in {:.1} s\n", started.elapsed().as_secs_f64()),
+    );
+    // The child is never waited for: it runs until this process exits.
+    std::mem::forget(child);
+    Ok(Ceph { conf: dir.join("ceph.conf") })
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+impl Ceph {
+    fn rbd(&self, args: &[&str]) -> Vec<u8> {
+        run(Command::new("rbd").arg("-c").arg(&self.conf).args(args)).stdout
+    }
+
+    /// A new image of `size` in the pool rbd.
+    fn create(&self, image: &str, size: &str) {
+        self.rbd(&["create", "--size", size, &format!("rbd/{image}")]);
+    }
+
+    /// The whole image (or snapshot) as `rbd export` reads it.
+    fn export(&self, spec: &str) -> Vec<u8> {
+        self.rbd(&["export", "--no-progress", spec, "-"])
+    }
+
+    fn spec(&self, image: &str) -> String {
+        format!("rbd:rbd/{image}?conf={}", self.conf.display())
+    }
+
+    fn serve(&self, dir: tempfile::TempDir, spec: &str, extra: &[&str]) -> Serve {
+        let export = format!("disk={spec}");
+        let mut args = vec!["--export", export.as_str(), "--arc-max", "64M"];
+        args.extend_from_slice(extra);
+        Serve::start(dir, &args)
+    }
+
+    /// `arcache serve` of `spec`, expected to refuse: its standard error.
+    fn refused(&self, spec: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        serve_refused(dir.path(), &["--export", &format!("disk={spec}")])
+    }
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8).collect()
+}
+
+fn write_flush(s: &Serve, offset: u64, data: &[u8]) {
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    for (i, piece) in data.chunks(1 << 20).enumerate() {
+        c.write(offset + ((i as u64) << 20), piece, false).unwrap();
+    }
+    c.flush().unwrap();
+}
+
+fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    let mut out = vec![0u8; len];
+    for (i, piece) in out.chunks_mut(1 << 20).enumerate() {
+        c.read(offset + ((i as u64) << 20), piece).unwrap();
+    }
+    out
+}
+
+/// 32 MiB of random bytes in with nbdcopy and out again byte-exact; after
+/// a clean stop `rbd export` reads the same bytes from the image, and a
+/// restarted server (a cold cache) serves them too.
+#[test]
+fn an_image_round_trips_byte_exact_and_is_there_after_a_restart() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("round", "32M");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.img");
+    let data = random_file(&input, 32 << 20, 21);
+    let s = ceph.serve(tempfile::tempdir().unwrap(), &ceph.spec("round"), &[]);
+    run(Command::new(need("nbdcopy")).arg(&input).arg(s.uri("disk")));
+    let out = dir.path().join("out.img");
+    run(Command::new("nbdcopy").arg(s.uri("disk")).arg(&out));
+    assert!(std::fs::read(&out).unwrap() == data, "nbdcopy's copy out differs from what went in");
+    let sdir = s.stop();
+    assert!(ceph.export("rbd/round") == data, "rbd export reads other bytes than were written");
+    let s = ceph.serve(sdir, &ceph.spec("round"), &[]);
+    assert!(read_at(&s, 0, data.len()) == data, "a restarted server serves other bytes");
+    s.stop();
+}
+
+/// fio's verified random writes (each block checksummed, read back and
+/// checked) through the cache to an image.
+#[test]
+fn fio_verified_writes_pass() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("fio", "64M");
+    let s = ceph.serve(tempfile::tempdir().unwrap(), &ceph.spec("fio"), &[]);
+    fio_verified_writes(&s.uri("disk"), "rbd", "16M", &["--offset=8M"]);
+    s.stop();
+}
+
+/// A second writer is refused, naming the lock's holder; after kill -9 of
+/// a server on a log, every byte a FLUSH acknowledged is there once the
+/// dead writer's lock is removed (`rbd lock rm`, which also blocklists
+/// it) and the server restarts with its log; after a clean stop `rbd
+/// export` has them, and the lock is given back at once.
+#[test]
+fn kill9_after_flush_loses_nothing_and_a_second_writer_is_refused() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("crash", "32M");
+    let spec = ceph.spec("crash");
+    let dir = tempfile::tempdir().unwrap();
+    let log = format!("{}:64M", dir.path().join("log.img").display());
+    // A txg would not reach the image before the kill: the log is what
+    // keeps the flushed bytes.
+    let args = ["--log", log.as_str(), "--set", "zfs_txg_timeout=600"];
+    let s = ceph.serve(dir, &spec, &args);
+    let err = ceph.refused(&spec);
+    assert!(err.contains("exclusive lock is held by"), "{err}");
+    let data = pattern(3 << 20, 7);
+    write_flush(&s, 5 << 20, &data);
+    let dir = s.kill9();
+    let image = ceph.export("rbd/crash");
+    assert!(image[5 << 20..(5 << 20) + data.len()] != data[..], "the txg was to stay in the log");
+    let locks: serde_json::Value =
+        serde_json::from_slice(&ceph.rbd(&["lock", "ls", "--format", "json", "rbd/crash"])).unwrap();
+    let lock = &locks[0];
+    let (id, locker) = (lock["id"].as_str().unwrap(), lock["locker"].as_str().unwrap());
+    ceph.rbd(&["lock", "rm", "rbd/crash", id, locker]);
+    let s = ceph.serve(dir, &spec, &args);
+    assert!(read_at(&s, 5 << 20, data.len()) == data, "a FLUSHed write survives kill -9");
+    s.stop();
+    let image = ceph.export("rbd/crash");
+    assert!(image[5 << 20..(5 << 20) + data.len()] == data[..], "replayed data reaches the image");
+    let locks = ceph.rbd(&["lock", "ls", "--format", "json", "rbd/crash"]);
+    assert_eq!(String::from_utf8_lossy(&locks).trim(), "[]", "a clean stop gives the lock back");
+}
+
+/// `@SNAP` serves the image as of the snapshot, read-only: the NBD
+/// clients see a read-only export and their writes are refused, while a
+/// writable server of the live image serves the newer bytes.
+#[test]
+fn a_snapshot_is_served_read_only_as_of_the_snapshot() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("snapped", "16M");
+    let spec = ceph.spec("snapped");
+    let old = pattern(2 << 20, 1);
+    let new = pattern(2 << 20, 2);
+    let s = ceph.serve(tempfile::tempdir().unwrap(), &spec, &[]);
+    write_flush(&s, 1 << 20, &old);
+    let dir = s.stop();
+    ceph.rbd(&["snap", "create", "rbd/snapped@before"]);
+    let live = ceph.serve(dir, &spec, &[]);
+    write_flush(&live, 1 << 20, &new);
+    let snap_spec = format!("rbd:rbd/snapped@before?conf={}", ceph.conf.display());
+    let snap = ceph.serve(tempfile::tempdir().unwrap(), &snap_spec, &[]);
+    assert!(read_at(&snap, 1 << 20, old.len()) == old, "the snapshot serves its own bytes");
+    assert!(read_at(&live, 1 << 20, new.len()) == new, "the live image serves the new ones");
+    let mut c = nbd::Client::connect(&snap.target(), "disk").unwrap();
+    assert!(c.read_only(), "a snapshot is exported read-only");
+    assert!(c.write(0, &[1u8; 4096], false).is_err(), "a write to a snapshot must fail");
+    let info = run(Command::new(need("nbdinfo")).arg(snap.uri("disk"))).stdout;
+    assert!(String::from_utf8_lossy(&info).contains("is_read_only: true"), "nbdinfo says read-only");
+    let out = Command::new(need("qemu-io"))
+        .args(["-f", "raw", "-c", "write -P 7 0 4k"])
+        .arg(snap.uri("disk"))
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !out.status.success() || said.contains("ermission") || said.contains("read-only"),
+        "qemu-io: {said}"
+    );
+    assert!(!said.contains("wrote 4096"), "qemu-io wrote to a snapshot: {said}");
+    snap.stop();
+    live.stop();
+    let before = ceph.export("rbd/snapped@before");
+    assert!(before[1 << 20..3 << 20] == old[..], "the snapshot itself is unchanged");
+}
+
+/// TRIM reaches the image as `rbd_discard` (whole objects removed: `rbd
+/// du` counts less, and they read as zeros), zeroing as `rbd_write_zeroes`.
+#[test]
+fn discard_and_zeroing_reach_the_image() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("holes", "32M");
+    let spec = ceph.spec("holes");
+    let data = pattern(16 << 20, 3);
+    let s = ceph.serve(tempfile::tempdir().unwrap(), &spec, &[]);
+    write_flush(&s, 0, &data);
+    let dir = s.stop();
+    let used = |ceph: &Ceph| -> u64 {
+        let du: serde_json::Value =
+            serde_json::from_slice(&ceph.rbd(&["du", "--format", "json", "rbd/holes"])).unwrap();
+        du["images"][0]["used_size"].as_u64().unwrap()
+    };
+    assert_eq!(used(ceph), 16 << 20, "four 4 MiB objects written");
+    let s = ceph.serve(dir, &spec, &[]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    c.trim(0, 8 << 20).unwrap();
+    c.write_zeroes(9 << 20, 1 << 20).unwrap();
+    c.flush().unwrap();
+    assert!(read_at(&s, 0, 8 << 20).iter().all(|&b| b == 0), "trimmed objects read as zeros");
+    s.stop();
+    assert_eq!(used(ceph), 8 << 20, "the two trimmed objects are gone from the image");
+    let image = ceph.export("rbd/holes");
+    assert!(image[..8 << 20].iter().all(|&b| b == 0), "rbd export: the trimmed range is zeros");
+    assert!(image[9 << 20..10 << 20].iter().all(|&b| b == 0), "rbd export: the zeroed range is zeros");
+    assert!(image[8 << 20..9 << 20] == data[8 << 20..9 << 20], "around it, the data");
+    assert!(image[10 << 20..16 << 20] == data[10 << 20..16 << 20], "around it, the data");
+}
+
+/// What is wrong is said at start: no such image, pool or snapshot, a
+/// malformed spec, a conf file that is not there.
+#[test]
+fn start_errors_name_the_cause() {
+    let Some(ceph) = ceph() else { return };
+    let conf = ceph.conf.display();
+    for (spec, expect) in [
+        (format!("rbd:rbd/nosuch?conf={conf}"), "image nosuch does not exist in pool rbd".to_string()),
+        (format!("rbd:nopool/img?conf={conf}"), "pool nopool does not exist".to_string()),
+        (format!("rbd:rbd/disk0@nosnap?conf={conf}"), "or its snapshot nosnap does not exist".to_string()),
+        ("rbd:rbd?conf=/x".to_string(), "no /IMAGE after the pool".to_string()),
+        (
+            "rbd:rbd/disk0?conf=/nonexistent/ceph.conf".to_string(),
+            "reading /nonexistent/ceph.conf".to_string(),
+        ),
+    ] {
+        let err = ceph.refused(&spec);
+        assert!(err.contains(&expect), "{spec}: expected {expect:?} in {err}");
+    }
+}
