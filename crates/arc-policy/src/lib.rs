@@ -62,8 +62,72 @@ pub mod key {
         key & MAX_RECORD
     }
 
+    /// The file view's keys (`arcache mount`, `docs/fileview.md`): bit 63
+    /// set, a kind in bits 62..60, an object (one version of one source
+    /// file) in bits 59..24 and an index below. Read as an export id their
+    /// top 16 bits are at least 0x8000, so they never equal a volume's key
+    /// (ids below 4096) nor carry the id 0xFFFF the L2 index reserves.
+    pub mod view {
+        use super::Key;
+
+        pub const OBJECT_BITS: u32 = 36;
+        pub const INDEX_BITS: u32 = 24;
+        pub const MAX_OBJECT: u64 = (1 << OBJECT_BITS) - 1;
+        pub const MAX_INDEX: u64 = (1 << INDEX_BITS) - 1;
+        const TAG: u64 = 1 << 63;
+
+        /// What a view record holds.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(u8)]
+        pub enum Kind {
+            Attr = 0,
+            DirChunk = 1,
+            Symlink = 2,
+            Xattrs = 3,
+            Data = 4,
+        }
+
+        pub const fn make(kind: Kind, object: u64, index: u64) -> Key {
+            TAG | ((kind as u64) << 60) | ((object & MAX_OBJECT) << INDEX_BITS) | (index & MAX_INDEX)
+        }
+
+        pub const fn is_view(key: Key) -> bool {
+            key & TAG != 0
+        }
+
+        /// Attributes, listings, symlink targets and xattrs: the records
+        /// counted as metadata.
+        pub const fn is_metadata(key: Key) -> bool {
+            is_view(key) && (key >> 60) & 7 != Kind::Data as u64
+        }
+
+        pub const fn object(key: Key) -> u64 {
+            (key >> INDEX_BITS) & MAX_OBJECT
+        }
+
+        pub const fn index(key: Key) -> u64 {
+            key & MAX_INDEX
+        }
+    }
+
     #[cfg(test)]
     mod tests {
+        #[test]
+        fn view_keys_never_meet_volume_keys() {
+            use super::view::{self, Kind};
+            for kind in [Kind::Attr, Kind::DirChunk, Kind::Symlink, Kind::Xattrs, Kind::Data] {
+                for (object, index) in [(0, 0), (1, 7), (view::MAX_OBJECT, view::MAX_INDEX)] {
+                    let k = view::make(kind, object, index);
+                    assert!(view::is_view(k));
+                    assert!(super::export(k) >= 0x8000 && super::export(k) != 0xFFFF);
+                    assert_eq!((view::object(k), view::index(k)), (object, index));
+                    assert_eq!(view::is_metadata(k), kind != Kind::Data);
+                }
+            }
+            assert!(!view::is_view(super::make(4095, super::MAX_RECORD)));
+            assert!(!view::is_metadata(super::make(1, 5)));
+        }
+
         #[test]
         fn export_and_record_round_trip() {
             let k = super::make(4095, (1 << 48) - 1);

@@ -10,6 +10,7 @@ pub mod exports;
 pub mod l2cmd;
 pub mod logcmd;
 pub mod metrics;
+pub mod mount;
 pub mod mrccmd;
 pub mod plot;
 pub mod recorder;

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use arcache::{demo, l2cmd, logcmd, s3cmd, serve, simcmd, statcmd, summary};
+use arcache::{demo, l2cmd, logcmd, mount, s3cmd, serve, simcmd, statcmd, summary};
 use clap::{Parser, Subcommand};
 
 /// Records of 4K..1M are allocated and freed by dozens of threads; glibc's
@@ -26,6 +26,9 @@ struct Cli {
 enum Cmd {
     /// Serve exports over NBD through a shared ARC in RAM.
     Serve(Box<serve::ServeArgs>),
+    /// Show a directory through FUSE with its metadata and small files
+    /// cached in the ARC: `mount SOURCE MOUNTPOINT`.
+    Mount(Box<mount::MountArgs>),
     /// arcstat-style columns of a running server: `stat [INTERVAL [COUNT]]`,
     /// `-f` to pick columns, `-v` to list them, `--json` for every counter.
     Stat(statcmd::StatArgs),
@@ -77,7 +80,7 @@ fn reexec_with_lazy_arenas() {
     use std::os::unix::process::CommandExt;
     const VAR: &str = "MIMALLOC_ARENA_EAGER_COMMIT";
     let mut args = std::env::args_os();
-    let is_serve = args.nth(1).is_some_and(|a| a == "serve");
+    let is_serve = args.nth(1).is_some_and(|a| a == "serve" || a == "mount");
     if !is_serve || std::env::var_os(VAR).is_some() {
         return;
     }
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
     init_logging(if matches!(cli.cmd, Cmd::Demo(_) | Cmd::L2(_) | Cmd::Log(_)) { "warn" } else { "info" });
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(&a),
+        Cmd::Mount(a) => mount::run(&a),
         Cmd::Stat(a) => statcmd::stat(&a),
         Cmd::Summary(a) => summary::run(&a),
         Cmd::Get(a) => statcmd::get(&a),

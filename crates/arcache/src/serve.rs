@@ -184,6 +184,20 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeSettings> {
 /// [`resolve`] with the config file already read: checks every value in
 /// it and in `args` without opening any device or socket.
 pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings> {
+    resolve_settings(args, file, true)
+}
+
+/// [`resolve`] for `arcache mount`, where exports are optional: without
+/// any, no NBD socket is bound unless `--listen` asks for one.
+pub fn resolve_for_view(args: &ServeArgs) -> Result<ServeSettings> {
+    let file = match &args.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    resolve_settings(args, file, false)
+}
+
+fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> Result<ServeSettings> {
     let mut t = Tunables::defaults();
     let mut sets: Vec<(String, String)> = Vec::new();
     if let Some(v) = &file.arc_max {
@@ -276,7 +290,7 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
             e.sync = None;
         }
     }
-    if exports.is_empty() {
+    if exports.is_empty() && need_exports {
         bail!(
             "nothing to serve: give at least one --export [NAME=]BACKING (or [[export]] in the config file)"
         );
@@ -290,7 +304,7 @@ pub fn resolve_with(args: &ServeArgs, file: ConfigFile) -> Result<ServeSettings>
     let nbd_defaults = ServerConfig::default();
     let listen_src = if args.listen.is_empty() { &file.listen } else { &args.listen };
     let mut listen = listen_src.iter().map(|s| Listen::parse(s)).collect::<Result<Vec<_>>>()?;
-    if listen.is_empty() {
+    if listen.is_empty() && !exports.is_empty() {
         listen.push(Listen::Unix(runtime_dir().join("nbd.sock")));
     }
     Ok(ServeSettings {
@@ -595,6 +609,9 @@ fn start_writeback(
     Ok(WriteBack::new(log, cache.l2().cloned(), tun))
 }
 
+/// Counters by name, read at each `stat`.
+pub type StatsSource = Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>;
+
 /// A running server and what it needs to stop cleanly.
 pub struct Running {
     pub server: Arc<Server>,
@@ -612,6 +629,14 @@ pub struct Running {
 }
 
 impl Running {
+    /// Adds counters of another part of the process (the file view) to
+    /// `stat --json` and the metrics.
+    pub fn add_stats(&self, source: StatsSource) {
+        if let Some(s) = &self.state {
+            s.extra.lock().push(source);
+        }
+    }
+
     /// Puts `t` in force as `arcache set` would; the names that changed,
     /// with their new values.
     pub fn reload(&self, t: &Tunables) -> Vec<String> {
@@ -854,6 +879,7 @@ pub fn start_on(
             started: std::time::Instant::now(),
             recorder: recorder.clone(),
             sizing_cache: Mutex::new(None),
+            extra: Mutex::new(Vec::new()),
         });
         if let Some(addr) = &settings.metrics {
             let h = Arc::clone(&handler);
@@ -980,6 +1006,7 @@ struct ControlState {
     started: std::time::Instant,
     recorder: Option<Arc<Recorder>>,
     sizing_cache: Mutex<Option<(std::time::Instant, Value)>>,
+    extra: Mutex<Vec<StatsSource>>,
 }
 
 impl ControlState {
@@ -1039,6 +1066,11 @@ impl ControlState {
             obj.insert("l2_feed_bytes".into(), json!(f.fed_bytes.load(Relaxed)));
             obj.insert("l2_device_write_bw".into(), json!(f.device_write_bw.load(Relaxed)));
             obj.insert("l2_feed_prefetch".into(), json!(u64::from(f.feeds_prefetch.load(Relaxed))));
+        }
+        for source in self.extra.lock().iter() {
+            for (name, value) in source() {
+                obj.insert(name.into(), json!(value));
+            }
         }
         obj.insert("sizing".into(), self.sizing(obj));
         let records = obj.get("l2_records").and_then(Value::as_u64).unwrap_or(0);

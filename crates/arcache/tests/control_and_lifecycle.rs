@@ -359,8 +359,9 @@ fn sighup_reloads_the_tunables_from_the_config_file() {
 #[test]
 fn the_usage_page_documents_every_option_of_every_command() {
     let usage = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/usage.md")).unwrap();
-    let cmds: [&[&str]; 14] = [
+    let cmds: [&[&str]; 15] = [
         &["serve"],
+        &["mount"],
         &["stat"],
         &["summary"],
         &["get"],

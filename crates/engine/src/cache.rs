@@ -48,6 +48,38 @@ struct State {
     evicted: Vec<Key>,
     /// Records read from half their L2 copy without being cached.
     seen: SeenFilter,
+    /// Stored bytes and count of the metadata records (the file view's
+    /// attributes, listings, symlinks and xattrs), within `psize`.
+    meta_psize: u64,
+    meta_records: u64,
+    /// The high-water mark of `arc_meta_used`.
+    meta_max: u64,
+}
+
+impl State {
+    fn add(&mut self, key: Key, rec: &Record) {
+        self.psize += rec.psize();
+        self.lsize += rec.lsize();
+        if arc_policy::key::view::is_metadata(key) {
+            self.meta_psize += rec.psize();
+            self.meta_records += 1;
+            self.meta_max = self.meta_max.max(self.meta_used());
+        }
+    }
+
+    fn sub(&mut self, key: Key, rec: &Record) {
+        self.psize -= rec.psize();
+        self.lsize -= rec.lsize();
+        if arc_policy::key::view::is_metadata(key) {
+            self.meta_psize -= rec.psize();
+            self.meta_records -= 1;
+        }
+    }
+
+    /// `arc_meta_used`: metadata records' bytes and their headers.
+    fn meta_used(&self) -> u64 {
+        self.meta_psize + self.meta_records * RECORD_OVERHEAD
+    }
 }
 
 #[derive(Default)]
@@ -58,6 +90,8 @@ pub(crate) struct Counters {
     pub prefetch_hits: AtomicU64,
     pub prefetch_iohits: AtomicU64,
     pub prefetch_misses: AtomicU64,
+    pub demand_metadata_hits: AtomicU64,
+    pub demand_metadata_misses: AtomicU64,
     pub invalidated: AtomicU64,
     pub backing_reads: AtomicU64,
     pub backing_read_bytes: AtomicU64,
@@ -144,6 +178,9 @@ impl Cache {
                 lsize: 0,
                 evicted: Vec::new(),
                 seen: SeenFilter::new(),
+                meta_psize: 0,
+                meta_records: 0,
+                meta_max: 0,
             }),
             epoch: Instant::now(),
             l2,
@@ -323,12 +360,11 @@ impl Cache {
     fn insert_locked(&self, s: &mut State, key: Key, rec: RecordData, prefetch: bool) -> Vec<(Key, u64)> {
         let a = self.access(prefetch);
         let charge = rec.psize() + RECORD_OVERHEAD;
-        s.psize += rec.psize();
-        s.lsize += rec.lsize();
-        if let Some(old) = s.data.insert(key, rec) {
-            s.psize -= old.psize();
-            s.lsize -= old.lsize();
+        if let Some(old) = s.data.remove(&key) {
+            s.sub(key, &old);
         }
+        s.add(key, &rec);
+        s.data.insert(key, rec);
         let mut evicted = std::mem::take(&mut s.evicted);
         s.policy.insert(key, charge, a, &mut evicted);
         s.evicted = evicted;
@@ -342,8 +378,7 @@ impl Cache {
         let mut gone = Vec::with_capacity(s.evicted.len());
         for key in std::mem::take(&mut s.evicted) {
             let Some(d) = s.data.remove(&key) else { continue };
-            s.psize -= d.psize();
-            s.lsize -= d.lsize();
+            s.sub(key, &d);
             gone.push((key, d.psize()));
         }
         gone
@@ -400,13 +435,64 @@ impl Cache {
         }
         match s.data.remove(&key) {
             Some(d) => {
-                s.psize -= d.psize();
-                s.lsize -= d.lsize();
+                s.sub(key, &d);
                 self.counters.invalidated.fetch_add(1, Relaxed);
                 true
             }
             None => false,
         }
+    }
+
+    // The file view (`arcache mount`, docs/fileview.md). Its keys are
+    // `arc_policy::key::view`'s; these are its only ways into the ARC.
+
+    /// A demand read of one view record: a hit is recorded by the policy
+    /// and counted, a miss counted, as metadata or data by the key's kind.
+    pub fn view_lookup(&self, key: Key) -> Option<RecordData> {
+        let found = match self.lookup(key, false) {
+            Looked::Hit(rec) => Some(rec),
+            Looked::Ghost | Looked::Cold => None,
+        };
+        let c = &self.counters;
+        let counter = match (arc_policy::key::view::is_metadata(key), found.is_some()) {
+            (true, true) => &c.demand_metadata_hits,
+            (true, false) => &c.demand_metadata_misses,
+            (false, true) => &c.demand_hits,
+            (false, false) => &c.demand_misses,
+        };
+        counter.fetch_add(1, Relaxed);
+        found
+    }
+
+    /// The cached copy of a view record, counting nothing.
+    pub fn view_peek(&self, key: Key) -> Option<RecordData> {
+        self.peek(key)
+    }
+
+    /// Caches a view record read from its source.
+    pub fn view_insert(&self, key: Key, rec: RecordData) {
+        debug_assert!(arc_policy::key::view::is_view(key));
+        self.insert_read(key, rec, false);
+    }
+
+    /// Drops a view record; true if it was in RAM.
+    pub fn view_invalidate(&self, key: Key) -> bool {
+        self.invalidate(key)
+    }
+
+    /// A read of the view's source, counted as a backing-store read.
+    pub fn count_view_source_read(&self, bytes: u64, ns: u64) {
+        let c = &self.counters;
+        c.backing_reads.fetch_add(1, Relaxed);
+        c.backing_read_bytes.fetch_add(bytes, Relaxed);
+        c.backing_read_ns.fetch_add(ns, Relaxed);
+    }
+
+    /// A write to the view's source, counted as a backing-store write.
+    pub fn count_view_source_write(&self, bytes: u64) {
+        let c = &self.counters;
+        c.backing_writes.fetch_add(1, Relaxed);
+        c.backing_write_bytes.fetch_add(bytes, Relaxed);
     }
 
     /// Picks records near the eviction ends (MFU first, then MRU) that are
@@ -502,11 +588,19 @@ impl Cache {
     }
 
     pub fn stats(&self) -> ArcStats {
-        let (p, psize, lsize, entries) = {
+        let (p, psize, lsize, entries, meta) = {
             let s = self.state.lock();
-            (s.policy.stats(), s.psize, s.lsize, s.data.len() as u64)
+            (
+                s.policy.stats(),
+                s.psize,
+                s.lsize,
+                s.data.len() as u64,
+                (s.meta_psize, s.meta_used(), s.meta_max),
+            )
         };
         let mut st = ArcStats::collect(&p, &self.counters, psize, entries);
+        (st.metadata_size, st.arc_meta_used, st.arc_meta_max) = meta;
+        st.data_size = psize - meta.0;
         st.add_zfetch(&self.zfetch_stats);
         st.zfetch_io_active = self.zfetch_active.load(Relaxed);
         st.compressed_size = psize;

@@ -1,0 +1,112 @@
+//! `arcache mount SOURCE MOUNTPOINT`: a FUSE view of a directory whose
+//! metadata and file data are cached in the ARC `serve` builds
+//! (`docs/fileview.md`). The same process may serve NBD exports too.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use arcache_fileview::ViewConfig;
+use clap::Args;
+use nbd::ServerConfig;
+use tracing::{info, warn};
+
+use crate::config::check_recordsize;
+use crate::serve::{self, ServeArgs};
+use crate::size::parse_size;
+use crate::startup;
+
+/// The view's record size unless `--recordsize` is given: a ZFS file
+/// system's default.
+pub const VIEW_RECORDSIZE: u64 = 128 << 10;
+
+#[derive(Debug, Args, Clone)]
+#[command(after_help = "The other options are serve's: the ARC's (--arc-max, --l2, --set, --config, \
+--control, --metrics, ...) and NBD exports to serve beside the view. For the view, --read-only refuses \
+every change with EROFS, and --recordsize is its file-data record (default 128K). SIGTERM, SIGINT or \
+`fusermount3 -u MOUNTPOINT` unmount and stop; see docs/fileview.md.")]
+pub struct MountArgs {
+    /// The directory to show (a slow disk, an NFS or SMB mount, ...).
+    pub source: PathBuf,
+    /// Where to show it: an existing directory.
+    pub mountpoint: PathBuf,
+    /// Seconds a file's cached metadata and data are used before SOURCE is
+    /// asked whether it changed (size, mtime, ctime, inode); also the
+    /// kernel's entry and attribute lifetime. 0 checks at every use.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub revalidate: f64,
+    /// Threads answering the kernel's requests (default 8: a miss waits
+    /// for SOURCE, and other requests should not wait behind it).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub fuse_threads: usize,
+    /// Let every user use the view (FUSE's allow_other; an unprivileged
+    /// user needs user_allow_other in /etc/fuse.conf).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// The settings `serve` takes (see after_help).
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+pub fn run(args: &MountArgs) -> Result<()> {
+    let settings = serve::resolve_for_view(&args.serve)?;
+    let recordsize = match &args.serve.recordsize {
+        Some(s) => check_recordsize(parse_size(s)?)?,
+        None => VIEW_RECORDSIZE,
+    };
+    if !args.revalidate.is_finite() || args.revalidate < 0.0 {
+        bail!("--revalidate takes seconds, 0 or more");
+    }
+    if !args.source.is_dir() {
+        bail!("SOURCE {} is not a directory", args.source.display());
+    }
+    if !args.mountpoint.is_dir() {
+        bail!("MOUNTPOINT {} is not a directory", args.mountpoint.display());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    let watch = startup::Watch::start(Arc::clone(&stop));
+    let running = serve::start(&settings, ServerConfig::default(), true)?;
+    watch.finish();
+    let cfg = ViewConfig {
+        source: args.source.clone(),
+        recordsize,
+        revalidate: Duration::from_secs_f64(args.revalidate),
+        read_only: args.serve.read_only,
+        threads: args.fuse_threads,
+        allow_other: args.allow_other,
+    };
+    let view = match arcache_fileview::mount(cfg, Arc::clone(&running.cache), &args.mountpoint) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = running.stop();
+            return Err(e).with_context(|| format!("mounting the view at {}", args.mountpoint.display()));
+        }
+    };
+    running.add_stats(view.stat_source());
+    println!("mounted {} at {}", args.source.display(), args.mountpoint.display());
+    for u in &running.uris {
+        println!("serving {u}");
+    }
+    if let Some(c) = &running.control {
+        println!("control socket {}", c.display());
+    }
+    while !stop.load(Ordering::Relaxed) && !view.ended() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if view.ended() {
+        info!("{} was unmounted; stopping", args.mountpoint.display());
+    } else {
+        info!("stopping: unmounting {}", args.mountpoint.display());
+    }
+    if let Err(e) = view.unmount() {
+        warn!("unmounting {}: {e}", args.mountpoint.display());
+    }
+    running.stop()?;
+    info!("stopped cleanly");
+    Ok(())
+}

@@ -1,0 +1,525 @@
+//! `arcache mount` through the real binary and a real FUSE mount
+//! (`docs/fileview.md`): the view equals SOURCE, a second pass is served
+//! from the ARC, changes made in SOURCE are seen within the revalidate
+//! window, every change made through the view is in SOURCE at once,
+//! `--read-only`, and how the mount ends (SIGTERM, `fusermount3 -u`,
+//! kill -9).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::{ErrorKind, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{skip_or_fail, BIN};
+
+/// Every test ends within this, hung FUSE or not: the watchdog kills the
+/// server, which turns any request still waiting into ENOTCONN.
+const TEST_LIMIT: Duration = Duration::from_secs(120);
+
+fn fuse_available() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        skip_or_fail("no /dev/fuse");
+        return false;
+    }
+    if Command::new("fusermount3").arg("-V").output().is_err() {
+        skip_or_fail("no fusermount3 (Debian: fuse3)");
+        return false;
+    }
+    true
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+fn fusermount_u(path: &Path) {
+    let _ = Command::new("fusermount3").args(["-u", "-z"]).arg(path).stderr(Stdio::null()).status();
+}
+
+/// A running `arcache mount` of `dir/src` at `dir/mnt`, unmounted and
+/// killed on drop whatever happened.
+struct View {
+    child: Option<Child>,
+    src: PathBuf,
+    mnt: PathBuf,
+    control: PathBuf,
+    done: Arc<AtomicBool>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl View {
+    fn start(dir: &Arc<tempfile::TempDir>, args: &[&str]) -> View {
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        let control = dir.path().join("control.sock");
+        fs::create_dir_all(&src).unwrap();
+        fs::create_dir_all(&mnt).unwrap();
+        let child = Command::new(BIN)
+            .arg("mount")
+            .arg(&src)
+            .arg(&mnt)
+            .arg("--control")
+            .arg(&control)
+            .args(["--arc-max", "64M"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn arcache mount");
+        let done = Arc::new(AtomicBool::new(false));
+        {
+            let (done, pid, mnt) = (Arc::clone(&done), child.id() as i32, mnt.clone());
+            std::thread::spawn(move || {
+                let until = Instant::now() + TEST_LIMIT;
+                while Instant::now() < until {
+                    if done.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                eprintln!("watchdog: killing arcache mount after {TEST_LIMIT:?}");
+                // SAFETY: a signal to the test's own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                fusermount_u(&mnt);
+            });
+        }
+        let mut v = View { child: Some(child), src, mnt, control, done, _dir: Arc::clone(dir) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !(is_mounted(&v.mnt) && v.control.exists()) {
+            if let Some(st) = v.child.as_mut().unwrap().try_wait().unwrap() {
+                let out = v.child.take().unwrap().wait_with_output().unwrap();
+                panic!("arcache mount exited ({st}): {}", String::from_utf8_lossy(&out.stderr));
+            }
+            assert!(Instant::now() < deadline, "arcache mount did not come up in 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        v
+    }
+
+    fn stat(&self) -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args(["stat", "--json", "--control"])
+            .arg(&self.control)
+            .output()
+            .expect("run arcache stat");
+        assert!(out.status.success(), "stat failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("stat --json prints JSON")
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: a signal to the test's own child.
+        unsafe { libc::kill(pid, sig) };
+    }
+
+    /// Waits for the server to exit; its status and stderr.
+    fn wait(&mut self) -> (std::process::ExitStatus, String) {
+        let out = common::wait_timeout(self.child.take().expect("running"), Duration::from_secs(30));
+        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        fusermount_u(&self.mnt);
+        self.done.store(true, Ordering::Relaxed);
+    }
+}
+
+fn new_dir() -> Arc<tempfile::TempDir> {
+    Arc::new(tempfile::tempdir().unwrap())
+}
+
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("stat has no {k}"))
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let cp = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let cn = CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer of value.len() bytes.
+    let r = unsafe { libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The `user.` xattrs of `p` (others, like security.*, depend on the host).
+fn user_xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
+    let cp = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 4096];
+    // SAFETY: valid C string and buffer.
+    let len = unsafe { libc::llistxattr(cp.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    assert!(len >= 0, "listxattr {}: {}", p.display(), std::io::Error::last_os_error());
+    names.truncate(len as usize);
+    let mut out = BTreeMap::new();
+    for name in names.split(|&c| c == 0).filter(|n| n.starts_with(b"user.")) {
+        let cn = CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        // SAFETY: as above.
+        let l = unsafe { libc::lgetxattr(cp.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(l >= 0, "getxattr: {}", std::io::Error::last_os_error());
+        v.truncate(l as usize);
+        out.insert(String::from_utf8_lossy(name).into_owned(), v);
+    }
+    out
+}
+
+/// A small tree: nested directories, files from empty to a few records,
+/// symlinks (one dangling), xattrs, a hard link.
+fn make_tree(src: &Path) {
+    let mut seed = 1u64;
+    for d in ["a", "a/b", "a/b/c", "empty", "many"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for (i, size) in [0usize, 1, 4095, 4096, 50_000, 131_072, 131_073, 300_000].iter().enumerate() {
+        seed += 1;
+        common::random_file(&src.join(format!("a/f{i}")), *size, seed);
+    }
+    for i in 0..300 {
+        fs::write(src.join(format!("many/file-{i:04}.png")), format!("small file {i}\n").repeat(i % 7 + 1))
+            .unwrap();
+    }
+    common::random_file(&src.join("a/b/c/deep"), 70_000, 99);
+    std::os::unix::fs::symlink("f4", src.join("a/to-f4")).unwrap();
+    std::os::unix::fs::symlink("../nowhere", src.join("a/dangling")).unwrap();
+    fs::hard_link(src.join("a/f2"), src.join("a/b/f2-link")).unwrap();
+    set_xattr(&src.join("a/f1"), "user.colour", b"blue").unwrap();
+    set_xattr(&src.join("a/f1"), "user.empty", b"").unwrap();
+    set_xattr(&src.join("a/b"), "user.dir", &[0, 1, 2, 255]).unwrap();
+    fs::set_permissions(src.join("a/f3"), fs::Permissions::from_mode(0o640)).unwrap();
+}
+
+/// Walks `view` and `src` side by side: the same names, types, modes,
+/// sizes, owners, link counts, mtimes, bytes, link targets and xattrs.
+fn compare_trees(view: &Path, src: &Path) -> usize {
+    let mut seen = 0;
+    let list = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> =
+            fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    let (names, want) = (list(view), list(src));
+    assert_eq!(names, want, "listing of {}", view.display());
+    for name in names {
+        let (v, s) = (view.join(&name), src.join(&name));
+        let (vm, sm) = (fs::symlink_metadata(&v).unwrap(), fs::symlink_metadata(&s).unwrap());
+        let what = v.display().to_string();
+        assert_eq!(vm.mode(), sm.mode(), "{what}: mode");
+        assert_eq!(vm.size(), sm.size(), "{what}: size");
+        assert_eq!((vm.uid(), vm.gid()), (sm.uid(), sm.gid()), "{what}: owner");
+        assert_eq!(vm.nlink(), sm.nlink(), "{what}: nlink");
+        assert_eq!((vm.mtime(), vm.mtime_nsec()), (sm.mtime(), sm.mtime_nsec()), "{what}: mtime");
+        assert_eq!(user_xattrs(&v), user_xattrs(&s), "{what}: xattrs");
+        if sm.file_type().is_symlink() {
+            assert_eq!(fs::read_link(&v).unwrap(), fs::read_link(&s).unwrap(), "{what}: target");
+        } else if sm.is_dir() {
+            seen += compare_trees(&v, &s);
+        } else {
+            assert!(fs::read(&v).unwrap() == fs::read(&s).unwrap(), "{what}: contents differ");
+        }
+        seen += 1;
+    }
+    seen
+}
+
+#[test]
+fn the_view_equals_source_and_a_second_pass_is_served_from_the_arc() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    make_tree(&dir.path().join("src"));
+    // A window longer than the test: the second pass must not need SOURCE.
+    let v = View::start(&dir, &["--revalidate", "60"]);
+    let seen = compare_trees(&v.mnt, &v.src);
+    assert!(seen > 300, "walked {seen} entries");
+    let first = v.stat();
+    assert!(n(&first, "demand_metadata_misses") > 0 && n(&first, "demand_data_misses") > 0);
+    assert!(n(&first, "arc_meta_used") > 0 && n(&first, "metadata_size") > 0);
+    assert!(n(&first, "fileview_source_reads") > 0);
+
+    compare_trees(&v.mnt, &v.src);
+    let second = v.stat();
+    let rise = |k: &str| n(&second, k) - n(&first, k);
+    assert!(rise("demand_metadata_hits") > 300, "metadata hits rose by {}", rise("demand_metadata_hits"));
+    assert!(rise("demand_data_hits") > 10, "data hits rose by {}", rise("demand_data_hits"));
+    for k in [
+        "fileview_source_reads",
+        "fileview_source_stats",
+        "fileview_source_readdirs",
+        "fileview_source_readlinks",
+        "fileview_source_xattr_reads",
+        "backing_reads",
+        "demand_data_misses",
+    ] {
+        assert_eq!(rise(k), 0, "{k} rose on the second pass: SOURCE was read again");
+    }
+    assert!(n(&second, "arc_meta_max") >= n(&second, "arc_meta_used"));
+}
+
+/// Reads `p` until it equals `want` or `limit` passes; how long that took.
+fn until_equal(p: &Path, want: &[u8], limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        match fs::read(p) {
+            Ok(got) if got == want => return start.elapsed(),
+            _ if start.elapsed() > limit => {
+                panic!("{} did not show the change within {limit:?}", p.display())
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+#[test]
+fn changes_made_in_source_are_seen_within_the_window_and_old_data_never_after() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    let old = common::random_file(&src.join("same-size"), 200_000, 1);
+    fs::write(src.join("grows"), b"first line\n").unwrap();
+    fs::write(src.join("d/moves"), b"moving").unwrap();
+    fs::write(src.join("goes"), b"going").unwrap();
+    let v = View::start(&dir, &["--revalidate", "1"]);
+    let m = &v.mnt;
+    // Cache everything.
+    assert!(fs::read(m.join("same-size")).unwrap() == old);
+    assert_eq!(fs::read(m.join("grows")).unwrap(), b"first line\n");
+    assert_eq!(fs::read(m.join("d/moves")).unwrap(), b"moving");
+    assert_eq!(fs::read(m.join("goes")).unwrap(), b"going");
+    assert!(fs::read(m.join("same-size")).unwrap() == old);
+
+    // Rewritten in place, same size: only mtime and ctime tell.
+    let new = {
+        let mut b = old.clone();
+        for x in b.iter_mut().step_by(1000) {
+            *x = x.wrapping_add(1);
+        }
+        b
+    };
+    let mut f = fs::OpenOptions::new().write(true).open(src.join("same-size")).unwrap();
+    f.write_all(&new).unwrap();
+    drop(f);
+    let mut g = fs::OpenOptions::new().append(true).open(src.join("grows")).unwrap();
+    g.write_all(b"second line\n").unwrap();
+    drop(g);
+    fs::rename(src.join("d/moves"), src.join("moved")).unwrap();
+    fs::remove_file(src.join("goes")).unwrap();
+    let changed = Instant::now();
+
+    let window = Duration::from_millis(1000);
+    // Seen within the window (and a little for the kernel's own TTL).
+    until_equal(&m.join("same-size"), &new, window + Duration::from_millis(600));
+    until_equal(&m.join("grows"), b"first line\nsecond line\n", window + Duration::from_millis(600));
+    until_equal(&m.join("moved"), b"moving", window + Duration::from_millis(600));
+    let deadline = changed + window + Duration::from_millis(600);
+    loop {
+        let gone = (fs::symlink_metadata(m.join("d/moves")), fs::symlink_metadata(m.join("goes")));
+        if matches!(&gone, (Err(a), Err(b)) if a.kind() == ErrorKind::NotFound && b.kind() == ErrorKind::NotFound)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a renamed or removed name still shows: {gone:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // After the window old data is never served again, on any read.
+    std::thread::sleep(
+        (changed + window + Duration::from_millis(300)).saturating_duration_since(Instant::now()),
+    );
+    for _ in 0..20 {
+        assert!(fs::read(m.join("same-size")).unwrap() == new, "old data served after the window");
+        assert_eq!(fs::read(m.join("grows")).unwrap(), b"first line\nsecond line\n");
+        let listing: Vec<_> = fs::read_dir(m).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(!listing.iter().any(|n| n == "goes"), "a removed file is still listed");
+    }
+    let s = v.stat();
+    assert!(n(&s, "fileview_changes_seen") >= 2, "changes seen: {}", n(&s, "fileview_changes_seen"));
+}
+
+#[test]
+fn every_change_through_the_view_is_in_source_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let v = View::start(&dir, &["--revalidate", "60"]);
+    let (m, s) = (&v.mnt, &v.src);
+    // create + write
+    fs::write(m.join("new"), b"hello").unwrap();
+    assert_eq!(fs::read(s.join("new")).unwrap(), b"hello");
+    assert_eq!(fs::read(m.join("new")).unwrap(), b"hello");
+    // a write over cached records, and an append
+    let big = common::random_file(&s.join("big"), 300_000, 7);
+    assert!(fs::read(m.join("big")).unwrap() == big);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(m.join("big")).unwrap();
+        f.write_all_at(b"PATCHED", 140_000).unwrap();
+        let mut a = fs::OpenOptions::new().append(true).open(m.join("big")).unwrap();
+        a.write_all(b"TAIL").unwrap();
+    }
+    let mut want = big.clone();
+    want[140_000..140_007].copy_from_slice(b"PATCHED");
+    want.extend_from_slice(b"TAIL");
+    assert!(fs::read(s.join("big")).unwrap() == want, "SOURCE lacks the writes");
+    assert!(fs::read(m.join("big")).unwrap() == want, "the view serves old records after a write");
+    // truncate (shrink and grow), chmod, utimes
+    fs::OpenOptions::new().write(true).open(m.join("big")).unwrap().set_len(1000).unwrap();
+    assert_eq!(fs::metadata(s.join("big")).unwrap().len(), 1000);
+    fs::OpenOptions::new().write(true).open(m.join("big")).unwrap().set_len(200_000).unwrap();
+    let after = fs::read(m.join("big")).unwrap();
+    assert!(
+        after[..1000] == want[..1000] && after[1000..].iter().all(|&b| b == 0),
+        "truncate left old bytes"
+    );
+    assert!(fs::read(s.join("big")).unwrap() == after);
+    fs::set_permissions(m.join("new"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(s.join("new")).unwrap().mode() & 0o7777, 0o600);
+    assert_eq!(fs::metadata(m.join("new")).unwrap().mode() & 0o7777, 0o600);
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    fs::File::options().write(true).open(m.join("new")).unwrap().set_modified(t).unwrap();
+    assert_eq!(fs::metadata(s.join("new")).unwrap().mtime(), 1_500_000_000);
+    assert_eq!(fs::metadata(m.join("new")).unwrap().mtime(), 1_500_000_000);
+    // mkdir, rename into it, a renamed directory keeps its contents
+    fs::create_dir(m.join("dir")).unwrap();
+    assert!(s.join("dir").is_dir());
+    fs::rename(m.join("new"), m.join("dir/renamed")).unwrap();
+    assert!(!s.join("new").exists() && s.join("dir/renamed").exists());
+    fs::rename(m.join("dir"), m.join("dir2")).unwrap();
+    assert_eq!(fs::read(m.join("dir2/renamed")).unwrap(), b"hello");
+    assert_eq!(fs::read(s.join("dir2/renamed")).unwrap(), b"hello");
+    // link, symlink
+    fs::hard_link(m.join("dir2/renamed"), m.join("linked")).unwrap();
+    assert_eq!(
+        fs::metadata(s.join("linked")).unwrap().ino(),
+        fs::metadata(s.join("dir2/renamed")).unwrap().ino()
+    );
+    assert_eq!(fs::metadata(m.join("linked")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("dir2/renamed", m.join("sym")).unwrap();
+    assert_eq!(fs::read_link(s.join("sym")).unwrap(), Path::new("dir2/renamed"));
+    assert_eq!(fs::read(m.join("sym")).unwrap(), b"hello");
+    // xattrs
+    set_xattr(&m.join("linked"), "user.k", b"v").unwrap();
+    assert_eq!(user_xattrs(&s.join("linked")).get("user.k").map(Vec::as_slice), Some(&b"v"[..]));
+    assert_eq!(user_xattrs(&m.join("linked")).get("user.k").map(Vec::as_slice), Some(&b"v"[..]));
+    let cp = CString::new(m.join("linked").as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::lremovexattr(cp.as_ptr(), c"user.k".as_ptr()) }, 0);
+    assert!(user_xattrs(&s.join("linked")).is_empty() && user_xattrs(&m.join("linked")).is_empty());
+    // fsync
+    let f = fs::OpenOptions::new().write(true).open(m.join("linked")).unwrap();
+    f.sync_all().unwrap();
+    f.sync_data().unwrap();
+    drop(f);
+    // unlink, rmdir
+    fs::remove_file(m.join("sym")).unwrap();
+    fs::remove_file(m.join("linked")).unwrap();
+    fs::remove_file(m.join("dir2/renamed")).unwrap();
+    fs::remove_dir(m.join("dir2")).unwrap();
+    for gone in ["sym", "linked", "dir2"] {
+        assert!(fs::symlink_metadata(s.join(gone)).is_err(), "{gone} still in SOURCE");
+        assert!(fs::symlink_metadata(m.join(gone)).is_err(), "{gone} still in the view");
+    }
+    let mut names: Vec<_> = fs::read_dir(m).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, vec!["big"]);
+    assert!(n(&v.stat(), "fileview_source_writes") > 10);
+}
+
+#[test]
+fn read_only_refuses_writes() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    fs::create_dir_all(dir.path().join("src")).unwrap();
+    fs::write(dir.path().join("src/f"), b"keep").unwrap();
+    let v = View::start(&dir, &["--read-only"]);
+    let m = &v.mnt;
+    assert_eq!(fs::read(m.join("f")).unwrap(), b"keep");
+    let erofs = |r: std::io::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
+    };
+    erofs(fs::write(m.join("new"), b"x"), "create");
+    erofs(fs::write(m.join("f"), b"x"), "overwrite");
+    erofs(fs::create_dir(m.join("d")), "mkdir");
+    erofs(fs::remove_file(m.join("f")), "unlink");
+    erofs(fs::rename(m.join("f"), m.join("g")), "rename");
+    erofs(set_xattr(&m.join("f"), "user.k", b"v"), "setxattr");
+    assert_eq!(fs::read(dir.path().join("src/f")).unwrap(), b"keep");
+    assert_eq!(fs::read_dir(dir.path().join("src")).unwrap().count(), 1);
+}
+
+#[test]
+fn sigterm_unmounts_and_an_outside_unmount_stops_the_server() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let mut v = View::start(&dir, &[]);
+    fs::write(v.mnt.join("f"), b"x").unwrap();
+    v.signal(libc::SIGTERM);
+    let (status, err) = v.wait();
+    assert!(status.success(), "exit {status}: {err}");
+    assert!(!is_mounted(&v.mnt), "SIGTERM left the mount");
+    assert!(!v.control.exists(), "the control socket was left behind");
+
+    let mut v = View::start(&dir, &[]);
+    let out = Command::new("fusermount3").arg("-u").arg(&v.mnt).output().unwrap();
+    assert!(out.status.success(), "fusermount3 -u: {}", String::from_utf8_lossy(&out.stderr));
+    let (status, err) = v.wait();
+    assert!(status.success(), "exit {status} after fusermount3 -u: {err}");
+    assert!(!is_mounted(&v.mnt));
+}
+
+#[test]
+fn kill_9_leaves_a_dead_mount_that_fusermount3_u_removes() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let mut v = View::start(&dir, &[]);
+    fs::write(v.mnt.join("f"), b"written before the kill").unwrap();
+    v.signal(libc::SIGKILL);
+    let (status, _) = v.wait();
+    assert!(!status.success());
+    // What is documented: the kernel keeps the mount with no server, and
+    // every access fails with ENOTCONN until it is unmounted.
+    assert!(is_mounted(&v.mnt));
+    let e = fs::metadata(v.mnt.join("f")).expect_err("a dead mount answered");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    let out = Command::new("fusermount3").arg("-u").arg(&v.mnt).output().unwrap();
+    assert!(out.status.success(), "fusermount3 -u: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!is_mounted(&v.mnt));
+    // Nothing written through the view was lost: it was in SOURCE first.
+    assert_eq!(fs::read(v.src.join("f")).unwrap(), b"written before the kill");
+    // And the mount point takes a new view at once.
+    let v2 = View::start(&dir, &[]);
+    assert_eq!(fs::read(v2.mnt.join("f")).unwrap(), b"written before the kill");
+}

@@ -1,0 +1,1286 @@
+//! `arcache mount`: a FUSE view of a SOURCE directory whose metadata
+//! (attributes, listings, symlink targets, xattrs) and file data are
+//! records of arcache's shared ARC (`docs/fileview.md`). Every change made
+//! through the view is made on SOURCE before it is answered; changes made
+//! to SOURCE directly are seen within the revalidate window.
+
+mod records;
+mod sys;
+mod table;
+
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_policy::key::view::{self as vkey, Kind};
+use arcache_engine::{Cache, Record};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow,
+};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tracing::warn;
+
+pub use records::{Attr, DirEntry, Fingerprint};
+use table::{ObjState, Object, Table, ROOT};
+
+/// How a view is set up.
+#[derive(Debug, Clone)]
+pub struct ViewConfig {
+    pub source: PathBuf,
+    /// Bytes of file data per record (4K..1M).
+    pub recordsize: u64,
+    /// How long a file's cached records are used before SOURCE is asked
+    /// again whether it changed; also the kernel's entry and attribute TTL.
+    pub revalidate: Duration,
+    pub read_only: bool,
+    /// Threads reading requests from the kernel.
+    pub threads: usize,
+    /// Let other users than the mounting one use the view (`allow_other`).
+    pub allow_other: bool,
+}
+
+/// What the view did to SOURCE and found there (`stat --json`'s
+/// `fileview_*`).
+#[derive(Debug, Default)]
+pub struct ViewStats {
+    pub source_stats: AtomicU64,
+    pub source_readdirs: AtomicU64,
+    pub source_reads: AtomicU64,
+    pub source_read_bytes: AtomicU64,
+    pub source_readlinks: AtomicU64,
+    pub source_xattr_reads: AtomicU64,
+    pub source_writes: AtomicU64,
+    pub revalidations: AtomicU64,
+    /// Revalidations that found a file changed behind the view.
+    pub changes_seen: AtomicU64,
+    pub nodes: AtomicU64,
+    pub objects: AtomicU64,
+}
+
+impl ViewStats {
+    /// Every counter by its `stat --json` name.
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        vec![
+            ("fileview_source_stats", l(&self.source_stats)),
+            ("fileview_source_readdirs", l(&self.source_readdirs)),
+            ("fileview_source_reads", l(&self.source_reads)),
+            ("fileview_source_read_bytes", l(&self.source_read_bytes)),
+            ("fileview_source_readlinks", l(&self.source_readlinks)),
+            ("fileview_source_xattr_reads", l(&self.source_xattr_reads)),
+            ("fileview_source_writes", l(&self.source_writes)),
+            ("fileview_revalidations", l(&self.revalidations)),
+            ("fileview_changes_seen", l(&self.changes_seen)),
+            ("fileview_nodes", l(&self.nodes)),
+            ("fileview_objects", l(&self.objects)),
+        ]
+    }
+}
+
+/// Object numbers, unique across every view of the process (they share
+/// one cache).
+static NEXT_OBJECT: AtomicU64 = AtomicU64::new(1);
+
+fn next_object() -> u64 {
+    NEXT_OBJECT.fetch_add(1, Relaxed) & vkey::MAX_OBJECT
+}
+
+fn key(kind: Kind, object: u64, index: u64) -> u64 {
+    vkey::make(kind, object, index)
+}
+
+fn errno(e: io::Error) -> Errno {
+    match e.raw_os_error() {
+        Some(n) if n > 0 => Errno::from_i32(n),
+        _ => Errno::EIO,
+    }
+}
+
+type Res<T> = Result<T, Errno>;
+
+/// What a setattr changes (the kernel's, less what Linux never sends).
+struct SetAttr {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+}
+
+struct Handle {
+    file: File,
+    obj: Arc<Object>,
+}
+
+struct View {
+    cfg: ViewConfig,
+    cache: Arc<Cache>,
+    table: Arc<Table>,
+    handles: Mutex<FxHashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    stats: Arc<ViewStats>,
+    as_root: bool,
+}
+
+fn to_time((sec, nsec): (i64, u32)) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs()) + Duration::from_nanos(u64::from(nsec))
+    }
+}
+
+fn from_time(t: TimeOrNow) -> Option<(i64, u32)> {
+    match t {
+        TimeOrNow::Now => None,
+        TimeOrNow::SpecificTime(st) => Some(match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+            Err(e) => {
+                let d = e.duration();
+                let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
+                if n == 0 {
+                    (-s, 0)
+                } else {
+                    (-s - 1, 1_000_000_000 - n)
+                }
+            }
+        }),
+    }
+}
+
+fn file_type(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn dtype_kind(dtype: u8) -> FileType {
+    match dtype {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn dtype_of(ft: std::fs::FileType) -> u8 {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        libc::DT_DIR
+    } else if ft.is_symlink() {
+        libc::DT_LNK
+    } else if ft.is_fifo() {
+        libc::DT_FIFO
+    } else if ft.is_socket() {
+        libc::DT_SOCK
+    } else if ft.is_char_device() {
+        libc::DT_CHR
+    } else if ft.is_block_device() {
+        libc::DT_BLK
+    } else {
+        libc::DT_REG
+    }
+}
+
+/// The attributes the kernel is given: SOURCE's, with SOURCE's inode number
+/// (so hard links show as such); the node id is the view's own.
+fn fuse_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: to_time(a.atime),
+        mtime: to_time(a.mtime),
+        ctime: to_time(a.ctime),
+        crtime: to_time(a.ctime),
+        kind: file_type(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+impl View {
+    fn ttl(&self) -> Duration {
+        self.cfg.revalidate
+    }
+
+    fn fresh(&self, st: &ObjState) -> bool {
+        st.checked.is_some_and(|t| t.elapsed() < self.cfg.revalidate)
+    }
+
+    fn count(&self, c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+
+    fn refuse_if_read_only(&self) -> Res<()> {
+        if self.cfg.read_only {
+            Err(Errno::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Where a change under `parent` goes on SOURCE, unless read-only.
+    fn writable_path(&self, parent: u64, name: &OsStr) -> Res<PathBuf> {
+        self.refuse_if_read_only()?;
+        self.table.child_path(parent, name).ok_or(Errno::ENOENT)
+    }
+
+    fn new_state(&self, a: &Attr) -> ObjState {
+        ObjState { id: next_object(), fp: a.fingerprint(), checked: None, gen: 0, dir_chunks: 0 }
+    }
+
+    /// Drops data records `from..=to` of the version `st` names.
+    fn drop_data(&self, st: &ObjState, from: u64, to: u64) {
+        for i in from..=to.min(vkey::MAX_INDEX) {
+            self.cache.view_invalidate(key(Kind::Data, st.id, i));
+        }
+    }
+
+    fn drop_listing(&self, st: &mut ObjState) {
+        for i in 0..st.dir_chunks {
+            self.cache.view_invalidate(key(Kind::DirChunk, st.id, i));
+        }
+        st.dir_chunks = 0;
+        st.gen += 1;
+    }
+
+    /// Drops every record of the version `st` names.
+    fn drop_all(&self, st: &mut ObjState) {
+        for kind in [Kind::Attr, Kind::Symlink, Kind::Xattrs] {
+            self.cache.view_invalidate(key(kind, st.id, 0));
+        }
+        self.drop_listing(st);
+        self.drop_data(st, 0, st.fp.size / self.cfg.recordsize);
+    }
+
+    /// Puts what SOURCE shows now (`a`) in force for `obj`. A file changed
+    /// behind the view (its fingerprint differs, and `own` is false) has
+    /// every record dropped and a new object number; with `own` the view
+    /// made the change and has fixed its records already.
+    fn settle(&self, obj: &Object, a: &Attr, own: bool) {
+        let mut st = obj.state.lock();
+        if st.fp != a.fingerprint() {
+            if own {
+                st.gen += 1;
+            } else {
+                self.count(&self.stats.changes_seen);
+                self.drop_all(&mut st);
+                st.id = next_object();
+            }
+        }
+        st.fp = a.fingerprint();
+        st.checked = Some(Instant::now());
+        self.cache.view_insert(key(Kind::Attr, st.id, 0), Arc::new(Record::new(&a.encode(), false)));
+    }
+
+    /// `lstat`s the node's path and settles its object.
+    fn stat_node(&self, node: u64, own: bool) -> Res<(Attr, Arc<Object>)> {
+        let path = self.table.path(node).ok_or(Errno::ENOENT)?;
+        self.count(&self.stats.source_stats);
+        let m = std::fs::symlink_metadata(&path).map_err(errno)?;
+        let a = Attr::from_metadata(&m);
+        let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
+        if !own {
+            self.count(&self.stats.revalidations);
+        }
+        self.settle(&obj, &a, own);
+        Ok((a, obj))
+    }
+
+    /// The node's attributes: from the ARC while its object is fresh, else
+    /// from SOURCE (revalidating it).
+    fn attr(&self, node: u64) -> Res<(Attr, Arc<Object>)> {
+        if let Some(obj) = self.table.object(node) {
+            let (id, fresh) = {
+                let st = obj.state.lock();
+                (st.id, self.fresh(&st))
+            };
+            if fresh {
+                if let Some(rec) = self.cache.view_lookup(key(Kind::Attr, id, 0)) {
+                    if let Some(a) = rec.to_vec().ok().and_then(|b| Attr::decode(&b, obj.dev)) {
+                        return Ok((a, obj));
+                    }
+                }
+            }
+        }
+        self.stat_node(node, false)
+    }
+
+    /// Revalidates an open file by its descriptor (it may have no path).
+    fn attr_of_handle(&self, h: &Handle, own: bool) -> Res<Attr> {
+        self.count(&self.stats.source_stats);
+        let a = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
+        if a.dev != h.obj.dev || a.ino != h.obj.ino {
+            return Err(Errno::ESTALE);
+        }
+        self.settle(&h.obj, &a, own);
+        Ok(a)
+    }
+
+    /// The listing of object `id` if all its `chunks` are in the ARC.
+    fn cached_listing(&self, id: u64, chunks: u64) -> Option<Vec<DirEntry>> {
+        let mut out = Vec::new();
+        for i in 0..chunks {
+            let b = self.cache.view_lookup(key(Kind::DirChunk, id, i))?.to_vec().ok()?;
+            records::decode_chunk(&b, &mut out)?;
+        }
+        Some(out)
+    }
+
+    /// The node's listing, from the ARC or read from SOURCE.
+    fn listing(&self, node: u64) -> Res<Vec<DirEntry>> {
+        let (a, obj) = self.attr(node)?;
+        if !a.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let (id, chunks, gen) = {
+            let st = obj.state.lock();
+            (st.id, st.dir_chunks, st.gen)
+        };
+        if chunks > 0 {
+            if let Some(out) = self.cached_listing(id, chunks) {
+                return Ok(out);
+            }
+        } else {
+            // Counted as the miss of the listing's first chunk.
+            self.cache.view_lookup(key(Kind::DirChunk, id, 0));
+        }
+        let path = self.table.path(node).ok_or(Errno::ENOENT)?;
+        self.count(&self.stats.source_readdirs);
+        let mut entries = Vec::new();
+        for e in std::fs::read_dir(&path).map_err(errno)? {
+            let e = e.map_err(errno)?;
+            let dtype = e.file_type().map(dtype_of).unwrap_or(libc::DT_UNKNOWN);
+            entries.push(DirEntry { ino: e.ino(), dtype, name: e.file_name().as_bytes().to_vec() });
+        }
+        let encoded = records::encode_listing(&entries);
+        let mut st = obj.state.lock();
+        if st.gen == gen && st.id == id {
+            for (i, c) in encoded.iter().enumerate() {
+                self.cache.view_insert(key(Kind::DirChunk, id, i as u64), Arc::new(Record::new(c, true)));
+            }
+            st.dir_chunks = encoded.len() as u64;
+        }
+        Ok(entries)
+    }
+
+    /// Looks `name` up under `parent`; the node and its attributes. The
+    /// caller counts the kernel's reference when it replies.
+    fn lookup_node(&self, parent: u64, name: &OsStr) -> Res<(u64, Attr)> {
+        if name.len() > 255 {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let (pa, pobj) = self.attr(parent)?;
+        if !pa.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        // A name a cached listing lacks is answered without SOURCE.
+        let (id, chunks) = {
+            let st = pobj.state.lock();
+            (st.id, st.dir_chunks)
+        };
+        let mut listed_ino = None;
+        if let Some(entries) = (chunks > 0).then(|| self.cached_listing(id, chunks)).flatten() {
+            match entries.iter().find(|e| e.name == name.as_bytes()) {
+                Some(e) => listed_ino = Some(e.ino),
+                None => return Err(Errno::ENOENT),
+            }
+        }
+        let node = self.table.child(parent, name);
+        // Freshness is the object's; whether the name still leads to that
+        // object is checked here: by the fresh listing, or by the node's
+        // own check (a file renamed over another keeps its object).
+        let name_fresh = self.table.checked(node).is_some_and(|t| t.elapsed() < self.cfg.revalidate);
+        let found = match (listed_ino, self.table.object(node)) {
+            (Some(ino), Some(obj)) if obj.ino == ino => self.attr(node),
+            (None, Some(_)) if name_fresh => self.attr(node),
+            _ => self.stat_node(node, false),
+        };
+        match found {
+            Ok((a, _)) => Ok((node, a)),
+            Err(e) => {
+                self.table.discard_if_unused(node);
+                Err(e)
+            }
+        }
+    }
+
+    fn handle(&self, fh: FileHandle) -> Res<Arc<Handle>> {
+        self.handles.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn add_handle(&self, file: File, obj: Arc<Object>) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        self.handles.lock().insert(fh, Arc::new(Handle { file, obj }));
+        fh
+    }
+
+    /// Reads `size` bytes at `offset` through the ARC.
+    fn read_through(&self, h: &Handle, offset: u64, size: u32) -> Res<Vec<u8>> {
+        let fresh = self.fresh(&h.obj.state.lock());
+        if !fresh {
+            self.attr_of_handle(h, false)?;
+        }
+        let rs = self.cfg.recordsize;
+        let (id, gen) = {
+            let st = h.obj.state.lock();
+            (st.id, st.gen)
+        };
+        let end = offset.saturating_add(u64::from(size));
+        let mut out = Vec::with_capacity(size as usize);
+        let mut at = offset;
+        while at < end {
+            let idx = at / rs;
+            let within = (at - idx * rs) as usize;
+            let rec =
+                if idx > vkey::MAX_INDEX { None } else { self.cache.view_lookup(key(Kind::Data, id, idx)) };
+            let bytes = match rec {
+                Some(r) => r.to_vec().map_err(|_| Errno::EIO)?,
+                None => {
+                    let started = Instant::now();
+                    let mut buf = vec![0u8; rs as usize];
+                    let mut got = 0;
+                    while got < buf.len() {
+                        match h.file.read_at(&mut buf[got..], idx * rs + got as u64) {
+                            Ok(0) => break,
+                            Ok(n) => got += n,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(errno(e)),
+                        }
+                    }
+                    buf.truncate(got);
+                    self.count(&self.stats.source_reads);
+                    self.stats.source_read_bytes.fetch_add(got as u64, Relaxed);
+                    self.cache.count_view_source_read(got as u64, started.elapsed().as_nanos() as u64);
+                    if idx <= vkey::MAX_INDEX {
+                        let st = h.obj.state.lock();
+                        if st.gen == gen && st.id == id {
+                            let rec = Record::new(&buf, self.cache.compress_enabled());
+                            self.cache.view_insert(key(Kind::Data, id, idx), Arc::new(rec));
+                        }
+                    }
+                    buf
+                }
+            };
+            if within >= bytes.len() {
+                break;
+            }
+            let take = (bytes.len() - within).min((end - at) as usize);
+            out.extend_from_slice(&bytes[within..within + take]);
+            at += take as u64;
+            if bytes.len() < rs as usize && within + take >= bytes.len() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// After a change to a directory's entries: its listing dropped and
+    /// its attributes read again.
+    fn entries_changed(&self, dir: u64) {
+        if let Some(obj) = self.table.object(dir) {
+            self.drop_listing(&mut obj.state.lock());
+        }
+        let _ = self.stat_node(dir, true);
+    }
+
+    /// The owner of what the caller made, as a local file system would set it.
+    fn chown_to_caller(&self, req: &Request, path: &Path) {
+        if self.as_root {
+            if let Err(e) = std::os::unix::fs::lchown(path, Some(req.uid()), Some(req.gid())) {
+                warn!("{}: setting the owner: {e}", path.display());
+            }
+        }
+    }
+
+    /// A new entry `name` under `parent`, made on SOURCE by `make`: the
+    /// node, its attributes and the parent's listing brought up to date.
+    fn made(&self, req: &Request, parent: u64, name: &OsStr, path: &Path) -> Res<(u64, Attr)> {
+        self.count(&self.stats.source_writes);
+        self.chown_to_caller(req, path);
+        self.entries_changed(parent);
+        let node = self.table.child(parent, name);
+        match self.stat_node(node, true) {
+            Ok((a, _)) => Ok((node, a)),
+            Err(e) => {
+                self.table.discard_if_unused(node);
+                Err(e)
+            }
+        }
+    }
+
+    fn xattrs(&self, node: u64) -> Res<Vec<(Vec<u8>, Vec<u8>)>> {
+        let (_, obj) = self.attr(node)?;
+        let (id, gen) = {
+            let st = obj.state.lock();
+            (st.id, st.gen)
+        };
+        if let Some(r) = self.cache.view_lookup(key(Kind::Xattrs, id, 0)) {
+            if let Some(list) = r.to_vec().ok().and_then(|b| records::decode_xattrs(&b)) {
+                return Ok(list);
+            }
+        }
+        let path = self.table.path(node).ok_or(Errno::ENOENT)?;
+        self.count(&self.stats.source_xattr_reads);
+        let list = sys::all_xattrs(&path).map_err(errno)?;
+        let st = obj.state.lock();
+        if st.gen == gen && st.id == id {
+            let rec = Record::new(&records::encode_xattrs(&list), true);
+            self.cache.view_insert(key(Kind::Xattrs, id, 0), Arc::new(rec));
+        }
+        Ok(list)
+    }
+
+    fn xattrs_changed(&self, node: u64) {
+        if let Some(obj) = self.table.object(node) {
+            let mut st = obj.state.lock();
+            self.cache.view_invalidate(key(Kind::Xattrs, st.id, 0));
+            st.gen += 1;
+        }
+        let _ = self.stat_node(node, true);
+    }
+
+    /// unlink or rmdir.
+    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Res<()> {
+        let path = self.writable_path(parent, name)?;
+        if dir { std::fs::remove_dir(&path) } else { std::fs::remove_file(&path) }.map_err(errno)?;
+        self.count(&self.stats.source_writes);
+        if let Some(node) = self.table.find(parent, name) {
+            if let Some(obj) = self.table.object(node) {
+                // Its link count and ctime changed: ask SOURCE next time.
+                obj.state.lock().checked = None;
+            }
+        }
+        self.table.unname(parent, name);
+        self.entries_changed(parent);
+        Ok(())
+    }
+
+    fn setattr_inner(&self, node: u64, fh: Option<FileHandle>, change: SetAttr) -> Res<Attr> {
+        let SetAttr { mode, uid, gid, size, atime, mtime } = change;
+        let handle = fh.and_then(|f| self.handle(f).ok());
+        // What SOURCE holds before the change, so a change made there
+        // meanwhile is not taken for ours.
+        let before = match &handle {
+            Some(h) => self.attr_of_handle(h, false)?,
+            None => self.stat_node(node, false)?.0,
+        };
+        let path = self.table.path(node);
+        let need_path = || path.clone().ok_or(Errno::ENOENT);
+        self.count(&self.stats.source_writes);
+        if let Some(m) = mode {
+            let perms = std::fs::Permissions::from_mode(m & 0o7777);
+            match &handle {
+                Some(h) => h.file.set_permissions(perms),
+                None => std::fs::set_permissions(need_path()?, perms),
+            }
+            .map_err(errno)?;
+        }
+        if uid.is_some() || gid.is_some() {
+            std::os::unix::fs::lchown(need_path()?, uid, gid).map_err(errno)?;
+        }
+        if let Some(sz) = size {
+            let obj = match &handle {
+                Some(h) => Arc::clone(&h.obj),
+                None => self.table.object(node).ok_or(Errno::ENOENT)?,
+            };
+            let mut st = obj.state.lock();
+            let r = match &handle {
+                Some(h) => h.file.set_len(sz),
+                None => OpenOptions::new().write(true).open(need_path()?).and_then(|f| f.set_len(sz)),
+            };
+            let rs = self.cfg.recordsize;
+            self.drop_data(&st, before.size.min(sz) / rs, before.size.max(sz) / rs);
+            st.gen += 1;
+            r.map_err(errno)?;
+        }
+        if atime.is_some() || mtime.is_some() {
+            sys::utimens(&need_path()?, atime.map(from_time), mtime.map(from_time)).map_err(errno)?;
+        }
+        match &handle {
+            Some(h) => self.attr_of_handle(h, true),
+            None => Ok(self.stat_node(node, true)?.0),
+        }
+    }
+}
+
+impl Filesystem for View {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_AUTO_INVAL_DATA
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_PARALLEL_DIROPS;
+        // Unknown to an old kernel: it then runs without them.
+        let _ = config.add_capabilities(wanted);
+        let _ = config.set_max_readahead(self.cfg.recordsize.min(1 << 20) as u32);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.lookup_node(parent.0, name) {
+            Ok((node, a)) => {
+                self.table.looked_up(node);
+                reply.entry(&self.ttl(), &FileAttr { ino: INodeNo(node), ..fuse_attr(&a) }, Generation(0));
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.table.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = match fh.and_then(|f| self.handle(f).ok()) {
+            Some(h) if self.table.path(ino.0).is_none() => self.attr_of_handle(&h, false),
+            _ => self.attr(ino.0).map(|(a, _)| a),
+        };
+        match r {
+            Ok(a) => reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) }),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = self
+            .refuse_if_read_only()
+            .and_then(|()| self.setattr_inner(ino.0, fh, SetAttr { mode, uid, gid, size, atime, mtime }));
+        match r {
+            Ok(a) => reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) }),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let r = (|| {
+            let (_, obj) = self.attr(ino.0)?;
+            let (id, gen) = {
+                let st = obj.state.lock();
+                (st.id, st.gen)
+            };
+            if let Some(rec) = self.cache.view_lookup(key(Kind::Symlink, id, 0)) {
+                return rec.to_vec().map_err(|_| Errno::EIO);
+            }
+            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
+            self.count(&self.stats.source_readlinks);
+            let target = std::fs::read_link(&path).map_err(errno)?.into_os_string().into_vec();
+            let st = obj.state.lock();
+            if st.gen == gen && st.id == id {
+                self.cache.view_insert(key(Kind::Symlink, id, 0), Arc::new(Record::new(&target, false)));
+            }
+            Ok(target)
+        })();
+        match r {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.writable_path(parent.0, name).and_then(|path| {
+            sys::mknod(&path, mode & !umask, u64::from(rdev)).map_err(errno)?;
+            self.made(req, parent.0, name, &path)
+        });
+        self.reply_new_entry(r, reply);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let r = self.writable_path(parent.0, name).and_then(|path| {
+            std::fs::DirBuilder::new().mode(mode & !umask & 0o7777).create(&path).map_err(errno)?;
+            self.made(req, parent.0, name, &path)
+        });
+        self.reply_new_entry(r, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(self.remove(parent.0, name, false), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(self.remove(parent.0, name, true), reply);
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let r = self.writable_path(parent.0, link_name).and_then(|path| {
+            std::os::unix::fs::symlink(target, &path).map_err(errno)?;
+            self.made(req, parent.0, link_name, &path)
+        });
+        self.reply_new_entry(r, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.refuse_if_read_only().and_then(|()| {
+            let from = self.table.child_path(parent.0, name).ok_or(Errno::ENOENT)?;
+            let to = self.table.child_path(newparent.0, newname).ok_or(Errno::ENOENT)?;
+            sys::rename(&from, &to, flags.bits()).map_err(errno)?;
+            self.count(&self.stats.source_writes);
+            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            if !exchange {
+                if let Some(old) = self.table.find(newparent.0, newname).and_then(|n| self.table.object(n)) {
+                    old.state.lock().checked = None;
+                }
+            }
+            self.table.rename(parent.0, name, newparent.0, newname, exchange);
+            self.entries_changed(parent.0);
+            if newparent != parent {
+                self.entries_changed(newparent.0);
+            }
+            // A rename changes the moved file's ctime.
+            for (p, n) in [(newparent.0, newname), (parent.0, name)] {
+                if let Some(node) = self.table.find(p, n) {
+                    let _ = self.stat_node(node, true);
+                }
+            }
+            Ok(())
+        });
+        reply_empty(r, reply);
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let r = self.refuse_if_read_only().and_then(|()| {
+            let from = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
+            let to = self.table.child_path(newparent.0, newname).ok_or(Errno::ENOENT)?;
+            std::fs::hard_link(&from, &to).map_err(errno)?;
+            let _ = req;
+            self.count(&self.stats.source_writes);
+            self.entries_changed(newparent.0);
+            let _ = self.stat_node(ino.0, true);
+            let node = self.table.child(newparent.0, newname);
+            match self.stat_node(node, true) {
+                Ok((a, _)) => Ok((node, a)),
+                Err(e) => {
+                    self.table.discard_if_unused(node);
+                    Err(e)
+                }
+            }
+        });
+        self.reply_new_entry(r, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = (|| {
+            let acc = flags.0 & libc::O_ACCMODE;
+            if acc != libc::O_RDONLY {
+                self.refuse_if_read_only()?;
+            }
+            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
+            let mut o = OpenOptions::new();
+            o.read(acc == libc::O_RDONLY || acc == libc::O_RDWR).write(acc != libc::O_RDONLY);
+            let keep = libc::O_APPEND | libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC | libc::O_NONBLOCK;
+            o.custom_flags(flags.0 & keep);
+            // A write-only open still reads records on a miss: ask for read too.
+            if acc == libc::O_WRONLY {
+                o.read(true);
+            }
+            let file = o.open(&path).or_else(|e| {
+                if acc == libc::O_WRONLY {
+                    OpenOptions::new().write(true).custom_flags(flags.0 & keep).open(&path)
+                } else {
+                    Err(e)
+                }
+            });
+            let file = file.map_err(errno)?;
+            let (_, obj) = self.attr(ino.0)?;
+            let h = Handle { file, obj };
+            if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
+                self.truncate_handle(&h)?;
+            }
+            Ok(self.add_handle(h.file, h.obj))
+        })();
+        match r {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.handle(fh).and_then(|h| self.read_through(&h, offset, size)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.refuse_if_read_only().and_then(|()| {
+            let h = self.handle(fh)?;
+            // A change made on SOURCE meanwhile is found before ours is made.
+            let before = self.attr_of_handle(&h, false)?;
+            let n = h.file.write_at(data, offset).map_err(errno)?;
+            self.count(&self.stats.source_writes);
+            self.cache.count_view_source_write(n as u64);
+            let after = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
+            {
+                let mut st = h.obj.state.lock();
+                let rs = self.cfg.recordsize;
+                let from = offset.min(before.size) / rs;
+                let to = (offset + n as u64).max(after.size) / rs;
+                self.drop_data(&st, from, to);
+                st.gen += 1;
+            }
+            self.settle(&h.obj, &after, true);
+            Ok(n as u32)
+        });
+        match r {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let r = self
+            .handle(fh)
+            .and_then(|h| if datasync { h.file.sync_data() } else { h.file.sync_all() }.map_err(errno));
+        reply_empty(r, reply);
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let entries = match self.listing(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        let dots =
+            [(ino.0, FileType::Directory, OsStr::new(".")), (ino.0, FileType::Directory, OsStr::new(".."))];
+        let all = dots
+            .into_iter()
+            .chain(entries.iter().map(|e| (e.ino, dtype_kind(e.dtype), OsStr::from_bytes(&e.name))));
+        for (i, (eino, kind, name)) in all.enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(eino), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.listing(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        let ttl = self.ttl();
+        for i in offset as usize..entries.len() + 2 {
+            let (name, node, attr) = if i < 2 {
+                let name = if i == 0 { "." } else { ".." };
+                match self.attr(ino.0) {
+                    // The kernel takes no reference for the dots.
+                    Ok((a, _)) => (OsStr::new(name), ino.0, a),
+                    Err(e) => return reply.error(e),
+                }
+            } else {
+                let e = &entries[i - 2];
+                let name = OsStr::from_bytes(&e.name);
+                match self.lookup_node(ino.0, name) {
+                    Ok((node, a)) => (name, node, a),
+                    // Gone since the listing: left out.
+                    Err(_) => continue,
+                }
+            };
+            let fa = FileAttr { ino: INodeNo(node), ..fuse_attr(&attr) };
+            if reply.add(INodeNo(node), i as u64 + 1, name, &ttl, &fa, Generation(0)) {
+                if i >= 2 {
+                    self.table.discard_if_unused(node);
+                }
+                break;
+            }
+            if i >= 2 {
+                self.table.looked_up(node);
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let r = self
+            .table
+            .path(ino.0)
+            .ok_or(Errno::ENOENT)
+            .and_then(|p| File::open(p).and_then(|f| f.sync_all()).map_err(errno));
+        reply_empty(r, reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match sys::statvfs(self.table.source()) {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.refuse_if_read_only().and_then(|()| {
+            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
+            sys::set_xattr(&path, name, value, flags).map_err(errno)?;
+            self.count(&self.stats.source_writes);
+            self.xattrs_changed(ino.0);
+            Ok(())
+        });
+        reply_empty(r, reply);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let r = self.xattrs(ino.0).and_then(|list| {
+            list.into_iter().find(|(n, _)| n == name.as_bytes()).map(|(_, v)| v).ok_or(Errno::NO_XATTR)
+        });
+        reply_xattr(r, size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.xattrs(ino.0).map(|list| {
+            let mut names = Vec::new();
+            for (n, _) in list {
+                names.extend_from_slice(&n);
+                names.push(0);
+            }
+            names
+        });
+        reply_xattr(r, size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.refuse_if_read_only().and_then(|()| {
+            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
+            sys::remove_xattr(&path, name).map_err(errno)?;
+            self.count(&self.stats.source_writes);
+            self.xattrs_changed(ino.0);
+            Ok(())
+        });
+        reply_empty(r, reply);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let r = self.attr(ino.0).and_then(|_| {
+            if mask.bits() & libc::W_OK != 0 {
+                self.refuse_if_read_only()?;
+            }
+            Ok(())
+        });
+        reply_empty(r, reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self.writable_path(parent.0, name).and_then(|path| {
+            let keep = libc::O_APPEND | libc::O_EXCL | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC;
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(mode & !umask & 0o7777)
+                .custom_flags(flags & keep)
+                .open(&path)
+                .map_err(errno)?;
+            let (node, a) = self.made(req, parent.0, name, &path)?;
+            let obj = self.table.object(node).ok_or(Errno::ENOENT)?;
+            Ok((node, a, self.add_handle(file, obj)))
+        });
+        match r {
+            Ok((node, a, fh)) => {
+                self.table.looked_up(node);
+                let fa = FileAttr { ino: INodeNo(node), ..fuse_attr(&a) };
+                reply.created(&self.ttl(), &fa, Generation(0), FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+impl View {
+    fn reply_new_entry(&self, r: Res<(u64, Attr)>, reply: ReplyEntry) {
+        match r {
+            Ok((node, a)) => {
+                self.table.looked_up(node);
+                reply.entry(&self.ttl(), &FileAttr { ino: INodeNo(node), ..fuse_attr(&a) }, Generation(0));
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// `O_TRUNC` at open.
+    fn truncate_handle(&self, h: &Handle) -> Res<()> {
+        let before = self.attr_of_handle(h, false)?;
+        {
+            let mut st = h.obj.state.lock();
+            h.file.set_len(0).map_err(errno)?;
+            self.drop_data(&st, 0, before.size / self.cfg.recordsize);
+            st.gen += 1;
+        }
+        self.count(&self.stats.source_writes);
+        self.attr_of_handle(h, true)?;
+        Ok(())
+    }
+}
+
+fn reply_empty(r: Res<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn reply_xattr(r: Res<Vec<u8>>, size: u32, reply: ReplyXattr) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(e),
+    }
+}
+
+/// A mounted view. Unmounted by [`Mounted::unmount`], or from outside with
+/// `fusermount3 -u` (then [`Mounted::ended`] turns true).
+pub struct Mounted {
+    unmounter: fuser::SessionUnmounter,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+    ended: Arc<AtomicBool>,
+    pub stats: Arc<ViewStats>,
+    table_sizes: Arc<dyn Fn() -> (u64, u64) + Send + Sync>,
+    pub mountpoint: PathBuf,
+}
+
+impl Mounted {
+    /// Whether the session is over (unmounted from outside).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Relaxed)
+    }
+
+    /// The counters by name, with the table's sizes at the time of each call.
+    pub fn stat_source(&self) -> Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync> {
+        let (stats, sizes) = (Arc::clone(&self.stats), Arc::clone(&self.table_sizes));
+        Box::new(move || {
+            let (nodes, objects) = sizes();
+            stats.nodes.store(nodes, Relaxed);
+            stats.objects.store(objects, Relaxed);
+            stats.fields()
+        })
+    }
+
+    /// Unmounts (if still mounted) and waits for the FUSE threads.
+    pub fn unmount(mut self) -> io::Result<()> {
+        // Even after the session ended (unmounted from outside, or its
+        // threads gone): a mount left behind would be a dangling one.
+        let r = match self.unmounter.unmount() {
+            Err(_) if !is_mounted(&self.mountpoint) => Ok(()),
+            r => r,
+        };
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(Err(e)) => warn!("FUSE session: {e}"),
+                Err(_) => warn!("FUSE session thread panicked"),
+                Ok(Ok(())) => {}
+            }
+        }
+        r
+    }
+}
+
+/// Mounts a view of `cfg.source` at `mountpoint`, its records in `cache`.
+pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Result<Mounted> {
+    let source = std::fs::canonicalize(&cfg.source)?;
+    if !source.is_dir() {
+        return Err(io::Error::other(format!("{} is not a directory", source.display())));
+    }
+    let as_root = {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    };
+    let stats = Arc::new(ViewStats::default());
+    let view = View {
+        cfg: ViewConfig { source: source.clone(), ..cfg.clone() },
+        cache,
+        table: Arc::new(Table::new(source.clone())),
+        handles: Mutex::new(FxHashMap::default()),
+        next_fh: AtomicU64::new(1),
+        stats: Arc::clone(&stats),
+        as_root,
+    };
+    // The root is SOURCE itself.
+    let root_meta = std::fs::symlink_metadata(&source)?;
+    let root_attr = Attr::from_metadata(&root_meta);
+    view.table.bind(ROOT, root_attr.dev, root_attr.ino, || view.new_state(&root_attr));
+    let sizes = {
+        let t = Arc::clone(&view.table);
+        Arc::new(move || t.sizes()) as Arc<dyn Fn() -> (u64, u64) + Send + Sync>
+    };
+    let options = vec![
+        MountOption::FSName(format!("arcache:{}", source.display())),
+        MountOption::Subtype("arcache".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        if cfg.read_only { MountOption::RO } else { MountOption::RW },
+    ];
+    let mut config = fuser::Config::default();
+    // No auto_unmount: fuser then leaves the unmount to a fusermount3
+    // watcher that was seen to exit early here, and the view's own unmount
+    // did nothing. A server killed with -9 leaves the mount point
+    // answering ENOTCONN until `fusermount3 -u` (docs/fileview.md).
+    if cfg.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.mount_options = options;
+    config.n_threads = Some(cfg.threads.max(1));
+    let session = fuser::Session::new(view, mountpoint, &config)?;
+    let mut session = session;
+    let unmounter = session.unmount_callable();
+    let ended = Arc::new(AtomicBool::new(false));
+    let e = Arc::clone(&ended);
+    let thread = std::thread::Builder::new().name("fileview".into()).spawn(move || {
+        let r = session.run();
+        e.store(true, Relaxed);
+        r
+    })?;
+    Ok(Mounted {
+        unmounter,
+        thread: Some(thread),
+        ended,
+        stats,
+        table_sizes: sizes,
+        mountpoint: mountpoint.to_path_buf(),
+    })
+}
+
+/// Whether `/proc/self/mountinfo` lists a mount at `path`.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(abs) = std::fs::canonicalize(path).or_else(|_| std::path::absolute(path)) else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = abs.to_string_lossy().replace(' ', "\\040");
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}

@@ -1,0 +1,272 @@
+//! The view's table of FUSE nodes and source objects (`docs/fileview.md`,
+//! section 2). Nodes are what the kernel holds (a parent and a name, so a
+//! renamed directory moves everything under it); objects are source files
+//! by `(st_dev, st_ino)`, each naming the record set of the version cached.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::records::Fingerprint;
+
+pub const ROOT: u64 = 1;
+
+/// What the cache knows of one source file.
+#[derive(Debug)]
+pub struct ObjState {
+    /// The object number its records are keyed by; a new one per version.
+    pub id: u64,
+    pub fp: Fingerprint,
+    /// When it was last compared with SOURCE (`None`: must be now).
+    pub checked: Option<Instant>,
+    /// Bumped by every change to its records, so a read of SOURCE that
+    /// started before a change does not insert what it read.
+    pub gen: u64,
+    /// Chunks of the cached listing (directories), 0 if none.
+    pub dir_chunks: u64,
+}
+
+#[derive(Debug)]
+pub struct Object {
+    pub dev: u64,
+    pub ino: u64,
+    pub state: Mutex<ObjState>,
+}
+
+#[derive(Debug)]
+struct Node {
+    parent: u64,
+    /// Empty once unlinked or replaced: the node then has no path.
+    name: OsString,
+    obj: Option<Arc<Object>>,
+    /// When SOURCE last showed `obj` under this name.
+    checked: Option<Instant>,
+    nlookup: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    nodes: FxHashMap<u64, Node>,
+    names: FxHashMap<(u64, OsString), u64>,
+    objects: FxHashMap<(u64, u64), Arc<Object>>,
+    next_node: u64,
+}
+
+pub struct Table {
+    inner: Mutex<Inner>,
+    source: PathBuf,
+}
+
+impl Table {
+    pub fn new(source: PathBuf) -> Table {
+        let mut inner = Inner { next_node: ROOT + 1, ..Default::default() };
+        inner
+            .nodes
+            .insert(ROOT, Node { parent: ROOT, name: OsString::new(), obj: None, checked: None, nlookup: 1 });
+        Table { inner: Mutex::new(inner), source }
+    }
+
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// The source path of `node`; `None` if it has none now.
+    pub fn path(&self, node: u64) -> Option<PathBuf> {
+        let inner = self.inner.lock();
+        let mut parts: Vec<&OsStr> = Vec::new();
+        let mut at = node;
+        while at != ROOT {
+            let n = inner.nodes.get(&at)?;
+            if n.name.is_empty() {
+                return None;
+            }
+            parts.push(&n.name);
+            at = n.parent;
+        }
+        let mut p = self.source.clone();
+        for part in parts.iter().rev() {
+            p.push(part);
+        }
+        Some(p)
+    }
+
+    /// The path `name` would have under `parent`.
+    pub fn child_path(&self, parent: u64, name: &OsStr) -> Option<PathBuf> {
+        Some(self.path(parent)?.join(name))
+    }
+
+    pub fn object(&self, node: u64) -> Option<Arc<Object>> {
+        self.inner.lock().nodes.get(&node)?.obj.clone()
+    }
+
+    #[cfg(test)]
+    pub fn exists(&self, node: u64) -> bool {
+        self.inner.lock().nodes.contains_key(&node)
+    }
+
+    /// The node for `name` under `parent`, made if there is none yet.
+    pub fn child(&self, parent: u64, name: &OsStr) -> u64 {
+        let mut inner = self.inner.lock();
+        let key = (parent, name.to_os_string());
+        if let Some(&n) = inner.names.get(&key) {
+            return n;
+        }
+        let id = inner.next_node;
+        inner.next_node += 1;
+        inner
+            .nodes
+            .insert(id, Node { parent, name: name.to_os_string(), obj: None, checked: None, nlookup: 0 });
+        inner.names.insert(key, id);
+        id
+    }
+
+    /// When SOURCE last showed the node's object under its name.
+    pub fn checked(&self, node: u64) -> Option<Instant> {
+        self.inner.lock().nodes.get(&node)?.checked
+    }
+
+    /// The node already named `name` under `parent`.
+    pub fn find(&self, parent: u64, name: &OsStr) -> Option<u64> {
+        self.inner.lock().names.get(&(parent, name.to_os_string())).copied()
+    }
+
+    /// The object of `(dev, ino)`, made with `fresh` if new; bound to `node`.
+    pub fn bind(&self, node: u64, dev: u64, ino: u64, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
+        let mut inner = self.inner.lock();
+        let obj = Arc::clone(
+            inner
+                .objects
+                .entry((dev, ino))
+                .or_insert_with(|| Arc::new(Object { dev, ino, state: Mutex::new(fresh()) })),
+        );
+        if let Some(n) = inner.nodes.get_mut(&node) {
+            n.obj = Some(Arc::clone(&obj));
+            n.checked = Some(Instant::now());
+        }
+        obj
+    }
+
+    /// The kernel took one more reference to `node`.
+    pub fn looked_up(&self, node: u64) {
+        if let Some(n) = self.inner.lock().nodes.get_mut(&node) {
+            n.nlookup += 1;
+        }
+    }
+
+    /// The kernel gave back `count` references; the node goes at zero.
+    pub fn forget(&self, node: u64, count: u64) {
+        let mut inner = self.inner.lock();
+        let Some(n) = inner.nodes.get_mut(&node) else { return };
+        n.nlookup = n.nlookup.saturating_sub(count);
+        if n.nlookup == 0 && node != ROOT {
+            Self::remove(&mut inner, node);
+        }
+    }
+
+    /// Drops a node no reply handed out (a failed lookup).
+    pub fn discard_if_unused(&self, node: u64) {
+        let mut inner = self.inner.lock();
+        if inner.nodes.get(&node).is_some_and(|n| n.nlookup == 0) && node != ROOT {
+            Self::remove(&mut inner, node);
+        }
+    }
+
+    fn remove(inner: &mut Inner, node: u64) {
+        if let Some(n) = inner.nodes.remove(&node) {
+            let key = (n.parent, n.name);
+            if inner.names.get(&key) == Some(&node) {
+                inner.names.remove(&key);
+            }
+        }
+    }
+
+    /// `name` under `parent` is gone from SOURCE: its node keeps what the
+    /// kernel holds but has no path any more.
+    pub fn unname(&self, parent: u64, name: &OsStr) {
+        let mut inner = self.inner.lock();
+        if let Some(node) = inner.names.remove(&(parent, name.to_os_string())) {
+            if let Some(n) = inner.nodes.get_mut(&node) {
+                n.name = OsString::new();
+            }
+        }
+    }
+
+    /// SOURCE renamed `parent/name` to `newparent/newname`; with `exchange`
+    /// the two swapped.
+    pub fn rename(&self, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, exchange: bool) {
+        let mut inner = self.inner.lock();
+        let from = inner.names.remove(&(parent, name.to_os_string()));
+        let to = inner.names.remove(&(newparent, newname.to_os_string()));
+        if let Some(f) = from {
+            if let Some(n) = inner.nodes.get_mut(&f) {
+                n.parent = newparent;
+                n.name = newname.to_os_string();
+            }
+            inner.names.insert((newparent, newname.to_os_string()), f);
+        }
+        if let Some(t) = to {
+            if exchange {
+                if let Some(n) = inner.nodes.get_mut(&t) {
+                    n.parent = parent;
+                    n.name = name.to_os_string();
+                }
+                inner.names.insert((parent, name.to_os_string()), t);
+            } else if let Some(n) = inner.nodes.get_mut(&t) {
+                n.name = OsString::new();
+            }
+        }
+    }
+
+    /// Nodes and objects held, for statistics.
+    pub fn sizes(&self) -> (u64, u64) {
+        let inner = self.inner.lock();
+        (inner.nodes.len() as u64, inner.objects.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renamed_directory_moves_what_is_under_it() {
+        let t = Table::new(PathBuf::from("/src"));
+        let d = t.child(ROOT, OsStr::new("a"));
+        let f = t.child(d, OsStr::new("f"));
+        assert_eq!(t.path(f), Some(PathBuf::from("/src/a/f")));
+        t.rename(ROOT, OsStr::new("a"), ROOT, OsStr::new("b"), false);
+        assert_eq!(t.path(f), Some(PathBuf::from("/src/b/f")));
+        assert_eq!(t.find(ROOT, OsStr::new("b")), Some(d));
+        assert_eq!(t.find(ROOT, OsStr::new("a")), None);
+    }
+
+    #[test]
+    fn a_replaced_target_loses_its_path_and_an_exchange_swaps() {
+        let t = Table::new(PathBuf::from("/s"));
+        let x = t.child(ROOT, OsStr::new("x"));
+        let y = t.child(ROOT, OsStr::new("y"));
+        t.rename(ROOT, OsStr::new("x"), ROOT, OsStr::new("y"), true);
+        assert_eq!(t.path(x), Some(PathBuf::from("/s/y")));
+        assert_eq!(t.path(y), Some(PathBuf::from("/s/x")));
+        t.rename(ROOT, OsStr::new("x"), ROOT, OsStr::new("y"), false);
+        assert_eq!(t.path(y), Some(PathBuf::from("/s/y")));
+        assert_eq!(t.path(x), None);
+    }
+
+    #[test]
+    fn nodes_go_when_the_kernel_forgets_them() {
+        let t = Table::new(PathBuf::from("/s"));
+        let x = t.child(ROOT, OsStr::new("x"));
+        t.looked_up(x);
+        t.looked_up(x);
+        t.forget(x, 1);
+        assert!(t.exists(x));
+        t.forget(x, 1);
+        assert!(!t.exists(x));
+        assert_ne!(t.child(ROOT, OsStr::new("x")), x, "node ids are never reused");
+    }
+}
