@@ -196,7 +196,10 @@ impl Tunables {
                     "l2arc_headroom" => 8,
                     "l2arc_feed_secs" => 1,
                     "l2arc_feed_min_ms" => 200,
-                    "l2arc_feed_again" | "l2arc_partial_reads" | "l2arc_ring_reads" | "backing_ring_reads" => 1,
+                    "l2arc_feed_again"
+                    | "l2arc_partial_reads"
+                    | "l2arc_ring_reads"
+                    | "backing_ring_reads" => 1,
                     "l2arc_noprefetch" => AUTO,
                     "l2arc_mfuonly" | "l2arc_trim_ahead" => 0,
                     "l2arc_dwpd_limit" => 100,
