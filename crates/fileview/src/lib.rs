@@ -383,7 +383,10 @@ impl View {
         let mut st = obj.state.lock();
         if st.gen == gen && st.id == id {
             for (i, c) in encoded.iter().enumerate() {
-                self.cache.view_insert(key(Kind::DirChunk, id, i as u64), Arc::new(Record::new(c, true)));
+                self.cache.view_insert(
+                    key(Kind::DirChunk, id, i as u64),
+                    Arc::new(Record::new(c, self.cache.compress_enabled())),
+                );
             }
             st.dir_chunks = encoded.len() as u64;
         }
@@ -551,7 +554,7 @@ impl View {
         let list = sys::all_xattrs(&path).map_err(errno)?;
         let st = obj.state.lock();
         if st.gen == gen && st.id == id {
-            let rec = Record::new(&records::encode_xattrs(&list), true);
+            let rec = Record::new(&records::encode_xattrs(&list), self.cache.compress_enabled());
             self.cache.view_insert(key(Kind::Xattrs, id, 0), Arc::new(rec));
         }
         Ok(list)
@@ -1174,6 +1177,7 @@ pub struct Mounted {
     pub stats: Arc<ViewStats>,
     table_sizes: Arc<dyn Fn() -> (u64, u64) + Send + Sync>,
     pub mountpoint: PathBuf,
+    watcher: Option<std::process::Child>,
 }
 
 impl Mounted {
@@ -1195,6 +1199,12 @@ impl Mounted {
 
     /// Unmounts (if still mounted) and waits for the FUSE threads.
     pub fn unmount(mut self) -> io::Result<()> {
+        // Called off first: once this unmounts, a new view may be mounted
+        // at the same point, which the watcher must not take down.
+        if let Some(mut w) = self.watcher.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
         // Even after the session ended (unmounted from outside, or its
         // threads gone): a mount left behind would be a dangling one.
         let r = match self.unmounter.unmount() {
@@ -1267,14 +1277,45 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         e.store(true, Relaxed);
         r
     })?;
+    let abs = std::fs::canonicalize(mountpoint)?;
+    let watcher = match spawn_watcher(&abs) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(
+                "no unmount watcher ({e}): if this process is killed, run fusermount3 -u {}",
+                abs.display()
+            );
+            None
+        }
+    };
     Ok(Mounted {
         unmounter,
         thread: Some(thread),
         ended,
         stats,
         table_sizes: sizes,
-        mountpoint: mountpoint.to_path_buf(),
+        mountpoint: abs,
+        watcher,
     })
+}
+
+/// A process that unmounts `mountpoint` when this one is gone without
+/// having done it (kill -9, a crash): it waits for the end of a pipe only
+/// this process holds open, which the kernel closes when the process dies.
+/// In its own process group, so a Ctrl-C meant for the server leaves it to
+/// the server's own stop, which ends it first.
+fn spawn_watcher(mountpoint: &Path) -> io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    Command::new("/bin/sh")
+        .arg("-c")
+        .arg(r#"read _; fusermount3 -u -z -- "$0" 2>/dev/null || umount -l -- "$0" 2>/dev/null"#)
+        .arg(mountpoint)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
 }
 
 /// Whether `/proc/self/mountinfo` lists a mount at `path`.
