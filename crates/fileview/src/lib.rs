@@ -415,6 +415,12 @@ impl View {
                 None => return Err(Errno::ENOENT),
             }
         }
+        self.child_attr(parent, name, listed_ino)
+    }
+
+    /// The node of `name` under `parent` and its attributes; `listed_ino`
+    /// is what a fresh listing of the parent says the name leads to.
+    fn child_attr(&self, parent: u64, name: &OsStr, listed_ino: Option<u64>) -> Res<(u64, Attr)> {
         let node = self.table.child(parent, name);
         // Freshness is the object's; whether the name still leads to that
         // object is checked here: by the fresh listing, or by the node's
@@ -986,7 +992,9 @@ impl Filesystem for View {
             } else {
                 let e = &entries[i - 2];
                 let name = OsStr::from_bytes(&e.name);
-                match self.lookup_node(ino.0, name) {
+                // The listing was just read or found fresh: no need to
+                // look the name up in it again.
+                match self.child_attr(ino.0, name, Some(e.ino)) {
                     Ok((node, a)) => (name, node, a),
                     // Gone since the listing: left out.
                     Err(_) => continue,
