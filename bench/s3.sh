@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Issue 21's figures, in one run on a one-node Ceph (tests/ceph/ceph-up.sh:
+# RGW for S3), default tunables, a 256M ARC and an L2 file, against
+# s3backer with its own block cache given the same memory, rclone, and the
+# origin alone (plain ranged GETs from 16 threads, bench/s3tool.py):
+#   1. 4K random reads QD16 over a 1 GiB object, warm (one run of the job
+#      first), and the first 10 s after a restart (arcache: persistent L2;
+#      s3backer: its cache is RAM only);
+#   2. a 2 GiB object read sequentially, cold (arcache: nbdcopy; rclone cat),
+#      then again through the same server;
+#   3. 4K random writes QD16 with a FLUSH (fsync) after each: arcache's
+#      chunked disk on a --log against s3backer's disk.
+# s3backer stores a disk as its own block objects, so it reads a copy of the
+# 1 GiB object written through it, not the object itself, and cannot read
+# the 2 GiB object at all.
+#
+# Usage: bench/s3.sh [SECONDS]   (each timed job; default 20)
+# Needs: ceph-mon ceph-osd radosgw (see tests/ceph/ceph-up.sh), s3backer,
+# rclone, fio, nbdcopy, and the venv .ci/run makes (boto3).
+# Writes bench/results/s3.md.
+set -euo pipefail
+shopt -s inherit_errexit
+secs=${1:-20}
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
+bin=${ARCACHE_BIN:-$root/target/release/arcache}
+py=${ARCACHE_MOTO_VENV:-/var/tmp/arcache-moto-venv}/bin/python
+for t in fio nbdcopy s3backer rclone ceph-mon radosgw fusermount3 "$py" "$bin"; do
+  command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
+done
+result=$(bench_results s3.md)
+header=$(bench_header "$secs")
+bench_start arcache-s3
+mounts=()
+cleanup_mounts() {
+  for m in "${mounts[@]}"; do fusermount3 -u "$m" 2>/dev/null || true; done
+  bench_cleanup
+}
+trap cleanup_mounts EXIT
+
+echo "bench: starting Ceph" >&2
+rgw_port=7491
+CEPH_UP_MON_PORT=3391 CEPH_UP_RGW_PORT=$rgw_port CEPH_UP_OSD_BYTES=$((7 << 30)) CEPH_UP_EXIT_WITH_PARENT=1 \
+  bash "$root/tests/ceph/ceph-up.sh" "$work/ceph" >"$work/ceph.log" 2>&1 & pids+=($!)
+for _ in $(seq 600); do grep -q "ceph up" "$work/ceph.log" && break; sleep 0.2; done
+grep -q "ceph up" "$work/ceph.log" || { cat "$work/ceph.log" >&2; echo "bench: Ceph did not start" >&2; exit 1; }
+ep=http://127.0.0.1:$rgw_port
+export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtesttest AWS_ENDPOINT_URL=$ep AWS_REGION=us-east-1
+unset AWS_PROFILE
+s3t() { "$py" "$root/bench/s3tool.py" "$ep" "$@"; }
+for b in bench sbr sbw; do s3t mkbucket "$b"; done
+echo "bench: uploading 1 GiB and 2 GiB objects" >&2
+head -c $((1 << 30)) /dev/urandom >"$work/rand.img"
+s3t put bench rand.img "$work/rand.img"
+s3t public bench rand.img
+head -c $((2 << 30)) /dev/urandom >"$work/seq.img"
+s3t put bench seq.img "$work/seq.img"
+rm -f "$work/seq.img"
+
+iops_of() { python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(round(j[sys.argv[2]]['iops']))" "$1" "$2"; }
+fio_job() { # NAME RW TARGET-ARGS... -> IOPS
+  local name=$1 rw=$2; shift 2
+  timeout $((secs + 300)) fio --name="$name" --rw="$rw" --bs=4k --iodepth=16 --randseed=7 \
+    --output-format=json --output="$work/$name.json" "$@" >/dev/null 2>&1 || { echo "bench: fio $name failed" >&2; exit 1; }
+  iops_of "$work/$name.json" "${rw#rand}"
+}
+nbd_args() { echo "--ioengine=nbd --uri=nbd+unix:///$1?socket=$work/nbd.sock"; }
+
+serve_pid=
+serve() {
+  rm -f "$work/nbd.sock"
+  "$bin" serve --listen "unix:$work/nbd.sock" --control "$work/ctl.sock" --arc-max 256M "$@" \
+    2>>"$work/serve.log" & serve_pid=$!; pids+=($serve_pid)
+  wait_sock "$work/nbd.sock"
+}
+stop_serve() { kill -TERM "$serve_pid"; wait "$serve_pid" || true; }
+
+sb_pid=
+sb_mount() { # BUCKET DIR [options]
+  local bucket=$1 dir=$2; shift 2
+  mkdir -p "$dir"
+  s3backer -f --baseURL="$ep/" --accessId=test --accessKey=testtesttest --size=1G --blockSize=64K \
+    --blockCacheSize=4096 "$@" "$bucket" "$dir" 2>>"$work/s3backer.log" & sb_pid=$!; pids+=($sb_pid)
+  mounts+=("$dir")
+  for _ in $(seq 600); do [ -e "$dir/file" ] && return 0; sleep 0.1; done
+  echo "bench: s3backer did not mount" >&2; tail -5 "$work/s3backer.log" >&2; exit 1
+}
+# Unmounts and waits for s3backer to write its dirty blocks and clear its
+# mounted flag (it does both after the unmount).
+sb_umount() {
+  fusermount3 -u "${mounts[0]}"; mounts=()
+  wait "$sb_pid" || true
+}
+
+# 1. random reads
+echo "bench: random reads, origin alone" >&2
+origin=$(s3t randget bench rand.img "$secs" 16 4096)
+echo "bench: random reads, arcache" >&2
+serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
+rr=(--size=1G --runtime="$secs" --time_based)
+# Warm: the object read once whole, then the job itself until L2 holds
+# nearly all of it (the feed writes what leaves the 256M ARC) or stops
+# growing; at most 8 runs.
+nbdcopy "nbd+unix:///r?socket=$work/nbd.sock" null:
+l2_size() { "$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['l2_size'])"; }
+last=0
+for i in $(seq 8); do
+  fio_job "warm$i" randread $(nbd_args r) "${rr[@]}" >/dev/null
+  now=$(l2_size)
+  echo "bench: warm-up run $i: L2 holds $((now >> 20)) MiB" >&2
+  [ "$now" -ge $((900 << 20)) ] && break
+  [ "$now" -le $((last + last / 20)) ] && break
+  last=$now
+done
+warm_runs=$i
+arc_warm=$(fio_job arcwarm randread $(nbd_args r) "${rr[@]}")
+"$bin" stat --json --control "$work/ctl.sock" >"$work/stat-warm.json"
+stop_serve
+serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
+arc_restart=$(fio_job arcrestart randread $(nbd_args r) --size=1G --runtime=10 --time_based)
+stop_serve
+echo "bench: random reads, s3backer" >&2
+sb_mount sbr "$work/sbr"
+dd if="$work/rand.img" of="$work/sbr/file" bs=1M oflag=direct status=none
+sync
+sb_umount
+sb_mount sbr "$work/sbr" --listBlocks
+sbf=(--filename="$work/sbr/file" --ioengine=libaio --direct=1 "${rr[@]}")
+# The same warm-up: the file read whole, then the job (its cache holds 256
+# MiB, so a second run adds nothing more).
+dd if="$work/sbr/file" of=/dev/null bs=1M iflag=direct status=none
+fio_job sbwarmup randread "${sbf[@]}" >/dev/null
+sb_warm=$(fio_job sbwarm randread "${sbf[@]}")
+sb_umount
+sb_mount sbr "$work/sbr" --listBlocks
+sb_restart=$(fio_job sbrestart randread --filename="$work/sbr/file" --ioengine=libaio --direct=1 --size=1G --runtime=10 --time_based)
+sb_umount
+rm -f "$work/rand.img"
+
+# 2. sequential read of 2 GiB, cold
+echo "bench: sequential reads" >&2
+rc=(env -u AWS_CA_BUNDLE RCLONE_CONFIG_CEPH_TYPE=s3 RCLONE_CONFIG_CEPH_PROVIDER=Ceph RCLONE_CONFIG_CEPH_ENDPOINT="$ep"
+  RCLONE_CONFIG_CEPH_ACCESS_KEY_ID=test RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY=testtesttest)
+mbps() { python3 -c "import sys; print(round(2048 / float(sys.argv[1])))" "$1"; }
+timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$t1"; }
+rclone_s=$(timed "${rc[@]}" rclone cat ceph:bench/seq.img)
+serve --export "s=s3://bench/seq.img" --l2 "$work/l2s.img:3G"
+seq_cold=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+seq_again=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+"$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
+stop_serve
+
+# 3. 4K writes with a FLUSH after each
+echo "bench: writes with FLUSH" >&2
+serve --export "w=s3://bench/disk/?size=1G" --log "$work/log.img:256M"
+wr=(--size=1G --runtime="$secs" --time_based --fsync=1)
+arc_w=$(fio_job arcw randwrite $(nbd_args w) "${wr[@]}")
+stop_serve
+sb_mount sbw "$work/sbw"
+sb_w=$(fio_job sbw randwrite --filename="$work/sbw/file" --ioengine=libaio --direct=1 "${wr[@]}")
+sb_umount
+
+ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}x' if b else 'n/a')" "$1" "$2"; }
+l2hits=$(python3 -c "import json; print(json.load(open('$work/stat-warm.json')).get('l2_hits', 0))")
+{
+  echo "$header"
+  echo
+  echo "One-node Ceph 16.2 (memstore OSD, RGW on 127.0.0.1), arcache with default tunables, --arc-max 256M and an L2 file; s3backer with --blockSize=64K --blockCacheSize=4096 (256 MiB); 4K jobs at QD16 (fio; arcache through its NBD engine, s3backer's FUSE file with libaio and O_DIRECT); ${secs} s per timed job."
+  echo
+  echo "| job | arcache | s3backer | origin alone / rclone | arcache vs s3backer | arcache vs origin |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  echo "| 4K random reads QD16, 1 GiB object, warm (IOPS) | $arc_warm | $sb_warm | $origin | $(ratio "$arc_warm" "$sb_warm") | $(ratio "$arc_warm" "$origin") |"
+  echo "| the same, first 10 s after a restart (IOPS) | $arc_restart | $sb_restart | | $(ratio "$arc_restart" "$sb_restart") | |"
+  echo "| 2 GiB object read sequentially, cold (MB/s) | $(mbps "$seq_cold") | n/a | $(mbps "$rclone_s") (rclone cat) | | $(ratio "$(mbps "$seq_cold")" "$(mbps "$rclone_s")") |"
+  echo "| the same object again, same server (MB/s) | $(mbps "$seq_again") | n/a | | | |"
+  echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
+  echo
+  echo "arcache's warm-up: the object read whole with nbdcopy, then $warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
+} >"$result"
+cat "$result"
