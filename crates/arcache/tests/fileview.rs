@@ -590,3 +590,62 @@ fn reads_racing_writes_through_the_view_never_leave_old_records_behind() {
     }
     assert!(fs::read(v.src.join("f")).unwrap().iter().all(|&b| b == 40));
 }
+
+/// The mode bits of `p` (not following a symlink).
+fn mode_of(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn symlinks_swapped_into_source_never_lead_the_view_outside() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let src = dir.path().join("src");
+    let out = dir.path().join("outside");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    fs::write(src.join("f"), b"inside").unwrap();
+    fs::write(src.join("d/shadow"), b"inside shadow").unwrap();
+    fs::write(out.join("victim"), b"outside").unwrap();
+    fs::write(out.join("shadow"), b"outside shadow").unwrap();
+    fs::set_permissions(out.join("victim"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::set_permissions(out.join("shadow"), fs::Permissions::from_mode(0o644)).unwrap();
+    // A long window: the view and the kernel keep the names they saw.
+    let v = View::start(&dir, &["--revalidate", "30"]);
+    let m = &v.mnt;
+    assert_eq!(fs::read(m.join("f")).unwrap(), b"inside");
+    assert_eq!(fs::read(m.join("d/shadow")).unwrap(), b"inside shadow");
+    let listed: Vec<_> = fs::read_dir(m).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+
+    // A writer of SOURCE swaps names for links to the outside.
+    fs::remove_file(src.join("f")).unwrap();
+    std::os::unix::fs::symlink(out.join("victim"), src.join("f")).unwrap();
+    std::os::unix::fs::symlink(out.join("planted"), src.join("planted")).unwrap();
+    fs::rename(src.join("d"), src.join("d.old")).unwrap();
+    std::os::unix::fs::symlink(&out, src.join("d")).unwrap();
+
+    // Through the view, within the window: what the link leads to is
+    // never opened, created, truncated, chmodded or unlinked.
+    let w = fs::OpenOptions::new().write(true).truncate(true).open(m.join("f"));
+    assert!(w.and_then(|mut f| f.write_all(b"written through a link")).is_err(), "wrote through f");
+    let _ = fs::set_permissions(m.join("f"), fs::Permissions::from_mode(0o600));
+    assert!(fs::write(m.join("planted"), b"created through a link").is_err(), "created through planted");
+    assert!(fs::remove_file(m.join("d/shadow")).is_err(), "unlinked through the swapped directory");
+    let _ = fs::set_permissions(m.join("d/shadow"), fs::Permissions::from_mode(0o600));
+    assert!(fs::write(m.join("d/shadow"), b"written through d").is_err(), "wrote through d");
+
+    assert_eq!(fs::read(out.join("victim")).unwrap(), b"outside");
+    assert_eq!(mode_of(&out.join("victim")), 0o644);
+    assert!(fs::symlink_metadata(out.join("planted")).is_err(), "a file was created outside SOURCE");
+    assert_eq!(fs::read(out.join("shadow")).unwrap(), b"outside shadow");
+    assert_eq!(mode_of(&out.join("shadow")), 0o644);
+    let mut outside: Vec<_> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+    outside.sort();
+    assert_eq!(outside, ["shadow", "victim"]);
+    // The links themselves are untouched as well.
+    assert_eq!(fs::read_link(src.join("f")).unwrap(), out.join("victim"));
+    assert_eq!(fs::read(src.join("d.old/shadow")).unwrap(), b"inside shadow");
+}

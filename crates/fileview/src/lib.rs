@@ -9,10 +9,11 @@ mod sys;
 mod table;
 
 use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirEntryExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use rustc_hash::FxHashMap;
 use tracing::warn;
 
 pub use records::{Attr, DirEntry, Fingerprint};
+use sys::At;
 use table::{ObjState, Object, Table, ROOT};
 
 /// How a view is set up.
@@ -131,6 +133,9 @@ struct View {
     next_fh: AtomicU64,
     stats: Arc<ViewStats>,
     as_root: bool,
+    /// SOURCE (`O_PATH | O_DIRECTORY`): everything the view does to SOURCE
+    /// is done beneath it, never following a symlink (`sys`).
+    root: OwnedFd,
 }
 
 fn to_time((sec, nsec): (i64, u32)) -> SystemTime {
@@ -245,10 +250,37 @@ impl View {
         }
     }
 
+    /// The directory `rel` of SOURCE opened with `flags`, every component
+    /// beneath SOURCE and none a symlink.
+    fn open_dir(&self, rel: &Path, flags: i32) -> Res<OwnedFd> {
+        sys::open_beneath(self.root.as_fd(), rel, flags | libc::O_DIRECTORY).map_err(errno)
+    }
+
+    /// `name` under the directory node `parent`.
+    fn at_child(&self, parent: u64, name: &OsStr) -> Res<At> {
+        let rel = self.table.path(parent).ok_or(Errno::ENOENT)?;
+        At::new(self.open_dir(&rel, libc::O_PATH)?, name).map_err(errno)
+    }
+
+    /// Where `node` is: its parent directory and its name (SOURCE itself
+    /// is `.` in SOURCE).
+    fn at(&self, node: u64) -> Res<At> {
+        let rel = self.table.path(node).ok_or(Errno::ENOENT)?;
+        match (rel.parent(), rel.file_name()) {
+            (Some(dir), Some(name)) => At::new(self.open_dir(dir, libc::O_PATH)?, name).map_err(errno),
+            _ => At::new(self.open_dir(Path::new(""), libc::O_PATH)?, OsStr::new(".")).map_err(errno),
+        }
+    }
+
+    /// `node` itself opened `O_PATH | O_NOFOLLOW` (a symlink is the link).
+    fn open_node(&self, node: u64) -> Res<File> {
+        Ok(File::from(self.at(node)?.open(libc::O_PATH, 0).map_err(errno)?))
+    }
+
     /// Where a change under `parent` goes on SOURCE, unless read-only.
-    fn writable_path(&self, parent: u64, name: &OsStr) -> Res<PathBuf> {
+    fn writable_at(&self, parent: u64, name: &OsStr) -> Res<At> {
         self.refuse_if_read_only()?;
-        self.table.child_path(parent, name).ok_or(Errno::ENOENT)
+        self.at_child(parent, name)
     }
 
     fn new_state(&self, a: &Attr) -> ObjState {
@@ -301,9 +333,9 @@ impl View {
 
     /// `lstat`s the node's path and settles its object.
     fn stat_node(&self, node: u64, own: bool) -> Res<(Attr, Arc<Object>)> {
-        let path = self.table.path(node).ok_or(Errno::ENOENT)?;
+        let f = self.open_node(node)?;
         self.count(&self.stats.source_stats);
-        let m = std::fs::symlink_metadata(&path).map_err(errno)?;
+        let m = f.metadata().map_err(errno)?;
         let a = Attr::from_metadata(&m);
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
         if !own {
@@ -371,10 +403,13 @@ impl View {
             // Counted as the miss of the listing's first chunk.
             self.cache.view_lookup(key(Kind::DirChunk, id, 0));
         }
-        let path = self.table.path(node).ok_or(Errno::ENOENT)?;
+        let rel = self.table.path(node).ok_or(Errno::ENOENT)?;
+        let dir = self.open_dir(&rel, libc::O_RDONLY)?;
         self.count(&self.stats.source_readdirs);
         let mut entries = Vec::new();
-        for e in std::fs::read_dir(&path).map_err(errno)? {
+        // The directory just opened, through its descriptor's magic link.
+        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir)));
+        for e in std::fs::read_dir(&fd_path).map_err(errno)? {
             let e = e.map_err(errno)?;
             let dtype = e.file_type().map(dtype_of).unwrap_or(libc::DT_UNKNOWN);
             entries.push(DirEntry { ino: e.ino(), dtype, name: e.file_name().as_bytes().to_vec() });
@@ -520,19 +555,19 @@ impl View {
     }
 
     /// The owner of what the caller made, as a local file system would set it.
-    fn chown_to_caller(&self, req: &Request, path: &Path) {
+    fn chown_to_caller(&self, req: &Request, at: &At) {
         if self.as_root {
-            if let Err(e) = std::os::unix::fs::lchown(path, Some(req.uid()), Some(req.gid())) {
-                warn!("{}: setting the owner: {e}", path.display());
+            if let Err(e) = at.chown(Some(req.uid()), Some(req.gid())) {
+                warn!("{:?}: setting the owner: {e}", at.name);
             }
         }
     }
 
     /// A new entry `name` under `parent`, made on SOURCE by `make`: the
     /// node, its attributes and the parent's listing brought up to date.
-    fn made(&self, req: &Request, parent: u64, name: &OsStr, path: &Path) -> Res<(u64, Attr)> {
+    fn made(&self, req: &Request, parent: u64, name: &OsStr, at: &At) -> Res<(u64, Attr)> {
         self.count(&self.stats.source_writes);
-        self.chown_to_caller(req, path);
+        self.chown_to_caller(req, at);
         self.entries_changed(parent);
         let node = self.table.child(parent, name);
         match self.stat_node(node, true) {
@@ -555,9 +590,9 @@ impl View {
                 return Ok(list);
             }
         }
-        let path = self.table.path(node).ok_or(Errno::ENOENT)?;
+        let f = self.open_node(node)?;
         self.count(&self.stats.source_xattr_reads);
-        let list = sys::all_xattrs(&path).map_err(errno)?;
+        let list = sys::all_xattrs(f.as_fd()).map_err(errno)?;
         let st = obj.state.lock();
         if st.gen == gen && st.id == id {
             let rec = Record::new(&records::encode_xattrs(&list), self.cache.compress_enabled());
@@ -577,8 +612,8 @@ impl View {
 
     /// unlink or rmdir.
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Res<()> {
-        let path = self.writable_path(parent, name)?;
-        if dir { std::fs::remove_dir(&path) } else { std::fs::remove_file(&path) }.map_err(errno)?;
+        let at = self.writable_at(parent, name)?;
+        at.unlink(dir).map_err(errno)?;
         self.count(&self.stats.source_writes);
         if let Some(node) = self.table.find(parent, name) {
             if let Some(obj) = self.table.object(node) {
@@ -600,19 +635,20 @@ impl View {
             Some(h) => self.attr_of_handle(h, false)?,
             None => self.stat_node(node, false)?.0,
         };
-        let path = self.table.path(node);
-        let need_path = || path.clone().ok_or(Errno::ENOENT);
         self.count(&self.stats.source_writes);
         if let Some(m) = mode {
-            let perms = std::fs::Permissions::from_mode(m & 0o7777);
             match &handle {
-                Some(h) => h.file.set_permissions(perms),
-                None => std::fs::set_permissions(need_path()?, perms),
+                Some(h) => h.file.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
+                None => {
+                    let f = self.open_node(node)?;
+                    let link = f.metadata().map_err(errno)?.file_type().is_symlink();
+                    sys::chmod(f.as_fd(), link, m & 0o7777)
+                }
             }
             .map_err(errno)?;
         }
         if uid.is_some() || gid.is_some() {
-            std::os::unix::fs::lchown(need_path()?, uid, gid).map_err(errno)?;
+            self.at(node)?.chown(uid, gid).map_err(errno)?;
         }
         if let Some(sz) = size {
             let obj = match &handle {
@@ -622,7 +658,10 @@ impl View {
             let mut st = obj.state.lock();
             let r = match &handle {
                 Some(h) => h.file.set_len(sz),
-                None => OpenOptions::new().write(true).open(need_path()?).and_then(|f| f.set_len(sz)),
+                None => self
+                    .at(node)?
+                    .open(libc::O_WRONLY | libc::O_NONBLOCK, 0)
+                    .and_then(|fd| File::from(fd).set_len(sz)),
             };
             let rs = self.cfg.recordsize;
             self.drop_data(&st, before.size.min(sz) / rs, before.size.max(sz) / rs);
@@ -630,7 +669,7 @@ impl View {
             r.map_err(errno)?;
         }
         if atime.is_some() || mtime.is_some() {
-            sys::utimens(&need_path()?, atime.map(from_time), mtime.map(from_time)).map_err(errno)?;
+            self.at(node)?.utimens(atime.map(from_time), mtime.map(from_time)).map_err(errno)?;
         }
         match &handle {
             Some(h) => self.attr_of_handle(h, true),
@@ -714,9 +753,9 @@ impl Filesystem for View {
             if let Some(rec) = self.cache.view_lookup(key(Kind::Symlink, id, 0)) {
                 return rec.to_vec().map_err(|_| Errno::EIO);
             }
-            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
+            let f = self.open_node(ino.0)?;
             self.count(&self.stats.source_readlinks);
-            let target = std::fs::read_link(&path).map_err(errno)?.into_os_string().into_vec();
+            let target = sys::readlink(f.as_fd()).map_err(errno)?;
             let st = obj.state.lock();
             if st.gen == gen && st.id == id {
                 self.cache.view_insert(key(Kind::Symlink, id, 0), Arc::new(Record::new(&target, false)));
@@ -739,17 +778,17 @@ impl Filesystem for View {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.writable_path(parent.0, name).and_then(|path| {
-            sys::mknod(&path, mode & !umask, u64::from(rdev)).map_err(errno)?;
-            self.made(req, parent.0, name, &path)
+        let r = self.writable_at(parent.0, name).and_then(|at| {
+            at.mknod(mode & !umask, u64::from(rdev)).map_err(errno)?;
+            self.made(req, parent.0, name, &at)
         });
         self.reply_new_entry(r, reply);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let r = self.writable_path(parent.0, name).and_then(|path| {
-            std::fs::DirBuilder::new().mode(mode & !umask & 0o7777).create(&path).map_err(errno)?;
-            self.made(req, parent.0, name, &path)
+        let r = self.writable_at(parent.0, name).and_then(|at| {
+            at.mkdir(mode & !umask & 0o7777).map_err(errno)?;
+            self.made(req, parent.0, name, &at)
         });
         self.reply_new_entry(r, reply);
     }
@@ -763,9 +802,9 @@ impl Filesystem for View {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let r = self.writable_path(parent.0, link_name).and_then(|path| {
-            std::os::unix::fs::symlink(target, &path).map_err(errno)?;
-            self.made(req, parent.0, link_name, &path)
+        let r = self.writable_at(parent.0, link_name).and_then(|at| {
+            at.symlink(target).map_err(errno)?;
+            self.made(req, parent.0, link_name, &at)
         });
         self.reply_new_entry(r, reply);
     }
@@ -781,9 +820,9 @@ impl Filesystem for View {
         reply: ReplyEmpty,
     ) {
         let r = self.refuse_if_read_only().and_then(|()| {
-            let from = self.table.child_path(parent.0, name).ok_or(Errno::ENOENT)?;
-            let to = self.table.child_path(newparent.0, newname).ok_or(Errno::ENOENT)?;
-            sys::rename(&from, &to, flags.bits()).map_err(errno)?;
+            let from = self.at_child(parent.0, name)?;
+            let to = self.at_child(newparent.0, newname)?;
+            from.rename(&to, flags.bits()).map_err(errno)?;
             self.count(&self.stats.source_writes);
             let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
             if !exchange {
@@ -809,9 +848,9 @@ impl Filesystem for View {
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let r = self.refuse_if_read_only().and_then(|()| {
-            let from = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
-            let to = self.table.child_path(newparent.0, newname).ok_or(Errno::ENOENT)?;
-            std::fs::hard_link(&from, &to).map_err(errno)?;
+            let from = self.at(ino.0)?;
+            let to = self.at_child(newparent.0, newname)?;
+            from.link(&to).map_err(errno)?;
             let _ = req;
             self.count(&self.stats.source_writes);
             self.entries_changed(newparent.0);
@@ -834,23 +873,20 @@ impl Filesystem for View {
             if acc != libc::O_RDONLY {
                 self.refuse_if_read_only()?;
             }
-            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
-            let mut o = OpenOptions::new();
-            o.read(acc == libc::O_RDONLY || acc == libc::O_RDWR).write(acc != libc::O_RDONLY);
-            let keep = libc::O_APPEND | libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC | libc::O_NONBLOCK;
-            o.custom_flags(flags.0 & keep);
+            let at = self.at(ino.0)?;
+            // O_NONBLOCK: a fifo swapped in for the file does not hang the open.
+            let keep = libc::O_APPEND | libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC;
+            let extra = (flags.0 & keep) | libc::O_NONBLOCK;
             // A write-only open still reads records on a miss: ask for read too.
-            if acc == libc::O_WRONLY {
-                o.read(true);
-            }
-            let file = o.open(&path).or_else(|e| {
+            let want = if acc == libc::O_RDONLY { libc::O_RDONLY } else { libc::O_RDWR };
+            let file = at.open(want | extra, 0).or_else(|e| {
                 if acc == libc::O_WRONLY {
-                    OpenOptions::new().write(true).custom_flags(flags.0 & keep).open(&path)
+                    at.open(libc::O_WRONLY | extra, 0)
                 } else {
                     Err(e)
                 }
             });
-            let file = file.map_err(errno)?;
+            let file = File::from(file.map_err(errno)?);
             let (_, obj) = self.attr(ino.0)?;
             let h = Handle { file, obj };
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
@@ -1019,12 +1055,13 @@ impl Filesystem for View {
             .table
             .path(ino.0)
             .ok_or(Errno::ENOENT)
-            .and_then(|p| File::open(p).and_then(|f| f.sync_all()).map_err(errno));
+            .and_then(|p| self.open_dir(&p, libc::O_RDONLY))
+            .and_then(|fd| File::from(fd).sync_all().map_err(errno));
         reply_empty(r, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match sys::statvfs(self.table.source()) {
+        match sys::statvfs(self.root.as_fd()) {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -1050,8 +1087,8 @@ impl Filesystem for View {
         reply: ReplyEmpty,
     ) {
         let r = self.refuse_if_read_only().and_then(|()| {
-            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
-            sys::set_xattr(&path, name, value, flags).map_err(errno)?;
+            let f = self.open_node(ino.0)?;
+            sys::set_xattr(f.as_fd(), name, value, flags).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.xattrs_changed(ino.0);
             Ok(())
@@ -1080,8 +1117,8 @@ impl Filesystem for View {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.refuse_if_read_only().and_then(|()| {
-            let path = self.table.path(ino.0).ok_or(Errno::ENOENT)?;
-            sys::remove_xattr(&path, name).map_err(errno)?;
+            let f = self.open_node(ino.0)?;
+            sys::remove_xattr(f.as_fd(), name).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.xattrs_changed(ino.0);
             Ok(())
@@ -1109,17 +1146,16 @@ impl Filesystem for View {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = self.writable_path(parent.0, name).and_then(|path| {
+        let r = self.writable_at(parent.0, name).and_then(|at| {
             let keep = libc::O_APPEND | libc::O_EXCL | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC;
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .mode(mode & !umask & 0o7777)
-                .custom_flags(flags & keep)
-                .open(&path)
+            let fd = at
+                .open(
+                    libc::O_RDWR | libc::O_CREAT | libc::O_NONBLOCK | (flags & keep),
+                    mode & !umask & 0o7777,
+                )
                 .map_err(errno)?;
-            let (node, a) = self.made(req, parent.0, name, &path)?;
+            let file = File::from(fd);
+            let (node, a) = self.made(req, parent.0, name, &at)?;
             let obj = self.table.object(node).ok_or(Errno::ENOENT)?;
             Ok((node, a, self.add_handle(file, obj)))
         });
@@ -1236,6 +1272,13 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     if !source.is_dir() {
         return Err(io::Error::other(format!("{} is not a directory", source.display())));
     }
+    let root = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&source)?
+    };
     let as_root = {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() == 0 }
@@ -1244,14 +1287,15 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     let view = View {
         cfg: ViewConfig { source: source.clone(), ..cfg.clone() },
         cache,
-        table: Arc::new(Table::new(source.clone())),
+        table: Arc::new(Table::new()),
         handles: Mutex::new(FxHashMap::default()),
         next_fh: AtomicU64::new(1),
         stats: Arc::clone(&stats),
         as_root,
+        root: OwnedFd::from(root),
     };
     // The root is SOURCE itself.
-    let root_meta = std::fs::symlink_metadata(&source)?;
+    let root_meta = File::from(view.root.try_clone()?).metadata()?;
     let root_attr = Attr::from_metadata(&root_meta);
     view.table.bind(ROOT, root_attr.dev, root_attr.ino, || view.new_state(&root_attr));
     let sizes = {

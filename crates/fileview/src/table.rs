@@ -4,7 +4,7 @@
 //! by `(st_dev, st_ino)`, each naming the record set of the version cached.
 
 use std::ffi::{OsStr, OsString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -58,23 +58,20 @@ struct Inner {
 
 pub struct Table {
     inner: Mutex<Inner>,
-    source: PathBuf,
 }
 
 impl Table {
-    pub fn new(source: PathBuf) -> Table {
+    pub fn new() -> Table {
         let mut inner = Inner { next_node: ROOT + 1, ..Default::default() };
         inner
             .nodes
             .insert(ROOT, Node { parent: ROOT, name: OsString::new(), obj: None, checked: None, nlookup: 1 });
-        Table { inner: Mutex::new(inner), source }
+        Table { inner: Mutex::new(inner) }
     }
 
-    pub fn source(&self) -> &Path {
-        &self.source
-    }
-
-    /// The source path of `node`; `None` if it has none now.
+    /// The path of `node` relative to SOURCE (empty for SOURCE itself);
+    /// `None` if it has none now. Only ever opened beneath SOURCE without
+    /// following symlinks (`sys::open_beneath`).
     pub fn path(&self, node: u64) -> Option<PathBuf> {
         let inner = self.inner.lock();
         let mut parts: Vec<&OsStr> = Vec::new();
@@ -87,16 +84,11 @@ impl Table {
             parts.push(&n.name);
             at = n.parent;
         }
-        let mut p = self.source.clone();
+        let mut p = PathBuf::new();
         for part in parts.iter().rev() {
             p.push(part);
         }
         Some(p)
-    }
-
-    /// The path `name` would have under `parent`.
-    pub fn child_path(&self, parent: u64, name: &OsStr) -> Option<PathBuf> {
-        Some(self.path(parent)?.join(name))
     }
 
     pub fn object(&self, node: u64) -> Option<Arc<Object>> {
@@ -234,32 +226,32 @@ mod tests {
 
     #[test]
     fn a_renamed_directory_moves_what_is_under_it() {
-        let t = Table::new(PathBuf::from("/src"));
+        let t = Table::new();
         let d = t.child(ROOT, OsStr::new("a"));
         let f = t.child(d, OsStr::new("f"));
-        assert_eq!(t.path(f), Some(PathBuf::from("/src/a/f")));
+        assert_eq!(t.path(f), Some(PathBuf::from("a/f")));
         t.rename(ROOT, OsStr::new("a"), ROOT, OsStr::new("b"), false);
-        assert_eq!(t.path(f), Some(PathBuf::from("/src/b/f")));
+        assert_eq!(t.path(f), Some(PathBuf::from("b/f")));
         assert_eq!(t.find(ROOT, OsStr::new("b")), Some(d));
         assert_eq!(t.find(ROOT, OsStr::new("a")), None);
     }
 
     #[test]
     fn a_replaced_target_loses_its_path_and_an_exchange_swaps() {
-        let t = Table::new(PathBuf::from("/s"));
+        let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
         let y = t.child(ROOT, OsStr::new("y"));
         t.rename(ROOT, OsStr::new("x"), ROOT, OsStr::new("y"), true);
-        assert_eq!(t.path(x), Some(PathBuf::from("/s/y")));
-        assert_eq!(t.path(y), Some(PathBuf::from("/s/x")));
+        assert_eq!(t.path(x), Some(PathBuf::from("y")));
+        assert_eq!(t.path(y), Some(PathBuf::from("x")));
         t.rename(ROOT, OsStr::new("x"), ROOT, OsStr::new("y"), false);
-        assert_eq!(t.path(y), Some(PathBuf::from("/s/y")));
+        assert_eq!(t.path(y), Some(PathBuf::from("y")));
         assert_eq!(t.path(x), None);
     }
 
     #[test]
     fn nodes_go_when_the_kernel_forgets_them() {
-        let t = Table::new(PathBuf::from("/s"));
+        let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
         t.looked_up(x);
         t.looked_up(x);
