@@ -364,6 +364,24 @@ impl View {
         self.stat_node(node, false)
     }
 
+    /// Binds `node` to the file just opened for it, by the descriptor's own
+    /// `(st_dev, st_ino)`: the object cached for the name before is not
+    /// trusted to be what the open found (the name may lead to another
+    /// file by now). Settled as a check of SOURCE (`own` false). The
+    /// `fstat` of the descriptor is part of the open, not counted in
+    /// `source_stats` (it asks the inode the open just found).
+    fn bind_opened(&self, node: u64, file: &File) -> Res<(Attr, Arc<Object>)> {
+        let a = Attr::from_metadata(&file.metadata().map_err(errno)?);
+        if a.mode & libc::S_IFMT != libc::S_IFREG {
+            // Another kind of file than the kernel asked to open: ESTALE
+            // has it look the name up again.
+            return Err(Errno::ESTALE);
+        }
+        let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
+        self.settle(&obj, &a, false);
+        Ok((a, obj))
+    }
+
     /// Revalidates an open file by its descriptor (it may have no path).
     fn attr_of_handle(&self, h: &Handle, own: bool) -> Res<Attr> {
         self.count(&self.stats.source_stats);
@@ -887,7 +905,7 @@ impl Filesystem for View {
                 }
             });
             let file = File::from(file.map_err(errno)?);
-            let (_, obj) = self.attr(ino.0)?;
+            let (_, obj) = self.bind_opened(ino.0, &file)?;
             let h = Handle { file, obj };
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
                 self.truncate_handle(&h)?;
@@ -1155,8 +1173,10 @@ impl Filesystem for View {
                 )
                 .map_err(errno)?;
             let file = File::from(fd);
-            let (node, a) = self.made(req, parent.0, name, &at)?;
-            let obj = self.table.object(node).ok_or(Errno::ENOENT)?;
+            let (node, _) = self.made(req, parent.0, name, &at)?;
+            // What was created is what this handle shows, whatever the
+            // name leads to by now.
+            let (a, obj) = self.bind_opened(node, &file)?;
             Ok((node, a, self.add_handle(file, obj)))
         });
         match r {
