@@ -696,3 +696,30 @@ fn a_file_replaced_in_source_is_read_as_the_new_file_and_an_old_handle_as_the_ol
     // The handle opened before still reads the old file, every record.
     assert!(read_direct(&old_handle, 0, old.len()) == old, "the old handle got other bytes");
 }
+
+#[test]
+fn a_change_in_source_just_before_the_views_own_change_is_not_taken_for_the_views() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("x"), b"old x").unwrap();
+    fs::write(src.join("r"), b"old r").unwrap();
+    let v = View::start(&dir, &["--revalidate", "30"]);
+    let m = &v.mnt;
+    assert_eq!(fs::read(m.join("x")).unwrap(), b"old x");
+    assert_eq!(fs::read(m.join("r")).unwrap(), b"old r");
+
+    // Rewritten in SOURCE with a new size, then changed through the view
+    // within the window.
+    fs::write(src.join("x"), b"new x, longer than before").unwrap();
+    fs::write(src.join("r"), b"new r, longer than before").unwrap();
+    set_xattr(&m.join("x"), "user.k", b"v").unwrap();
+    fs::rename(m.join("r"), m.join("r2")).unwrap();
+
+    assert_eq!(fs::read(m.join("x")).unwrap(), b"new x, longer than before");
+    assert_eq!(fs::read(m.join("r2")).unwrap(), b"new r, longer than before");
+    assert_eq!(user_xattrs(&m.join("x")).get("user.k").map(Vec::as_slice), Some(&b"v"[..]));
+}

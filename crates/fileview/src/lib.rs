@@ -280,7 +280,19 @@ impl View {
     /// Where a change under `parent` goes on SOURCE, unless read-only.
     fn writable_at(&self, parent: u64, name: &OsStr) -> Res<At> {
         self.refuse_if_read_only()?;
+        self.check_before_change(Some(parent));
         self.at_child(parent, name)
+    }
+
+    /// Revalidates `node` (as a check of SOURCE) before the view changes
+    /// it: the change's own settle (`own`) then adopts only what the view
+    /// did, and a change made on SOURCE just before is seen as such (its
+    /// records dropped) rather than taken for the view's. A node SOURCE
+    /// no longer has is left to the change itself to fail.
+    fn check_before_change(&self, node: Option<u64>) {
+        if let Some(node) = node {
+            let _ = self.stat_node(node, false);
+        }
     }
 
     fn new_state(&self, a: &Attr) -> ObjState {
@@ -838,6 +850,11 @@ impl Filesystem for View {
         reply: ReplyEmpty,
     ) {
         let r = self.refuse_if_read_only().and_then(|()| {
+            for node in [parent.0, newparent.0] {
+                self.check_before_change(Some(node));
+            }
+            self.check_before_change(self.table.find(parent.0, name));
+            self.check_before_change(self.table.find(newparent.0, newname));
             let from = self.at_child(parent.0, name)?;
             let to = self.at_child(newparent.0, newname)?;
             from.rename(&to, flags.bits()).map_err(errno)?;
@@ -866,6 +883,8 @@ impl Filesystem for View {
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let r = self.refuse_if_read_only().and_then(|()| {
+            self.check_before_change(Some(ino.0));
+            self.check_before_change(Some(newparent.0));
             let from = self.at(ino.0)?;
             let to = self.at_child(newparent.0, newname)?;
             from.link(&to).map_err(errno)?;
@@ -963,7 +982,11 @@ impl Filesystem for View {
                 self.drop_data(&st, from, to);
                 st.gen += 1;
             }
-            self.settle(&h.obj, &after, true);
+            // Only the size this write makes is the view's own: another
+            // (a change on SOURCE between the check above and now, or an
+            // O_APPEND descriptor writing elsewhere) drops every record.
+            let expected = before.size.max(offset + n as u64);
+            self.settle(&h.obj, &after, after.size == expected);
             Ok(n as u32)
         });
         match r {
@@ -1105,6 +1128,7 @@ impl Filesystem for View {
         reply: ReplyEmpty,
     ) {
         let r = self.refuse_if_read_only().and_then(|()| {
+            self.check_before_change(Some(ino.0));
             let f = self.open_node(ino.0)?;
             sys::set_xattr(f.as_fd(), name, value, flags).map_err(errno)?;
             self.count(&self.stats.source_writes);
@@ -1135,6 +1159,7 @@ impl Filesystem for View {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.refuse_if_read_only().and_then(|()| {
+            self.check_before_change(Some(ino.0));
             let f = self.open_node(ino.0)?;
             sys::remove_xattr(f.as_fd(), name).map_err(errno)?;
             self.count(&self.stats.source_writes);
