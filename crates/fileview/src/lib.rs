@@ -600,7 +600,10 @@ impl View {
         self.chown_to_caller(req, at);
         self.entries_changed(parent);
         let node = self.table.child(parent, name);
-        match self.stat_node(node, true) {
+        // Nothing of the view's to keep: an object found under its
+        // `(st_dev, st_ino)` is an older file's (the number reused) unless
+        // its fingerprint says otherwise.
+        match self.stat_node(node, false) {
             Ok((a, _)) => Ok((node, a)),
             Err(e) => {
                 self.table.discard_if_unused(node);
@@ -640,11 +643,30 @@ impl View {
         let _ = self.stat_node(node, true);
     }
 
+    /// After a name of `f` went from SOURCE: if it was the last link, the
+    /// file's object is forgotten and its records dropped, so a file that
+    /// gets the same inode number later never meets them.
+    fn forget_if_unlinked(&self, f: Option<&File>) {
+        use std::os::unix::fs::MetadataExt;
+        let Some(m) = f.and_then(|f| f.metadata().ok()) else { return };
+        if m.nlink() > 0 {
+            return;
+        }
+        if let Some(obj) = self.table.forget_object(m.dev(), m.ino()) {
+            let mut st = obj.state.lock();
+            self.drop_all(&mut st);
+            st.checked = None;
+        }
+    }
+
     /// unlink or rmdir.
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Res<()> {
         let at = self.writable_at(parent, name)?;
+        // Held across the unlink to learn whether it took the last link.
+        let gone = at.open(libc::O_PATH, 0).map(File::from).ok();
         at.unlink(dir).map_err(errno)?;
         self.count(&self.stats.source_writes);
+        self.forget_if_unlinked(gone.as_ref());
         if let Some(node) = self.table.find(parent, name) {
             if let Some(obj) = self.table.object(node) {
                 // Its link count and ctime changed: ask SOURCE next time.
@@ -857,7 +879,13 @@ impl Filesystem for View {
             self.check_before_change(self.table.find(newparent.0, newname));
             let from = self.at_child(parent.0, name)?;
             let to = self.at_child(newparent.0, newname)?;
+            // What the rename may replace, to learn whether that took its
+            // last link.
+            let replaced = to.open(libc::O_PATH, 0).map(File::from).ok();
             from.rename(&to, flags.bits()).map_err(errno)?;
+            if !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                self.forget_if_unlinked(replaced.as_ref());
+            }
             self.count(&self.stats.source_writes);
             let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
             if !exchange {

@@ -142,6 +142,13 @@ impl Table {
         obj
     }
 
+    /// The file `(dev, ino)` has no link left in SOURCE: its object is
+    /// forgotten, so a new file that reuses the inode number starts with a
+    /// new one (nodes and open handles keep theirs). The object, if any.
+    pub fn forget_object(&self, dev: u64, ino: u64) -> Option<Arc<Object>> {
+        self.inner.lock().objects.remove(&(dev, ino))
+    }
+
     /// The kernel took one more reference to `node`.
     pub fn looked_up(&self, node: u64) {
         if let Some(n) = self.inner.lock().nodes.get_mut(&node) {
