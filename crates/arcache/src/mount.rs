@@ -13,7 +13,7 @@ use clap::Args;
 use nbd::ServerConfig;
 use tracing::{info, warn};
 
-use crate::config::check_recordsize;
+use crate::config::{check_recordsize, ConfigFile};
 use crate::serve::{self, ServeArgs};
 use crate::size::parse_size;
 use crate::startup;
@@ -52,10 +52,18 @@ pub struct MountArgs {
 
 pub fn run(args: &MountArgs) -> Result<()> {
     let settings = serve::resolve_for_view(&args.serve)?;
-    let recordsize = match &args.serve.recordsize {
-        Some(s) => check_recordsize(parse_size(s)?)?,
-        None => VIEW_RECORDSIZE,
+    // read_only and recordsize as serve takes them: the flag, else the
+    // config file's, else the view's default.
+    let file = match &args.serve.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
     };
+    let recordsize = match (&args.serve.recordsize, &file.recordsize) {
+        (Some(s), _) => check_recordsize(parse_size(s)?)?,
+        (None, Some(v)) => check_recordsize(v.bytes()?)?,
+        (None, None) => VIEW_RECORDSIZE,
+    };
+    let read_only = args.serve.read_only || file.read_only.unwrap_or(false);
     if !args.revalidate.is_finite() || args.revalidate < 0.0 {
         bail!("--revalidate takes seconds, 0 or more");
     }
@@ -76,7 +84,7 @@ pub fn run(args: &MountArgs) -> Result<()> {
         source: args.source.clone(),
         recordsize,
         revalidate: Duration::from_secs_f64(args.revalidate),
-        read_only: args.serve.read_only,
+        read_only,
         threads: args.fuse_threads,
         allow_other: args.allow_other,
     };

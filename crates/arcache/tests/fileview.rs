@@ -464,13 +464,25 @@ fn every_change_through_the_view_is_in_source_at_once() {
 
 #[test]
 fn read_only_refuses_writes() {
+    read_only_view_refuses_writes(&["--read-only"]);
+}
+
+#[test]
+fn read_only_in_the_config_file_refuses_writes() {
+    let dir = new_dir();
+    let config = dir.path().join("arcache.toml");
+    fs::write(&config, "read_only = true\nrecordsize = \"64K\"\n").unwrap();
+    read_only_view_refuses_writes(&["--config", config.to_str().unwrap()]);
+}
+
+fn read_only_view_refuses_writes(args: &[&str]) {
     if !fuse_available() {
         return;
     }
     let dir = new_dir();
     fs::create_dir_all(dir.path().join("src")).unwrap();
     fs::write(dir.path().join("src/f"), b"keep").unwrap();
-    let v = View::start(&dir, &["--read-only"]);
+    let v = View::start(&dir, args);
     let m = &v.mnt;
     assert_eq!(fs::read(m.join("f")).unwrap(), b"keep");
     let erofs = |r: std::io::Result<()>, what: &str| {
