@@ -315,3 +315,39 @@ fn start_errors_name_the_cause() {
         assert!(err.contains(&expect), "{spec}: expected {expect:?} in {err}");
     }
 }
+
+/// A client that takes the exclusive lock automatically and hands it over
+/// when asked (here `rbd bench --io-type write`, as qemu would) is not
+/// robbed of it: arcache is refused while it writes, and it goes on
+/// writing to the end.
+#[test]
+fn a_writer_that_hands_its_lock_over_is_not_robbed_of_it() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("vm", "64M");
+    let spec = ceph.spec("vm");
+    let mut bench = Command::new("rbd")
+        .arg("-c")
+        .arg(&ceph.conf)
+        .args(["bench", "--io-type", "write", "--io-size", "4K", "--io-threads", "1", "--io-total", "12M"])
+        .args(["--io-pattern", "rand", "rbd/vm"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until the bench holds the lock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let locks = ceph.rbd(&["lock", "ls", "--format", "json", "rbd/vm"]);
+        let held = serde_json::from_slice::<serde_json::Value>(&locks).is_ok_and(|l| l[0].is_object());
+        if held {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "rbd bench never took the lock");
+        assert!(bench.try_wait().unwrap().is_none(), "rbd bench ended before it took the lock");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let err = ceph.refused(&spec);
+    assert!(err.contains("exclusive lock is held by"), "{err}");
+    let out = bench.wait_with_output().unwrap();
+    assert!(out.status.success(), "the writer lost its lock: {}", String::from_utf8_lossy(&out.stderr));
+}

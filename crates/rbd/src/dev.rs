@@ -163,20 +163,18 @@ impl RbdDev {
             return Err(ceph(format!("creating a cluster handle for client.{}", spec.id), r));
         }
         let cluster = Cluster(handle);
-        // Defaults a dead cluster needs to give an error rather than a hang;
-        // set before the conf file is read, so the file's own values win.
+        // A dead cluster at start must be an error rather than a hang; set
+        // before the conf file is read, so the file's own value wins. No
+        // OSD op timeout: a peering or recovery stall then waits, as on a
+        // disk (and as qemu and krbd do), rather than failing a write that
+        // the OSD may still apply later.
         let mount = opts.connect_timeout.map_or(30, |d| d.as_secs().max(1));
-        for (key, value) in [
-            ("client_mount_timeout", mount.to_string()),
-            ("rados_osd_op_timeout", "30".to_string()),
-            ("rados_mon_op_timeout", "30".to_string()),
-        ] {
-            let (k, v) = (cstring(spec, key, key)?, cstring(spec, key, &value)?);
-            // SAFETY: a live handle, not yet connected; NUL-terminated strings.
-            let r = unsafe { ffi::rados_conf_set(cluster.0, k.as_ptr(), v.as_ptr()) };
-            if r < 0 {
-                return Err(ceph(format!("setting {key}"), r));
-            }
+        let key = "client_mount_timeout";
+        let (k, v) = (cstring(spec, key, key)?, cstring(spec, key, &mount.to_string())?);
+        // SAFETY: a live handle, not yet connected; NUL-terminated strings.
+        let r = unsafe { ffi::rados_conf_set(cluster.0, k.as_ptr(), v.as_ptr()) };
+        if r < 0 {
+            return Err(ceph(format!("setting {key}"), r));
         }
         let conf =
             spec.conf.as_ref().map(|p| cstring(spec, "conf=", &p.display().to_string())).transpose()?;
@@ -344,6 +342,14 @@ impl RbdDev {
 /// it to any other client asking, and two caches writing one image would
 /// each serve the other's stale data.
 fn lock(image: &mut Image, spec: &RbdSpec) -> Result<(), OpenError> {
+    // Asked first: rbd_lock_acquire requests the lock from its holder, and
+    // a client with automatic exclusive locking (qemu, krbd) hands it over,
+    // so a running VM would lose its writes to us instead of us being
+    // refused.
+    let held_by = lock_owners(image);
+    if !held_by.is_empty() {
+        return Err(held(spec, &held_by));
+    }
     // SAFETY: an open, writable image.
     let r = unsafe { ffi::rbd_lock_acquire(image.handle, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
     if r == 0 {
@@ -363,18 +369,22 @@ fn lock(image: &mut Image, spec: &RbdSpec) -> Result<(), OpenError> {
     }
     let owners = lock_owners(image);
     if r == -libc::EROFS || r == -libc::EBUSY || !owners.is_empty() {
-        return Err(OpenError::Refused {
-            spec: name,
-            why: format!(
-                "the image's exclusive lock is held by {} (another writer; a crashed one's lock is freed by \
-                 `rbd lock rm {}/{} ID LOCKER` as `rbd lock ls` shows it, or once its watch times out)",
-                if owners.is_empty() { "another client".to_string() } else { owners.join(", ") },
-                spec.pool,
-                spec.image
-            ),
-        });
+        return Err(held(spec, &owners));
     }
     Err(OpenError::Ceph { spec: name, what: "taking the image's exclusive lock".to_string(), errno: -r })
+}
+
+fn held(spec: &RbdSpec, owners: &[String]) -> OpenError {
+    OpenError::Refused {
+        spec: spec.to_string(),
+        why: format!(
+            "the image's exclusive lock is held by {} (another writer; a crashed one's lock is freed by \
+             `rbd lock rm {}/{} ID LOCKER` as `rbd lock ls` shows it, or once its watch times out)",
+            if owners.is_empty() { "another client".to_string() } else { owners.join(", ") },
+            spec.pool,
+            spec.image
+        ),
+    }
 }
 
 /// The clients holding the image's lock, as librbd names them.
