@@ -763,3 +763,52 @@ fn a_new_file_reusing_a_freed_inode_number_never_shows_the_old_files_records() {
         eprintln!("note: SOURCE's file system reused no inode number: nothing was shown");
     }
 }
+
+#[test]
+fn a_file_unlinked_while_open_is_still_answered_through_its_handle() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let v = View::start(&dir, &["--revalidate", "30"]);
+    let m = &v.mnt;
+    let mut f =
+        fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.join("f")).unwrap();
+    f.write_all(b"still here").unwrap();
+    fs::remove_file(m.join("f")).unwrap();
+    let meta = f.metadata().expect("fstat of an open, unlinked file");
+    assert_eq!((meta.len(), meta.nlink()), (10, 0));
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 10];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"still here");
+}
+
+#[test]
+fn a_mountpoint_inside_source_is_refused() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("mnt")).unwrap();
+    let child = Command::new(BIN)
+        .arg("mount")
+        .arg(&src)
+        .arg(src.join("mnt"))
+        .arg("--control")
+        .arg(dir.path().join("control.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A view that took the mount point would run on: killed, then unmounted.
+    let out = std::panic::catch_unwind(|| common::wait_timeout(child, Duration::from_secs(20)));
+    fusermount_u(&src.join("mnt"));
+    let out = out.expect("arcache mount did not refuse a MOUNTPOINT inside SOURCE");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("inside SOURCE"), "{err}");
+    assert!(!is_mounted(&src.join("mnt")));
+}

@@ -123,6 +123,8 @@ struct SetAttr {
 struct Handle {
     file: File,
     obj: Arc<Object>,
+    /// The node it was opened on.
+    node: u64,
 }
 
 struct View {
@@ -509,9 +511,14 @@ impl View {
         self.handles.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
-    fn add_handle(&self, file: File, obj: Arc<Object>) -> u64 {
+    /// An open handle of `node`, if any.
+    fn handle_of_node(&self, node: u64) -> Option<Arc<Handle>> {
+        self.handles.lock().values().find(|h| h.node == node).cloned()
+    }
+
+    fn add_handle(&self, file: File, obj: Arc<Object>, node: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        self.handles.lock().insert(fh, Arc::new(Handle { file, obj }));
+        self.handles.lock().insert(fh, Arc::new(Handle { file, obj, node }));
         fh
     }
 
@@ -760,7 +767,12 @@ impl Filesystem for View {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let r = match fh.and_then(|f| self.handle(f).ok()) {
             Some(h) if self.table.path(ino.0).is_none() => self.attr_of_handle(&h, false),
-            _ => self.attr(ino.0).map(|(a, _)| a),
+            // A file unlinked while open (the kernel's fstat sends no
+            // handle): answered from a handle of the node.
+            _ => self.attr(ino.0).map(|(a, _)| a).or_else(|e| match self.handle_of_node(ino.0) {
+                Some(h) if e == Errno::ENOENT => self.attr_of_handle(&h, false),
+                _ => Err(e),
+            }),
         };
         match r {
             Ok(a) => reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) }),
@@ -953,11 +965,11 @@ impl Filesystem for View {
             });
             let file = File::from(file.map_err(errno)?);
             let (_, obj) = self.bind_opened(ino.0, &file)?;
-            let h = Handle { file, obj };
+            let h = Handle { file, obj, node: ino.0 };
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
                 self.truncate_handle(&h)?;
             }
-            Ok(self.add_handle(h.file, h.obj))
+            Ok(self.add_handle(h.file, h.obj, h.node))
         })();
         match r {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
@@ -1230,7 +1242,7 @@ impl Filesystem for View {
             // What was created is what this handle shows, whatever the
             // name leads to by now.
             let (a, obj) = self.bind_opened(node, &file)?;
-            Ok((node, a, self.add_handle(file, obj)))
+            Ok((node, a, self.add_handle(file, obj, node)))
         });
         match r {
             Ok((node, a, fh)) => {
@@ -1344,6 +1356,16 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     let source = std::fs::canonicalize(&cfg.source)?;
     if !source.is_dir() {
         return Err(io::Error::other(format!("{} is not a directory", source.display())));
+    }
+    // A view inside what it shows would look itself up without end (a
+    // walk of it deadlocks at depth).
+    let at = std::fs::canonicalize(mountpoint)?;
+    if at.starts_with(&source) {
+        return Err(io::Error::other(format!(
+            "MOUNTPOINT {} is inside SOURCE {}",
+            at.display(),
+            source.display()
+        )));
     }
     let root = {
         use std::os::unix::fs::OpenOptionsExt;
