@@ -323,34 +323,56 @@ impl Volume {
             return self.finish_blocking(w, done, out);
         }
         let mut buf = vec![0u8; w.len];
+        if let Fetch::Backing = fetch {
+            return self.finish_backing_read(w, bytes, snap, buf, lock, done, out);
+        }
         let settled = match fetch {
             Fetch::L2(ptr) => self.settle_l2(w.r, ptr, bytes, snap, false, w.offset, Some(&mut buf)),
             Fetch::Half(_, which) => Ok(self.settle_half(w.r, which, bytes, snap, w.offset, &mut buf)),
-            Fetch::Backing => {
-                // The bytes are this read's own: the dirty overlay goes
-                // on them in place.
-                let mut block = bytes;
-                self.settle_block(w.r..w.r + 1, &mut block, false, w.offset, Some(&mut buf), snap);
-                Ok(true)
-            }
+            Fetch::Backing => unreachable!("backing reads are finished by finish_backing_read"),
         };
         drop(lock);
         let c = &self.cache.counters;
         match settled {
             Ok(true) => {
-                if !matches!(fetch, Fetch::Backing) {
-                    c.l2_ring_reads.fetch_add(1, Relaxed);
-                } else {
-                    c.backing_ring_reads.fetch_add(1, Relaxed);
-                    // As `read_l2` counts a record with no copy.
-                    if self.cache.l2().is_some() {
-                        c.l2_misses.fetch_add(1, Relaxed);
-                    }
-                }
+                c.l2_ring_reads.fetch_add(1, Relaxed);
                 done(ReadEnd::Done(Ok(buf)), out)
             }
             Ok(false) => self.finish_blocking(w, done, out),
             Err(e) => done(ReadEnd::Done(Err(e)), out),
         }
+    }
+
+    /// A backing-store read whose record is still as it was: the reader is
+    /// answered (and the reply sent) before the record is compressed and
+    /// inserted. Completions run one after another on the ring thread, so
+    /// inserting first made every later reply of a pass wait for the
+    /// earlier ones' inserts. The record's lock is held until the insert,
+    /// so no write can slip between the answer and the cached copy.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_backing_read(
+        &self,
+        w: Want,
+        bytes: Box<[u8]>,
+        snap: &Snapshot,
+        mut buf: Vec<u8>,
+        lock: MutexGuard<'_, ()>,
+        done: ReadDone,
+        out: &mut Batch,
+    ) {
+        // The bytes are this read's own: the dirty overlay goes on them in
+        // place.
+        let mut block = bytes;
+        self.overlay_block(w.r..w.r + 1, &mut block, w.offset, Some(&mut buf), snap);
+        let c = &self.cache.counters;
+        c.backing_ring_reads.fetch_add(1, Relaxed);
+        // As `read_l2` counts a record with no copy.
+        if self.cache.l2().is_some() {
+            c.l2_misses.fetch_add(1, Relaxed);
+        }
+        done(ReadEnd::Done(Ok(buf)), out);
+        out.flush();
+        self.insert_block(w.r..w.r + 1, &block, false);
+        drop(lock);
     }
 }

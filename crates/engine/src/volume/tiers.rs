@@ -363,21 +363,46 @@ impl Volume {
         block: &mut [u8],
         prefetch: bool,
         offset: u64,
-        mut out: Option<&mut [u8]>,
+        out: Option<&mut [u8]>,
+        snap: &[(u64, Arc<Page>)],
+    ) {
+        self.overlay_block(need.clone(), block, offset, out, snap);
+        self.insert_block(need, block, prefetch);
+    }
+
+    /// The first half of [`Volume::settle_block`]: the dirty bytes laid
+    /// over `block` and the reader's bytes copied into `out`, so a caller
+    /// can answer before the records are inserted.
+    pub(super) fn overlay_block(
+        &self,
+        need: Range<u64>,
+        block: &mut [u8],
+        offset: u64,
+        out: Option<&mut [u8]>,
         snap: &[(u64, Arc<Page>)],
     ) {
         let start = self.record_range(need.start).start;
         WriteBack::apply(snap, start, block);
+        let Some(buf) = out else { return };
+        for r in need {
+            let rr = self.record_range(r);
+            let from = offset.max(rr.start);
+            let to = (offset + buf.len() as u64).min(rr.end);
+            if from < to {
+                buf[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&block[(from - start) as usize..(to - start) as usize]);
+            }
+        }
+    }
+
+    /// The second half: `block`'s records (dirty bytes laid over) into the
+    /// ARC, counted as misses.
+    pub(super) fn insert_block(&self, need: Range<u64>, block: &[u8], prefetch: bool) {
+        let start = self.record_range(need.start).start;
         let compress = self.cache.compress_enabled();
         for r in need.clone() {
             let rr = self.record_range(r);
             let slice = &block[(rr.start - start) as usize..(rr.end - start) as usize];
-            if let Some(buf) = out.as_deref_mut() {
-                let from = offset.max(rr.start);
-                let to = (offset + buf.len() as u64).min(rr.end);
-                buf[(from - offset) as usize..(to - offset) as usize]
-                    .copy_from_slice(&slice[(from - rr.start) as usize..(to - rr.start) as usize]);
-            }
             self.cache.insert_read(self.key(r), Arc::new(Record::new(slice, compress)), prefetch);
         }
         self.cache.count(Found::Miss, prefetch, need.end - need.start);
