@@ -78,18 +78,23 @@ for _ in $(seq "$rounds"); do
     # allocate; that is the cost of asking, not of holding records.
     rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$arc/status")
     before=$(stat_of "$bin")
+    # The server's CPU time (user + system, clock ticks) around the timed job.
+    cpu0=$(awk '{print $14 + $15}' "/proc/$arc/stat")
     fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=16 --time_based --runtime="$secs" --randseed=7
+    cpu1=$(awk '{print $14 + $15}' "/proc/$arc/stat")
     after=$(stat_of "$bin")
-    line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" <<'PY'
+    line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" "$((cpu1 - cpu0))" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
-iops = round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"])
+job = json.load(open(sys.argv[1]))["jobs"][0]
+iops = round(job["read"]["iops"])
+cpu_us = int(sys.argv[5]) / int(sys.argv[6]) * 1e6 / max(job["read"]["total_ios"], 1)
 b, a = json.loads(sys.argv[3]), json.loads(sys.argv[4])
 hits = a["demand_data_hits"] - b["demand_data_hits"]
 misses = a["demand_data_misses"] - b["demand_data_misses"]
 l2 = a.get("l2_hits", 0) - b.get("l2_hits", 0)
 records = max(b["hash_elements"], 1)
 overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / records
-print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}")
+print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}\t{cpu_us:.1f}")
 PY
 )
     echo "$spec: $line"
@@ -110,8 +115,10 @@ done
   echo "timed: fio --ioengine=nbd --rw=randread --bs=4k --size=$size --iodepth=16 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
   echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
   echo
-  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) |"
-  echo "|---|---|---|---|---:|---:|---:|---:|---:|"
+  echo "cpu: the server's user + system time during the timed job over the reads fio completed"
+  echo
+  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) | server CPU per read (us, median) |"
+  echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import statistics, sys
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -119,7 +126,8 @@ for n, spec in enumerate(sys.argv[2:], 1):
     r = [x for x in runs if x[0] == str(n)]
     iops = [int(x[1]) for x in r]
     print(f"| {n} | `{spec}` | {r[0][5]} | {' / '.join(f'{i:,}' for i in iops)} | {statistics.median(iops):,.0f} "
-          f"| {min(float(x[2]) for x in r):.2f} | {int(r[-1][6]):,} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} |")
+          f"| {min(float(x[2]) for x in r):.2f} | {int(r[-1][6]):,} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} "
+          f"| {statistics.median(float(x[7]) for x in r):.1f} |")
 PY
 } > "$result"
 cat "$result"
