@@ -812,3 +812,62 @@ fn a_mountpoint_inside_source_is_refused() {
     assert!(err.contains("inside SOURCE"), "{err}");
     assert!(!is_mounted(&src.join("mnt")));
 }
+
+/// What `rm -rf` (fts) does on a large directory: reads a batch of
+/// entries, unlinks them, reads on. Offsets stay those of the listing the
+/// directory handle started with, so no entry is skipped.
+#[test]
+fn entries_unlinked_while_a_directory_is_read_are_never_skipped() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let v = View::start(&dir, &["--revalidate", "30"]);
+    // Names long enough that one getdents buffer (32 KiB in glibc) holds
+    // about 150 of them: 3000 need many batches.
+    let big = v.src.join("big");
+    fs::create_dir(&big).unwrap();
+    let name = |i: usize| format!("{i:05}-{}", "x".repeat(200));
+    for i in 0..3000 {
+        fs::write(big.join(name(i)), b"").unwrap();
+    }
+    let through = v.mnt.join("big");
+    let cp = CString::new(through.as_os_str().as_bytes()).unwrap();
+    let mut seen = BTreeMap::<Vec<u8>, usize>::new();
+    // SAFETY: a valid C string; the DIR* is used only until closedir, and
+    // each dirent only before the next readdir.
+    unsafe {
+        let d = libc::opendir(cp.as_ptr());
+        assert!(!d.is_null(), "opendir: {}", std::io::Error::last_os_error());
+        loop {
+            let e = libc::readdir(d);
+            if e.is_null() {
+                break;
+            }
+            let n = std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_bytes().to_vec();
+            if n == b"." || n == b".." {
+                continue;
+            }
+            let p = through.join(std::ffi::OsStr::from_bytes(&n));
+            fs::remove_file(&p).unwrap_or_else(|e| panic!("unlink {}: {e}", p.display()));
+            *seen.entry(n).or_default() += 1;
+        }
+        libc::closedir(d);
+    }
+    let twice: Vec<_> =
+        seen.iter().filter(|(_, &c)| c > 1).map(|(n, _)| String::from_utf8_lossy(n)).collect();
+    assert!(twice.is_empty(), "returned more than once: {twice:?}");
+    assert_eq!(seen.len(), 3000, "entries returned once each");
+    assert_eq!(fs::read_dir(&big).unwrap().count(), 0, "SOURCE's directory is empty");
+    fs::remove_dir(&through).expect("rmdir of the emptied directory");
+    assert!(!big.exists());
+
+    // The real rm -rf through the view, on a second directory.
+    fs::create_dir(&big).unwrap();
+    for i in 0..3000 {
+        fs::write(big.join(name(i)), b"").unwrap();
+    }
+    let out = Command::new("rm").arg("-rf").arg(&through).output().expect("run rm");
+    assert!(out.status.success(), "rm -rf: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!through.exists() && !big.exists(), "rm -rf left the directory behind");
+}

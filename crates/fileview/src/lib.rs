@@ -127,11 +127,23 @@ struct Handle {
     node: u64,
 }
 
+/// The listing a directory handle is read from, and the directory's
+/// object number and generation before it was read.
+#[derive(Clone)]
+struct Snapshot {
+    entries: Arc<Vec<DirEntry>>,
+    version: Option<(u64, u64)>,
+}
+
 struct View {
     cfg: ViewConfig,
     cache: Arc<Cache>,
     table: Arc<Table>,
     handles: Mutex<FxHashMap<u64, Arc<Handle>>>,
+    /// Open directory handles (fh from `next_fh`): the listing the handle
+    /// is read from, taken at its first readdir at offset 0 and kept until
+    /// releasedir, so offsets stay those of that listing whatever changes.
+    dirs: Mutex<FxHashMap<u64, Option<Snapshot>>>,
     next_fh: AtomicU64,
     stats: Arc<ViewStats>,
     as_root: bool,
@@ -458,6 +470,35 @@ impl View {
             st.dir_chunks = encoded.len() as u64;
         }
         Ok(entries)
+    }
+
+    /// The listing directory handle `fh` of `node` is read from: a new
+    /// snapshot at offset 0 (the start, or after a rewind) or if it has
+    /// none yet, else the one taken then, so the offsets the kernel holds
+    /// still name the same entries after changes in between. With it,
+    /// whether the directory has not changed since the snapshot was read
+    /// (its entries can then be trusted as a fresh listing's).
+    fn dir_snapshot(&self, node: u64, fh: FileHandle, offset: u64) -> Res<(Arc<Vec<DirEntry>>, bool)> {
+        let version = || {
+            self.table.object(node).map(|o| {
+                let st = o.state.lock();
+                (st.id, st.gen)
+            })
+        };
+        let kept = if offset != 0 { self.dirs.lock().get(&fh.0).cloned().flatten() } else { None };
+        let snap = match kept {
+            Some(s) => s,
+            None => {
+                let before = version();
+                let s = Snapshot { entries: Arc::new(self.listing(node)?), version: before };
+                if let Some(slot) = self.dirs.lock().get_mut(&fh.0) {
+                    *slot = Some(s.clone());
+                }
+                s
+            }
+        };
+        let current = snap.version.is_some() && snap.version == version();
+        Ok((snap.entries, current))
     }
 
     /// Looks `name` up under `parent`; the node and its attributes. The
@@ -1067,9 +1108,27 @@ impl Filesystem for View {
         reply_empty(r, reply);
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let entries = match self.listing(ino.0) {
-            Ok(e) => e,
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        self.dirs.lock().insert(fh, None);
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let entries = match self.dir_snapshot(ino.0, fh, offset) {
+            Ok((e, _)) => e,
             Err(e) => return reply.error(e),
         };
         let dots =
@@ -1089,11 +1148,11 @@ impl Filesystem for View {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.listing(ino.0) {
+        let (entries, current) = match self.dir_snapshot(ino.0, fh, offset) {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
@@ -1109,9 +1168,11 @@ impl Filesystem for View {
             } else {
                 let e = &entries[i - 2];
                 let name = OsStr::from_bytes(&e.name);
-                // The listing was just read or found fresh: no need to
-                // look the name up in it again.
-                match self.child_attr(ino.0, name, Some(e.ino)) {
+                // A snapshot the directory has not changed since is a fresh
+                // listing: no need to look the name up in it again. One it
+                // has changed since may name what is gone or replaced: each
+                // name is checked as lookup would without a listing.
+                match self.child_attr(ino.0, name, current.then_some(e.ino)) {
                     Ok((node, a)) => (name, node, a),
                     // Gone since the listing: left out.
                     Err(_) => continue,
@@ -1384,6 +1445,7 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         cache,
         table: Arc::new(Table::new()),
         handles: Mutex::new(FxHashMap::default()),
+        dirs: Mutex::new(FxHashMap::default()),
         next_fh: AtomicU64::new(1),
         stats: Arc::clone(&stats),
         as_root,
