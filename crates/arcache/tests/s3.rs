@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -33,20 +32,9 @@ impl Moto {
             skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(&server)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
+        let (child, port) = start_moto(&server, &[]);
         let endpoint = format!("http://127.0.0.1:{port}");
         let moto = Moto { child, endpoint, python: venv.join("bin/python") };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
         Some(moto)
     }
 

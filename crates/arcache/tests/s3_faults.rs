@@ -13,7 +13,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -58,17 +58,8 @@ impl S3Server {
             skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(&moto)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        let s = S3Server { _proc: Proc(child), port, python: venv.join("bin/python") };
-        wait_listening(port, "moto_server");
-        Some(s)
+        let (child, port) = start_moto(&moto, env);
+        Some(S3Server { _proc: Proc(child), port, python: venv.join("bin/python") })
     }
 
     fn endpoint(&self) -> String {

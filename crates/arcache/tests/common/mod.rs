@@ -267,3 +267,47 @@ impl Drop for Nbdkit {
         let _ = self.child.wait();
     }
 }
+
+/// Starts moto (`moto_server` of the venv) on a free port of 127.0.0.1 and
+/// waits until *it* answers there: a port found free can be taken by
+/// another test's server before moto binds it (moto then exits and the
+/// other server answers the probe), so a start that does not answer as
+/// moto is retried on another port.
+#[allow(dead_code)]
+pub fn start_moto(server: &Path, env: &[(&str, &str)]) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = Command::new(server)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if moto_answers(port) {
+                return (child, port);
+            }
+            if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    panic!("moto_server did not start on a free port in 5 tries");
+}
+
+/// True when the server on `port` is moto (its API answers 200).
+fn moto_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+    if c.write_all(b"GET /moto-api/data.json HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+}
