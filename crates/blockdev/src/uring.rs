@@ -4,9 +4,10 @@
 //!
 //! The thread that starts a read (a connection's) puts it in the ring and
 //! enters the kernel itself, so the device has it at once; one ring thread
-//! sleeps for completions and finishes a whole batch at a time (checksum,
-//! ARC insert, reply) with one [`Batch`] flushed after the last, so the
-//! replies go out together. Reads that find every entry in use wait in a
+//! sleeps for completions and reaps them a batch at a time, running each
+//! one's finish (checksum, reply, ARC insert) with a [`Batch`] flushed
+//! after it, so no reply waits for the others' work. Reads that find every
+//! entry in use wait in a
 //! queue the ring thread starts as entries come free. An earlier version
 //! had submitters queue reads for the ring thread to submit: each read
 //! then waited for that thread to wake, and cold misses were slower than

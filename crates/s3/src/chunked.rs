@@ -400,29 +400,18 @@ impl S3ChunkDev {
         self.put_chunk(index, whole)
     }
 
-    /// Writes `part` (None: zeros) into chunk `index` at `range`: a whole
-    /// chunk is put (or, for zeros, deleted), a part is read, patched and
-    /// put back under the chunk's lock.
-    fn patch(&self, index: u64, range: Range<u64>, part: Option<&[u8]>) -> DevResult<()> {
+    /// Zeros `range` of chunk `index`: a whole chunk is deleted, part of
+    /// one is read, zeroed and put back under the chunk's lock.
+    fn zero(&self, index: u64, range: Range<u64>) -> DevResult<()> {
         let _g = self.stripes[index as usize % LOCK_STRIPES].lock();
         let len = self.chunk_len(index);
         if range.start == 0 && range.end == len {
-            return match part {
-                Some(p) => self.put_chunk(index, p.to_vec()),
-                None => self.delete_chunk(index),
-            };
+            return self.delete_chunk(index);
         }
-        let seen = self.map.lock().get(&index).cloned();
-        let mut whole = match (&seen, part) {
-            (None, None) => return Ok(()),
-            (Some(e), _) => self.get_chunk(index, 0..len, e)?.to_vec(),
-            (None, Some(_)) => vec![0u8; len as usize],
-        };
-        let dst = &mut whole[range.start as usize..range.end as usize];
-        match part {
-            Some(p) => dst.copy_from_slice(p),
-            None => dst.fill(0),
-        }
+        // Zeros into part of a chunk: one never written is zeros already.
+        let Some(e) = self.map.lock().get(&index).cloned() else { return Ok(()) };
+        let mut whole = self.get_chunk(index, 0..len, &e)?.to_vec();
+        whole[range.start as usize..range.end as usize].fill(0);
         self.put_chunk(index, whole)
     }
 }
@@ -449,14 +438,7 @@ impl BlockDev for S3ChunkDev {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
         self.check_range(offset, buf.len() as u64)?;
-        self.check_writable()?;
-        let mut at = 0usize;
-        for (index, range) in self.pieces(offset, buf.len() as u64) {
-            let n = (range.end - range.start) as usize;
-            self.patch(index, range, Some(&buf[at..at + n]))?;
-            at += n;
-        }
-        Ok(())
+        self.write_parts(&[(offset, buf)])
     }
 
     fn write_unit(&self) -> Option<u64> {
@@ -494,7 +476,7 @@ impl BlockDev for S3ChunkDev {
         self.check_writable()?;
         for (index, range) in self.pieces(offset, len) {
             if range.start == 0 && range.end == self.chunk_len(index) {
-                self.patch(index, range, None)?;
+                self.zero(index, range)?;
             }
         }
         Ok(())
@@ -504,7 +486,7 @@ impl BlockDev for S3ChunkDev {
         self.check_range(offset, len)?;
         self.check_writable()?;
         for (index, range) in self.pieces(offset, len) {
-            self.patch(index, range, None)?;
+            self.zero(index, range)?;
         }
         Ok(())
     }

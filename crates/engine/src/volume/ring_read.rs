@@ -323,13 +323,10 @@ impl Volume {
             return self.finish_blocking(w, done, out);
         }
         let mut buf = vec![0u8; w.len];
-        if let Fetch::Backing = fetch {
-            return self.finish_backing_read(w, bytes, snap, buf, lock, done, out);
-        }
         let settled = match fetch {
             Fetch::L2(ptr) => self.settle_l2(w.r, ptr, bytes, snap, false, w.offset, Some(&mut buf)),
             Fetch::Half(_, which) => Ok(self.settle_half(w.r, which, bytes, snap, w.offset, &mut buf)),
-            Fetch::Backing => unreachable!("backing reads are finished by finish_backing_read"),
+            Fetch::Backing => return self.finish_backing_read(w, bytes, snap, buf, lock, done, out),
         };
         drop(lock);
         let c = &self.cache.counters;
