@@ -4,56 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-
-struct Moto {
-    child: Child,
-    endpoint: String,
-    python: PathBuf,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Moto {
-    fn start() -> Option<Moto> {
-        let venv = std::env::var_os("ARCACHE_MOTO_VENV")
-            .map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from);
-        let server = venv.join("bin/moto_server");
-        if !server.is_file() {
-            skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
-            return None;
-        }
-        let (child, port) = start_moto(&server, &[]);
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let moto = Moto { child, endpoint, python: venv.join("bin/python") };
-        Some(moto)
-    }
-
-    fn ctl(&self, args: &[&str]) -> String {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/s3/s3ctl.py");
-        let out = Command::new(&self.python).arg(script).arg(&self.endpoint).args(args).output().unwrap();
-        assert!(out.status.success(), "s3ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ACCESS_KEY_ID", "testing".into()),
-            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
-            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
-            ("AWS_PROFILE", String::new()),
-        ]
-    }
-}
 
 fn serve_s3(moto: &Moto, dir: tempfile::TempDir, backing: &str, extra: &[&str]) -> Serve {
     let env = moto.env();
@@ -83,7 +38,7 @@ fn put(moto: &Moto, dir: &Path, key: &str, size: usize, seed: u64) -> (Vec<u8>, 
 /// through our client and through nbdcopy; writes refused.
 #[test]
 fn an_object_is_served_byte_exact_and_read_only() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "games"]);
     let dir = tempfile::tempdir().unwrap();
     let (data, _) = put(&moto, dir.path(), "lib/disk.img", 6 << 20, 3);
@@ -101,7 +56,7 @@ fn an_object_is_served_byte_exact_and_read_only() {
 /// rather than mixing versions, and a restart serves the new version.
 #[test]
 fn an_object_changed_underneath_is_never_mixed_with_the_old() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "games"]);
     let dir = tempfile::tempdir().unwrap();
     let (old, _) = put(&moto, dir.path(), "disk.img", 4 << 20, 5);
@@ -127,7 +82,7 @@ fn an_object_changed_underneath_is_never_mixed_with_the_old() {
 /// credentials.
 #[test]
 fn a_missing_bucket_or_object_or_bad_key_is_refused_at_start() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "games"]);
     let dir = tempfile::tempdir().unwrap();
     put(&moto, dir.path(), "disk.img", 1 << 20, 7);
@@ -156,7 +111,7 @@ fn a_missing_bucket_or_object_or_bad_key_is_refused_at_start() {
         .env("AWS_SECRET_ACCESS_KEY", "")
         .env("AWS_PROFILE", "")
         .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-        .env("AWS_ENDPOINT_URL", &moto.endpoint)
+        .env("AWS_ENDPOINT_URL", moto.endpoint())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -180,7 +135,7 @@ fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
 /// flushed is there after a restart, never-written chunks are not stored.
 #[test]
 fn a_chunked_disk_keeps_what_was_written_across_restarts() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "vms"]);
     let uri = "s3://vms/disk1/?size=64M";
     let s = serve_s3(&moto, tempfile::tempdir().unwrap(), uri, &[]);
@@ -239,7 +194,7 @@ fn break_lease(moto: &Moto, uri: &str, force: bool) -> std::process::Output {
 /// and every byte acknowledged by a FLUSH on the log is there after.
 #[test]
 fn one_writer_and_kill9_after_flush_loses_nothing() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "vms"]);
     let uri = "s3://vms/d2/?size=32M";
     let dir = tempfile::tempdir().unwrap();
@@ -272,7 +227,7 @@ fn one_writer_and_kill9_after_flush_loses_nothing() {
 /// and a key id without its secret is refused at start by name.
 #[test]
 fn an_exports_own_keys_and_endpoint_come_from_the_config_file() {
-    let Some(moto) = Moto::start() else { return };
+    let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "games"]);
     let dir = tempfile::tempdir().unwrap();
     let (data, _) = put(&moto, dir.path(), "own.img", 2 << 20, 9);
@@ -280,7 +235,7 @@ fn an_exports_own_keys_and_endpoint_come_from_the_config_file() {
         format!(
             "[[export]]\nname = \"own\"\nbacking = \"s3://games/own.img\"\ns3_endpoint = \"{}\"\n\
              s3_access_key_id = \"testing\"\n{extra}",
-            moto.endpoint
+            moto.endpoint()
         )
     };
     let cfg = dir.path().join("own.toml");

@@ -14,7 +14,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -41,44 +40,6 @@ fn wait_listening(port: u16, what: &str) {
     }
 }
 
-/// moto on a free port of 127.0.0.1, and the venv's python for helpers.
-struct S3Server {
-    _proc: Proc,
-    port: u16,
-    python: PathBuf,
-}
-
-impl S3Server {
-    /// None (after `skip_or_fail`) when the venv is missing.
-    fn start(env: &[(&str, &str)]) -> Option<S3Server> {
-        let venv = std::env::var_os("ARCACHE_MOTO_VENV")
-            .map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from);
-        let moto = venv.join("bin/moto_server");
-        if !moto.is_file() {
-            skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
-            return None;
-        }
-        let (child, port) = start_moto(&moto, env);
-        Some(S3Server { _proc: Proc(child), port, python: venv.join("bin/python") })
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// `tests/s3/s3ctl.py` against this server.
-    fn ctl(&self, args: &[&str]) -> String {
-        let out = Command::new(&self.python)
-            .arg(format!("{ROOT}/tests/s3/s3ctl.py"))
-            .arg(self.endpoint())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "s3ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-}
-
 /// `tests/s3/faultproxy.py` in front of an S3 server.
 struct Proxy {
     _proc: Proc,
@@ -86,7 +47,7 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn start(s3: &S3Server) -> Proxy {
+    fn start(s3: &Moto) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         let port_file = dir.path().join("port");
         let child = Command::new(&s3.python)
@@ -149,8 +110,8 @@ impl Proxy {
 }
 
 /// moto with `buckets` made, and the proxy in front of it.
-fn moto_behind_proxy(buckets: &[&str]) -> Option<(S3Server, Proxy)> {
-    let s3 = S3Server::start(&[])?;
+fn moto_behind_proxy(buckets: &[&str]) -> Option<(Moto, Proxy)> {
+    let s3 = Moto::start(&[])?;
     for b in buckets {
         s3.ctl(&["mkbucket", b]);
     }
@@ -435,7 +396,7 @@ fn refused(env: &[(&str, &str)], export: &str) -> String {
 fn wrong_credentials_403_and_a_missing_bucket_are_clear_errors_at_start() {
     // Seven unauthenticated actions make the bucket, the object and two
     // users; every request after is checked.
-    let Some(s3) = S3Server::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "7")]) else { return };
+    let Some(s3) = Moto::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "7")]) else { return };
     let setup = r#"
 import boto3, json, sys
 kw = dict(endpoint_url=sys.argv[1], region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")

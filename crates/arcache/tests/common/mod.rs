@@ -268,13 +268,69 @@ impl Drop for Nbdkit {
     }
 }
 
+/// moto, the S3 server the S3 tests run against: started here on
+/// 127.0.0.1 from the venv `.ci/run` makes (`ARCACHE_MOTO_VENV`, default
+/// /var/tmp/arcache-moto-venv), stopped when dropped; the venv's python
+/// runs the tests' S3 helpers.
+#[allow(dead_code)]
+pub struct Moto {
+    child: Child,
+    port: u16,
+    pub python: PathBuf,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[allow(dead_code)]
+impl Moto {
+    /// None (after `skip_or_fail`) when the venv is missing; `env` is
+    /// moto's own (e.g. INITIAL_NO_AUTH_ACTION_COUNT).
+    pub fn start(env: &[(&str, &str)]) -> Option<Moto> {
+        let venv = std::env::var_os("ARCACHE_MOTO_VENV")
+            .map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from);
+        let server = venv.join("bin/moto_server");
+        if !server.is_file() {
+            skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
+            return None;
+        }
+        let (child, port) = start_moto(&server, env);
+        Some(Moto { child, port, python: venv.join("bin/python") })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `tests/s3/s3ctl.py` against this server.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/s3/s3ctl.py");
+        let out = Command::new(&self.python).arg(script).arg(self.endpoint()).args(args).output().unwrap();
+        assert!(out.status.success(), "s3ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// What `arcache serve` needs in its environment to use this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_PROFILE", String::new()),
+        ]
+    }
+}
+
 /// Starts moto (`moto_server` of the venv) on a free port of 127.0.0.1 and
 /// waits until *it* answers there: a port found free can be taken by
 /// another test's server before moto binds it (moto then exits and the
 /// other server answers the probe), so a start that does not answer as
 /// moto is retried on another port.
-#[allow(dead_code)]
-pub fn start_moto(server: &Path, env: &[(&str, &str)]) -> (Child, u16) {
+fn start_moto(server: &Path, env: &[(&str, &str)]) -> (Child, u16) {
     for _ in 0..5 {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut child = Command::new(server)
