@@ -117,6 +117,16 @@ pub trait BlockDev: Send + Sync {
         None
     }
 
+    /// The size this store is best read in once a reader is known to want
+    /// what follows (a sequential stream): a store whose every request
+    /// costs a round trip of its own (an object store's GET) serves one
+    /// large read far faster than the same bytes in many small ones.
+    /// Readers of a stream widen their misses to whole units, aligned to
+    /// multiples of it. `None`: small reads cost no more than their bytes.
+    fn read_unit(&self) -> Option<u64> {
+        None
+    }
+
     /// Writes several `(offset, bytes)` parts, which a caller that asked
     /// [`BlockDev::write_unit`] gives one unit at a time; a store whose
     /// unit is costly writes each unit once. Parts do not overlap.
@@ -197,6 +207,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn write_unit(&self) -> Option<u64> {
         (**self).write_unit()
+    }
+    fn read_unit(&self) -> Option<u64> {
+        (**self).read_unit()
     }
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         (**self).write_parts(parts)

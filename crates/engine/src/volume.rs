@@ -157,6 +157,7 @@ impl Volume {
         if let Some(wb) = &wb {
             wb.register(id, Backing { dev: Arc::clone(&dev), size });
         }
+        let unit = read_unit_records(dev.as_ref(), cfg.recordsize);
         Arc::new_cyclic(|this| Volume {
             id,
             name: cfg.name,
@@ -171,7 +172,7 @@ impl Volume {
             ring: std::sync::OnceLock::new(),
             ring_on: arcache_sync::atomic::AtomicBool::new(true),
             zeroed: crate::extents::KnownZeroes::default(),
-            zfetch: Zfetch::new(cfg.recordsize, size),
+            zfetch: Zfetch::with_unit(cfg.recordsize, size, unit),
             this: this.clone(),
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
@@ -313,6 +314,10 @@ impl Volume {
         true
     }
 
+    fn read_unit_records(&self) -> u64 {
+        read_unit_records(self.dev.as_ref(), self.recordsize)
+    }
+
     /// Tells zfetch about a demand read and starts whatever it asks for.
     fn predict(&self, s: Span, missed: bool) {
         let c = &self.cache;
@@ -321,9 +326,13 @@ impl Volume {
         else {
             return;
         };
+        let unit = self.read_unit_records();
         let mut start = range.start;
         while start < range.end {
+            // Jobs end on the store's read units, so each is whole units
+            // and meets the units a stream's misses widen to (tiers.rs).
             let end = (start + MAX_RECORDS_PER_IO).min(range.end);
+            let end = if unit > 1 { end.min((start / unit + 1) * unit).max(start + 1) } else { end };
             // A stream over cached data needs no prefetch job at all.
             if c.all_cached((start..end).map(|r| self.key(r))) {
                 start = end;
@@ -731,6 +740,12 @@ impl Volume {
 }
 
 /// Groups sorted record numbers into contiguous runs.
+/// The backing store's read unit in records (at most what one IO may
+/// fill), 1 when it has none.
+fn read_unit_records(dev: &dyn BlockDev, recordsize: u64) -> u64 {
+    dev.read_unit().map_or(1, |u| (u / recordsize).clamp(1, MAX_RECORDS_PER_IO))
+}
+
 fn runs(sorted: &[u64]) -> Vec<Range<u64>> {
     let mut out: Vec<Range<u64>> = Vec::new();
     for &r in sorted {

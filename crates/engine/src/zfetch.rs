@@ -71,18 +71,37 @@ struct Stream {
     issued_until: u64,
     missed: bool,
     hit_once: bool,
+    /// Reads that met the stream where it expected them (saturating).
+    in_order: u32,
     /// Ranges read ahead of `next`, at most [`MAX_FUTURE`].
     future: Vec<Range<u64>>,
 }
 
 const MAX_FUTURE: usize = 8;
 
+/// Reads in order after which a stream counts as running for
+/// [`Zfetch::continues_stream`]: random reads make a stream now and then
+/// by landing next to another, but seldom several in a row, and a miss
+/// they widen by mistake costs a whole unit.
+const RUNNING: u32 = 4;
+
 impl Stream {
     /// Records an access ahead of the stream; true if the stream should now
     /// jump to the end of its future ranges.
     fn note_future(&mut self, r: Range<u64>) -> bool {
         if self.future.len() == MAX_FUTURE {
-            self.future.remove(0);
+            // A client with more reads in flight than are kept here: the
+            // stream catches up to the lowest of them rather than forget
+            // it. Forgotten, it left a hole no later read fills (the read
+            // was already seen), and the stream stood still behind it
+            // while its reader went on.
+            let lowest = (0..self.future.len()).min_by_key(|&i| self.future[i].start).unwrap_or(0);
+            let f = self.future.swap_remove(lowest);
+            self.next = self.next.max(f.end);
+            while let Some(i) = self.future.iter().position(|f| f.start <= self.next) {
+                let f = self.future.swap_remove(i);
+                self.next = self.next.max(f.end);
+            }
         }
         self.future.push(r);
         let far = self.future.iter().map(|f| f.end).max().unwrap_or(self.next);
@@ -107,11 +126,26 @@ pub struct Zfetch {
     streams: Mutex<Vec<Stream>>,
     recordsize: u64,
     records: u64,
+    /// Prefetches end on multiples of this many records (the backing
+    /// store's read unit; 1 for none).
+    unit: u64,
 }
 
 impl Zfetch {
     pub fn new(recordsize: u64, size: u64) -> Zfetch {
-        Zfetch { streams: Mutex::new(Vec::new()), recordsize, records: size.div_ceil(recordsize) }
+        Zfetch::with_unit(recordsize, size, 1)
+    }
+
+    /// Streams whose prefetches are whole units of `unit` records: a store
+    /// that is costly per request then gets one read per unit, however
+    /// little the stream moved since the last prefetch.
+    pub fn with_unit(recordsize: u64, size: u64, unit: u64) -> Zfetch {
+        Zfetch {
+            streams: Mutex::new(Vec::new()),
+            recordsize,
+            records: size.div_ceil(recordsize),
+            unit: unit.max(1),
+        }
     }
 
     /// Notes a demand read of records `first..first+n`; `missed` if any of
@@ -149,6 +183,9 @@ impl Zfetch {
                 return self.advance(s, first, far, missed, now, t);
             }
             st.hits.fetch_add(1, Relaxed);
+            // Only reads that meet the stream where it expects them make it
+            // running: random reads seldom do so several times in a row.
+            s.in_order = s.in_order.saturating_add(1);
             return self.advance(s, first, end, missed, now, t);
         }
         let behind = streams.iter_mut().find(|s| {
@@ -170,6 +207,7 @@ impl Zfetch {
             issued_until: end,
             missed,
             hit_once: false,
+            in_order: 0,
             future: Vec::new(),
         };
         let max = t.max_streams.load(Relaxed).max(1) as usize;
@@ -217,13 +255,39 @@ impl Zfetch {
         if !s.missed {
             return None;
         }
-        let want_end = (s.next + s.dist.div_ceil(self.recordsize)).min(self.records);
+        let mut want_end = s.next + s.dist.div_ceil(self.recordsize);
+        if s.in_order >= RUNNING {
+            // Not before: a stream that random reads made by chance would
+            // cost a whole unit for each of its few prefetches.
+            want_end = want_end.div_ceil(self.unit) * self.unit;
+        }
+        let want_end = want_end.min(self.records);
         let from = s.issued_until.max(s.next);
         if from >= want_end {
             return None;
         }
         s.issued_until = want_end;
         Some(from..want_end)
+    }
+
+    /// Whether a read of records `first..first+n` falls where a stream
+    /// already seen running ([`RUNNING`] reads in order) is reading or about to
+    /// read, from `zfetch_max_reorder` behind what it expects next to as
+    /// far past what it has prefetched. Changes no stream: a reader asks
+    /// before its read (to widen a miss on a store that is costly per
+    /// request) and reports the read with [`Zfetch::observe`] after it.
+    /// Behind is included because clients keep many reads in flight, and
+    /// a stream moves on as each one ends, not in the order they started.
+    pub fn continues_stream(&self, first: u64, n: u64, t: &ZfetchTunables) -> bool {
+        if t.disable.load(Relaxed) || n == 0 {
+            return false;
+        }
+        let reorder = (t.max_reorder.load(Relaxed) / self.recordsize).max(1);
+        self.streams.lock().iter().any(|s| {
+            s.in_order >= RUNNING
+                && first + n > s.next.saturating_sub(reorder)
+                && first <= s.issued_until.max(s.next) + reorder
+        })
     }
 
     pub fn stream_count(&self) -> usize {
@@ -266,6 +330,52 @@ mod tests {
         assert!(reach * (16 << 10) >= 4 << 20, "window reached min_distance: {widths:?}");
         assert!(reach * (16 << 10) <= 64 << 20);
         assert!(st.hits.load(Relaxed) >= 12);
+    }
+
+    #[test]
+    fn only_reads_near_a_running_stream_continue_it() {
+        let (t, st) = (ZfetchTunables::default(), ZfetchStats::default());
+        // 128K records: zfetch_max_reorder (16M) is 128 records.
+        let z = Zfetch::new(128 << 10, 1 << 34);
+        assert!(!z.continues_stream(0, 2, &t), "no stream yet");
+        read(&z, 1000, 2, true, &t, &st);
+        for at in (1002..1010).step_by(2) {
+            assert!(
+                !z.continues_stream(at, 2, &t),
+                "{} reads in order are not a stream yet",
+                (at - 1000) / 2
+            );
+            read(&z, at, 2, true, &t, &st);
+        }
+        assert!(z.continues_stream(1010, 2, &t), "the next read");
+        assert!(z.continues_stream(1010 + 100, 2, &t), "a read in flight ahead");
+        assert!(z.continues_stream(1010 - 100, 2, &t), "a read in flight behind");
+        assert!(!z.continues_stream(1010 + 5000, 2, &t), "far ahead is another place");
+        assert!(!z.continues_stream(10, 2, &t), "far behind is another place");
+        t.disable.store(true, Relaxed);
+        assert!(!z.continues_stream(1010, 2, &t), "zfetch_prefetch_disable turns it off");
+    }
+
+    #[test]
+    fn a_stream_on_a_store_with_a_read_unit_prefetches_whole_units() {
+        let (t, st) = (ZfetchTunables::default(), ZfetchStats::default());
+        let z = Zfetch::with_unit(128 << 10, 1 << 34, 32);
+        let mut issued = Vec::new();
+        for at in (0..400).step_by(2) {
+            issued.extend(read(&z, at, 2, true, &t, &st));
+        }
+        assert!(!issued.is_empty());
+        // Once the stream is running (RUNNING reads in order), each
+        // prefetch ends on a unit and starts where the last one ended.
+        let running = &issued[RUNNING as usize..];
+        for r in running {
+            assert_eq!(r.end % 32, 0, "{r:?} ends on a unit: {issued:?}");
+        }
+        for w in running.windows(2) {
+            assert_eq!(w[0].end, w[1].start, "{issued:?}");
+        }
+        let units = (running[running.len() - 1].end - running[0].start) / 32;
+        assert!(running.len() as u64 <= units, "at most one prefetch per unit: {issued:?}");
     }
 
     #[test]

@@ -445,6 +445,12 @@ impl BlockDev for S3ChunkDev {
         Some(self.manifest.chunk_size)
     }
 
+    /// A stream reads whole chunks: one GET each instead of one per
+    /// client request.
+    fn read_unit(&self) -> Option<u64> {
+        Some(self.manifest.chunk_size)
+    }
+
     /// Each chunk the parts touch is written once (see `patch_many`).
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         self.check_writable()?;

@@ -15,6 +15,12 @@ use crate::location::S3Location;
 use crate::retry::{explain, with_retries, DEFAULT_RETRY_TIMEOUT};
 use crate::runtime::runtime;
 
+/// What a sequential stream reads of an object in one ranged GET: every
+/// GET costs a round trip and the server's setup, so a stream's client
+/// reads sent one GET each reached a quarter of one streaming GET's rate
+/// (`rclone cat`, bench/results/s3.md).
+pub const READ_UNIT: u64 = 8 << 20;
+
 pub struct S3ObjectDev {
     store: Arc<AmazonS3>,
     location: S3Location,
@@ -193,5 +199,9 @@ impl BlockDev for S3ObjectDev {
 
     fn is_read_only(&self) -> bool {
         true
+    }
+
+    fn read_unit(&self) -> Option<u64> {
+        Some(READ_UNIT)
     }
 }

@@ -22,6 +22,10 @@ use crate::writeback::WriteBack;
 /// syncs meanwhile has put the same bytes on the device.
 pub(super) type Snapshot = Vec<(u64, Arc<Page>)>;
 
+/// Records before a miss that, all in RAM, make it part of a stream (see
+/// `Volume::stream_unit`).
+const STREAM_BEHIND: u64 = 8;
+
 /// An L2 copy and its verified bytes.
 type L2Copy = (L2Ptr, Box<[u8]>);
 
@@ -77,15 +81,53 @@ impl Volume {
                 Looked::Cold | Looked::Ghost => missing.push(r),
             }
         }
+        let unit = if prefetch || missing.is_empty() { 1 } else { self.stream_unit(s) };
         for run in runs(&missing) {
             let mut start = run.start;
             while start < run.end {
                 let end = (start + MAX_RECORDS_PER_IO).min(run.end);
-                self.fill(start..end, prefetch, offset, out.as_deref_mut())?;
+                // A stream's miss on a store that is costly per request
+                // reads on to the end of its unit: the records after the
+                // request come as prefetches in the same read, and the
+                // stream's next requests find them (or wait on their locks
+                // while the read is under way) instead of each sending a
+                // request of its own.
+                let widened = if end == run.end && unit > 1 {
+                    (end.div_ceil(unit) * unit).min(self.records()).min(start + MAX_RECORDS_PER_IO)
+                } else {
+                    end
+                };
+                self.fill_ahead(start..widened, end, prefetch, offset, out.as_deref_mut())?;
                 start = end;
             }
         }
         Ok(missed || !missing.is_empty())
+    }
+
+    /// Records per read for a miss at `s`: the backing store's read unit
+    /// when it has one and `s` is part of a stream, else 1. A stream is
+    /// one zfetch knows to be running there, or a miss right after records
+    /// that are all in RAM: zfetch loses track of a stream when many of
+    /// its reads are in flight and end out of order (reads that land ahead
+    /// of where it expects the stream wait as future ranges, and only a
+    /// few are kept), while a random miss seldom follows [`STREAM_BEHIND`]
+    /// cached records.
+    fn stream_unit(&self, s: super::Span) -> u64 {
+        let records = self.read_unit_records();
+        if records == 1 || self.cache.zfetch.disable.load(Relaxed) {
+            return 1;
+        }
+        let follows_cached = s.first >= STREAM_BEHIND
+            && self.cache.all_cached((s.first - STREAM_BEHIND..s.first).map(|r| self.key(r)));
+        if follows_cached || self.zfetch.continues_stream(s.first, s.end - s.first, &self.cache.zfetch) {
+            records
+        } else {
+            1
+        }
+    }
+
+    fn records(&self) -> u64 {
+        self.size.div_ceil(self.recordsize)
     }
 
     /// The dirty bytes of `range` (none without write-back).
@@ -201,13 +243,35 @@ impl Volume {
         rs: Range<u64>,
         prefetch: bool,
         offset: u64,
+        out: Option<&mut [u8]>,
+    ) -> DevResult<()> {
+        let ahead = rs.end;
+        self.fill_ahead(rs, ahead, prefetch, offset, out)
+    }
+
+    /// [`Volume::fill`] where records from `ahead` on are read ahead of
+    /// the request: brought in as prefetches when missing, left alone when
+    /// cached.
+    fn fill_ahead(
+        &self,
+        rs: Range<u64>,
+        ahead: u64,
+        prefetch: bool,
+        offset: u64,
         mut out: Option<&mut [u8]>,
     ) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
         let snap = self.dirty_snapshot(self.record_range(rs.start).start..self.record_range(rs.end - 1).end);
         let mut absent: Vec<u64> = Vec::new();
         for r in rs {
-            match self.cache.peek(self.key(r)) {
+            let cached = self.cache.peek(self.key(r));
+            if r >= ahead {
+                if cached.is_none() {
+                    absent.push(r);
+                }
+                continue;
+            }
+            match cached {
                 Some(data) => {
                     self.cache.count(Found::IoHit, prefetch, 1);
                     if let Some(buf) = out.as_deref_mut() {
@@ -221,7 +285,7 @@ impl Volume {
         for (r, copy) in self.read_l2(&absent) {
             let settled = match copy {
                 Some((ptr, bytes)) => {
-                    self.settle_l2(r, ptr, bytes, &snap, prefetch, offset, out.as_deref_mut())?
+                    self.settle_l2(r, ptr, bytes, &snap, prefetch || r >= ahead, offset, out.as_deref_mut())?
                 }
                 None => false,
             };
@@ -230,7 +294,7 @@ impl Volume {
             }
         }
         for run in runs(&from_backing) {
-            self.fill_from_backing(run, prefetch, offset, out.as_deref_mut(), &snap)?;
+            self.fill_from_backing(run, ahead, prefetch, offset, out.as_deref_mut(), &snap)?;
         }
         Ok(())
     }
@@ -320,6 +384,7 @@ impl Volume {
     fn fill_from_backing(
         &self,
         need: Range<u64>,
+        ahead: u64,
         prefetch: bool,
         offset: u64,
         out: Option<&mut [u8]>,
@@ -330,7 +395,17 @@ impl Volume {
             let started = std::time::Instant::now();
             let read = read_backing(self.dev.as_ref(), block, bytes.start);
             self.count_backing_read(block.len(), started, read)?;
-            self.settle_block(need, block, prefetch, offset, out, snap);
+            let split = ahead.clamp(need.start, need.end);
+            self.overlay_block(need.clone(), block, offset, out, snap);
+            if split > need.start {
+                self.insert_block(need.start..split, block, prefetch);
+            }
+            if split < need.end {
+                // Every record but a volume's last is whole, so the records
+                // read ahead start `split - need.start` records into the block.
+                let at = ((split - need.start) * self.recordsize) as usize;
+                self.insert_block(split..need.end, &block[at..], true);
+            }
             Ok(())
         })
     }
@@ -354,25 +429,10 @@ impl Volume {
         Ok(())
     }
 
-    /// The backing tier: records `need` from `block`, the backing store's
-    /// bytes from the first record's start, dirty bytes laid over, copied
-    /// into `out` and inserted.
-    pub(super) fn settle_block(
-        &self,
-        need: Range<u64>,
-        block: &mut [u8],
-        prefetch: bool,
-        offset: u64,
-        out: Option<&mut [u8]>,
-        snap: &[(u64, Arc<Page>)],
-    ) {
-        self.overlay_block(need.clone(), block, offset, out, snap);
-        self.insert_block(need, block, prefetch);
-    }
-
-    /// The first half of [`Volume::settle_block`]: the dirty bytes laid
-    /// over `block` and the reader's bytes copied into `out`, so a caller
-    /// can answer before the records are inserted.
+    /// The backing tier, first half: the dirty bytes laid over `block`
+    /// (the backing store's bytes from record `need.start` on) and the
+    /// reader's bytes copied into `out`, so a caller can answer before the
+    /// records are inserted.
     pub(super) fn overlay_block(
         &self,
         need: Range<u64>,
@@ -395,8 +455,8 @@ impl Volume {
         }
     }
 
-    /// The second half: `block`'s records (dirty bytes laid over) into the
-    /// ARC, counted as misses.
+    /// The second half: `block`'s records (dirty bytes laid over), from
+    /// record `need.start` on, into the ARC, counted as misses.
     pub(super) fn insert_block(&self, need: Range<u64>, block: &[u8], prefetch: bool) {
         let start = self.record_range(need.start).start;
         let compress = self.cache.compress_enabled();
