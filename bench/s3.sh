@@ -15,6 +15,8 @@
 # the 2 GiB object at all.
 #
 # Usage: bench/s3.sh [SECONDS]   (each timed job; default 20)
+#   S3_BENCH_PARTS="random seq write" (the default) picks the parts; a
+#   run of only some writes bench/results/s3-PART[-PART].md instead.
 # Needs: ceph-mon ceph-osd radosgw (see tests/ceph/ceph-up.sh), s3backer,
 # rclone, fio, nbdcopy, and the venv .ci/run makes (boto3).
 # Writes bench/results/s3.md.
@@ -29,7 +31,13 @@ py=${ARCACHE_MOTO_VENV:-/var/tmp/arcache-moto-venv}/bin/python
 for t in fio nbdcopy s3backer rclone ceph-mon radosgw fusermount3 "$py" "$bin"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
-result=$(bench_results s3.md)
+parts=${S3_BENCH_PARTS:-random seq write}
+want() { [[ " $parts " == *" $1 "* ]]; }
+if [ "$parts" = "random seq write" ]; then
+  result=$(bench_results s3.md)
+else
+  result=$(bench_results "s3-${parts// /-}.md")
+fi
 header=$(bench_header "$secs")
 bench_start arcache-s3
 mounts=()
@@ -51,12 +59,16 @@ unset AWS_PROFILE
 s3t() { "$py" "$root/bench/s3tool.py" "$ep" "$@"; }
 for b in bench sbr sbw; do s3t mkbucket "$b"; done
 echo "bench: uploading 1 GiB and 2 GiB objects" >&2
-head -c $((1 << 30)) /dev/urandom >"$work/rand.img"
-s3t put bench rand.img "$work/rand.img"
-s3t public bench rand.img
-head -c $((2 << 30)) /dev/urandom >"$work/seq.img"
-s3t put bench seq.img "$work/seq.img"
-rm -f "$work/seq.img"
+if want random; then
+  head -c $((1 << 30)) /dev/urandom >"$work/rand.img"
+  s3t put bench rand.img "$work/rand.img"
+  s3t public bench rand.img
+fi
+if want seq; then
+  head -c $((2 << 30)) /dev/urandom >"$work/seq.img"
+  s3t put bench seq.img "$work/seq.img"
+  rm -f "$work/seq.img"
+fi
 
 iops_of() { python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(round(j[sys.argv[2]]['iops']))" "$1" "$2"; }
 fio_job() { # NAME RW TARGET-ARGS... -> IOPS
@@ -93,7 +105,9 @@ sb_umount() {
   wait "$sb_pid" || true
 }
 
+arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs=
 # 1. random reads
+if want random; then
 echo "bench: random reads, origin alone" >&2
 origin=$(s3t randget bench rand.img "$secs" 16 4096)
 echo "bench: random reads, arcache" >&2
@@ -137,8 +151,11 @@ sb_mount sbr "$work/sbr" --listBlocks
 sb_restart=$(fio_job sbrestart randread --filename="$work/sbr/file" --ioengine=libaio --direct=1 --size=1G --runtime=10 --time_based)
 sb_umount
 rm -f "$work/rand.img"
+l2hits=$(python3 -c "import json; print(json.load(open('$work/stat-warm.json')).get('l2_hits', 0))")
+fi
 
 # 2. sequential read of 2 GiB, cold
+if want seq; then
 echo "bench: sequential reads" >&2
 rc=(env -u AWS_CA_BUNDLE RCLONE_CONFIG_CEPH_TYPE=s3 RCLONE_CONFIG_CEPH_PROVIDER=Ceph RCLONE_CONFIG_CEPH_ENDPOINT="$ep"
   RCLONE_CONFIG_CEPH_ACCESS_KEY_ID=test RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY=testtesttest)
@@ -150,8 +167,10 @@ seq_cold=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 seq_again=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
 stop_serve
+fi
 
 # 3. 4K writes with a FLUSH after each
+if want write; then
 echo "bench: writes with FLUSH" >&2
 serve --export "w=s3://bench/disk/?size=1G" --log "$work/log.img:256M"
 wr=(--size=1G --runtime="$secs" --time_based --fsync=1)
@@ -160,9 +179,9 @@ stop_serve
 sb_mount sbw "$work/sbw"
 sb_w=$(fio_job sbw randwrite --filename="$work/sbw/file" --ioengine=libaio --direct=1 "${wr[@]}")
 sb_umount
+fi
 
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}x' if b else 'n/a')" "$1" "$2"; }
-l2hits=$(python3 -c "import json; print(json.load(open('$work/stat-warm.json')).get('l2_hits', 0))")
 {
   echo "$header"
   echo
@@ -170,12 +189,21 @@ l2hits=$(python3 -c "import json; print(json.load(open('$work/stat-warm.json')).
   echo
   echo "| job | arcache | s3backer | origin alone / rclone | arcache vs s3backer | arcache vs origin |"
   echo "|---|---:|---:|---:|---:|---:|"
-  echo "| 4K random reads QD16, 1 GiB object, warm (IOPS) | $arc_warm | $sb_warm | $origin | $(ratio "$arc_warm" "$sb_warm") | $(ratio "$arc_warm" "$origin") |"
-  echo "| the same, first 10 s after a restart (IOPS) | $arc_restart | $sb_restart | | $(ratio "$arc_restart" "$sb_restart") | |"
-  echo "| 2 GiB object read sequentially, cold (MB/s) | $(mbps "$seq_cold") | n/a | $(mbps "$rclone_s") (rclone cat) | | $(ratio "$(mbps "$seq_cold")" "$(mbps "$rclone_s")") |"
-  echo "| the same object again, same server (MB/s) | $(mbps "$seq_again") | n/a | | | |"
-  echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
+  if want random; then
+    echo "| 4K random reads QD16, 1 GiB object, warm (IOPS) | $arc_warm | $sb_warm | $origin | $(ratio "$arc_warm" "$sb_warm") | $(ratio "$arc_warm" "$origin") |"
+    echo "| the same, first 10 s after a restart (IOPS) | $arc_restart | $sb_restart | | $(ratio "$arc_restart" "$sb_restart") | |"
+  fi
+  if want seq; then
+    echo "| 2 GiB object read sequentially, cold (MB/s) | $(mbps "$seq_cold") | n/a | $(mbps "$rclone_s") (rclone cat) | | $(ratio "$(mbps "$seq_cold")" "$(mbps "$rclone_s")") |"
+    echo "| the same object again, same server (MB/s) | $(mbps "$seq_again") | n/a | | | |"
+  fi
+  if want write; then
+    echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
+  fi
   echo
-  echo "arcache's warm-up: the object read whole with nbdcopy, then $warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
+  echo "Parts run: $parts."
+  if want random; then
+    echo "arcache's warm-up: the object read whole with nbdcopy, then $warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
+  fi
 } >"$result"
 cat "$result"
