@@ -168,3 +168,55 @@ fn random_reads_on_a_costly_store_are_not_widened() {
     assert!(wide.is_empty(), "random reads widened: {wide:?}");
     assert!(reads.len() > 300, "{} reads: the test did not miss", reads.len());
 }
+
+/// A stream's miss read on to the end of its unit where the records past
+/// the request are on L2: they come from L2 as prefetches and nothing of
+/// them is copied into the request's buffer (which they lie outside of).
+#[test]
+fn records_read_ahead_from_l2_stay_out_of_the_request() {
+    use arcache_engine::{Feed, FeedTunables};
+    use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
+    const RS: u64 = 16 << 10;
+    const RECORDS: u64 = 64;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let data: Vec<u8> = (0..RS * RECORDS).map(|_| rng.gen()).collect();
+    let inner = MemDev::new(RS * RECORDS);
+    inner.write_at(&data, 0).unwrap();
+    let dev = Arc::new(UnitDev { inner, unit: Some(16 * RS), reads: Mutex::new(Vec::new()) });
+    let l2mem = Arc::new(MemDev::new(HEADER_RESERVED + (8 << 20)));
+    let l2 = L2Arc::new(vec![L2Device::new("l2".into(), l2mem as Arc<dyn BlockDev>).unwrap()]).unwrap();
+    let cache = Cache::with_l2(
+        CacheConfig { arc_min: 1 << 20, arc_max: 2 << 20, min_prefetch_ms: 0, compress: false },
+        Some(Arc::new(l2)),
+    );
+    let tun = Arc::new(FeedTunables::default());
+    tun.dwpd_limit.store(0, Relaxed);
+    let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(2 << 20))).unwrap();
+    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
+    let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, Arc::clone(&cache));
+    // Every record to L2, then out of RAM but the first eight, brought
+    // back as prefetches (NBD_CMD_CACHE: zfetch does not see them).
+    vol.prefetch(0, RS * RECORDS).unwrap();
+    feed.cycle_once();
+    assert!((0..RECORDS).all(|r| cache.l2().unwrap().contains(r)), "every record fed to L2");
+    cache.set_limits(RS, RS);
+    cache.set_limits(1 << 20, 2 << 20);
+    vol.prefetch(0, 8 * RS).unwrap();
+    dev.reads.lock().unwrap().clear();
+    let before = cache.stats();
+    // Record 8 follows eight records in RAM: the miss reads on to the end
+    // of the unit (record 16), records 9..16 from L2. Read whole, so no
+    // half of its L2 copy can serve it instead.
+    let mut buf = vec![0u8; RS as usize];
+    vol.read(8 * RS, &mut buf).unwrap();
+    assert!(buf[..] == data[(8 * RS) as usize..(9 * RS) as usize]);
+    let after = cache.stats();
+    assert_eq!(after.l2_hits - before.l2_hits, 8, "records 8..16 from L2: {after:?}");
+    assert_eq!(cache.count_cached(&(9..16).collect::<Vec<_>>()), 7, "read ahead into RAM");
+    for r in 9..16 {
+        let mut b = vec![0u8; RS as usize];
+        vol.read(r * RS, &mut b).unwrap();
+        assert!(b[..] == data[(r * RS) as usize..((r + 1) * RS) as usize], "record {r}");
+    }
+    assert!(dev.reads.lock().unwrap().is_empty(), "nothing from the backing store after the fill");
+}

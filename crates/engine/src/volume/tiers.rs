@@ -284,8 +284,13 @@ impl Volume {
         let mut from_backing: Vec<u64> = Vec::new();
         for (r, copy) in self.read_l2(&absent) {
             let settled = match copy {
+                // A record read ahead is no part of the request: nothing
+                // of it is copied out.
+                Some((ptr, bytes)) if r >= ahead => {
+                    self.settle_l2(r, ptr, bytes, &snap, true, offset, None)?
+                }
                 Some((ptr, bytes)) => {
-                    self.settle_l2(r, ptr, bytes, &snap, prefetch || r >= ahead, offset, out.as_deref_mut())?
+                    self.settle_l2(r, ptr, bytes, &snap, prefetch, offset, out.as_deref_mut())?
                 }
                 None => false,
             };
