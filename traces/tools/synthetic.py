@@ -26,12 +26,26 @@ above and the reference suite, and never used to choose them):
   scan_loops   a 30k-block region read in order again and again, 3 requests
                in 10, the rest Zipf(0.7) over 50k other blocks
 
-Usage: synthetic.py OUT_DIR [tuned|held-out]
+Fresh (written before the second round of tuning started, with seeds of
+their own, and run once, on the final policy):
+
+  daily        two working sets (Zipf(0.9) over 12k blocks each) whose
+               shares follow a cycle of 100k requests, one rising as the
+               other falls, instead of switching at once
+  drift        Zipf(0.9) over 40k blocks whose hot keys slide by one block
+               every 25 requests (16k blocks over the trace)
+  loop_random  a loop over 13k blocks (1.3 times the 10k-block cache) half
+               of the requests, the rest uniform over 200k other blocks
+  write_bursts Zipf(0.8) over 30k blocks re-read, and every 30k requests a
+               burst of 8k writes of blocks never seen again
+
+Usage: synthetic.py OUT_DIR [tuned|held-out|fresh]
   (writes NAME.csv.gz and sizes.txt: NAME SIZES; the tuned set by default)
 """
 import bisect
 import gzip
 import itertools
+import math
 import os
 import random
 import sys
@@ -46,7 +60,12 @@ def zipf_sampler(rng, n, alpha):
     # A fixed random permutation so hot blocks are not the lowest numbers.
     perm = list(range(n))
     rng.shuffle(perm)
-    return lambda: perm[bisect.bisect_left(cum, rng.random() * total)]
+
+    def draw():
+        return perm[bisect.bisect_left(cum, rng.random() * total)]
+
+    draw.rank = lambda: bisect.bisect_left(cum, rng.random() * total)
+    return draw
 
 
 def hot_scan(rng):
@@ -133,6 +152,53 @@ def scan_loops(rng):
     return loop_mix(rng, 30_000, 0.3, 50_000, 0.7, 7_000_000)
 
 
+def daily(rng):
+    a = zipf_sampler(rng, 12_000, 0.9)
+    b = zipf_sampler(rng, 12_000, 0.9)
+    for i in range(N):
+        share_a = 0.5 + 0.5 * math.cos(2 * math.pi * i / 100_000)
+        yield a() if rng.random() < share_a else 2_000_000 + b()
+
+
+def drift(rng):
+    z = zipf_sampler(rng, 40_000, 0.9)
+    for i in range(N):
+        # Ranks map to blocks in order here (no permutation): sliding the
+        # offset moves the hot end itself, a few blocks at a time.
+        yield 3_000_000 + i // 25 + z.rank()
+
+
+def loop_random(rng):
+    pos = 0
+    for _ in range(N):
+        if rng.random() < 0.5:
+            yield 4_000_000 + pos
+            pos = (pos + 1) % 13_000
+        else:
+            yield 8_000_000 + rng.randrange(200_000)
+
+
+def write_bursts(rng):
+    z = zipf_sampler(rng, 30_000, 0.8)
+    fresh = 90_000_000
+    i = 0
+    while i < N:
+        if i % 30_000 == 29_999:
+            for _ in range(8_000):
+                fresh += 1
+                yield fresh, "W"
+                i += 1
+        yield z(), "R"
+        i += 1
+
+
+FRESH = {
+    "daily": (daily, [3_000, 10_000, 20_000]),
+    "drift": (drift, [4_000, 10_000, 25_000]),
+    "loop_random": (loop_random, [5_000, 10_000, 20_000]),
+    "write_bursts": (write_bursts, [3_000, 10_000, 25_000]),
+}
+
 HELD_OUT = {
     "tenants": (tenants, [5_000, 15_000, 40_000]),
     "one_hit_mix": (one_hit_mix, [2_500, 10_000, 20_000]),
@@ -152,15 +218,18 @@ TRACES = {
 def main():
     out = sys.argv[1]
     which = sys.argv[2] if len(sys.argv) > 2 else "tuned"
-    traces = {"tuned": TRACES, "held-out": HELD_OUT}[which]
+    traces = {"tuned": TRACES, "held-out": HELD_OUT, "fresh": FRESH}[which]
+    # Each set its own seeds, so a new set does not replay an old one's draws.
+    first_seed = {"tuned": 1, "held-out": 1, "fresh": 2026}[which]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sizes.txt"), "w") as sizes:
         for seed, (name, (gen, cache_sizes)) in enumerate(traces.items()):
-            rng = random.Random(seed + 1)
+            rng = random.Random(first_seed + seed)
             with gzip.open(os.path.join(out, name + ".csv.gz"), "wt", compresslevel=1) as f:
                 f.write("timestamp_us,op,offset_bytes,length_bytes\n")
-                for i, block in enumerate(itertools.islice(gen(rng), N)):
-                    f.write(f"{i * 1000},R,{block * 4096},4096\n")
+                for i, item in enumerate(itertools.islice(gen(rng), N)):
+                    block, op = item if isinstance(item, tuple) else (item, "R")
+                    f.write(f"{i * 1000},{op},{block * 4096},4096\n")
             sizes.write(f"{name} {','.join(map(str, cache_sizes))}\n")
 
 
