@@ -21,6 +21,7 @@ use crate::record::Record;
 use crate::writeback::{write_backing, Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
+mod recent;
 mod record_write;
 mod ring_read;
 mod tiers;
@@ -62,6 +63,12 @@ const STRIPES: usize = 1024;
 /// Most records one backing IO fills or writes at once; bounds the locks
 /// one request holds and the size of a single device request.
 const MAX_RECORDS_PER_IO: u64 = 64;
+/// Most records a read unit may span (`BlockDev::read_unit`), and so one
+/// read of a stream over such a store: more than `MAX_RECORDS_PER_IO`, so
+/// exports of small records still read an object store in megabytes
+/// (4 MiB of 16K records), but a quarter of the stripes at most, so other
+/// requests still find most of them free while such a read is under way.
+const MAX_UNIT_RECORDS: u64 = STRIPES as u64 / 4;
 /// Compressed records at least this large are kept decompressed in RAM once
 /// read or written in part, so small IO on large records costs what it
 /// costs on small ones (see `Cache::keep_decompressed`).
@@ -89,6 +96,8 @@ pub struct Volume {
     /// Ranges known to read as zeroes, for block status (see `ZeroMap`).
     zeroed: crate::extents::KnownZeroes,
     zfetch: Zfetch,
+    /// The last requests, on a store with a read unit (see `recent.rs`).
+    recent: Option<recent::Recent>,
     /// For prefetch jobs, which outlive the request that started them.
     this: Weak<Volume>,
     /// Write-back, when the cache has it; otherwise writes go through.
@@ -173,6 +182,7 @@ impl Volume {
             ring_on: arcache_sync::atomic::AtomicBool::new(true),
             zeroed: crate::extents::KnownZeroes::default(),
             zfetch: Zfetch::with_unit(cfg.recordsize, size, unit),
+            recent: (unit > 1).then(recent::Recent::new),
             this: this.clone(),
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
@@ -310,12 +320,19 @@ impl Volume {
         }
         self.cache.count(Found::Hit, false, records.len() as u64);
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
+        self.note_request(s);
         self.predict(s, false);
         true
     }
 
     fn read_unit_records(&self) -> u64 {
         read_unit_records(self.dev.as_ref(), self.recordsize)
+    }
+
+    fn note_request(&self, s: Span) {
+        if let Some(recent) = &self.recent {
+            recent.note(s.first, s.end);
+        }
     }
 
     /// Tells zfetch about a demand read and starts whatever it asks for.
@@ -329,10 +346,10 @@ impl Volume {
         let unit = self.read_unit_records();
         let mut start = range.start;
         while start < range.end {
-            // Jobs end on the store's read units, so each is whole units
-            // and meets the units a stream's misses widen to (tiers.rs).
-            let end = (start + MAX_RECORDS_PER_IO).min(range.end);
-            let end = if unit > 1 { end.min((start / unit + 1) * unit).max(start + 1) } else { end };
+            // Jobs are the store's read units where it has them, so each
+            // meets the units a stream's misses widen to (tiers.rs).
+            let end = if unit > 1 { (start / unit + 1) * unit } else { start + MAX_RECORDS_PER_IO };
+            let end = end.min(range.end);
             // A stream over cached data needs no prefetch job at all.
             if c.all_cached((start..end).map(|r| self.key(r))) {
                 start = end;
@@ -740,10 +757,10 @@ impl Volume {
 }
 
 /// Groups sorted record numbers into contiguous runs.
-/// The backing store's read unit in records (at most what one IO may
-/// fill), 1 when it has none.
+/// The backing store's read unit in records (at most `MAX_UNIT_RECORDS`),
+/// 1 when it has none.
 fn read_unit_records(dev: &dyn BlockDev, recordsize: u64) -> u64 {
-    dev.read_unit().map_or(1, |u| (u / recordsize).clamp(1, MAX_RECORDS_PER_IO))
+    dev.read_unit().map_or(1, |u| (u / recordsize).clamp(1, MAX_UNIT_RECORDS))
 }
 
 fn runs(sorted: &[u64]) -> Vec<Range<u64>> {

@@ -259,7 +259,15 @@ impl S3ChunkDev {
         eio(format!("{}: {why}", self.location))
     }
 
-    fn get_chunk(&self, index: u64, range: Range<u64>, etag: &str) -> DevResult<Bytes> {
+    fn get_chunk(&self, index: u64, range: Range<u64>, etag: &str) -> DevResult<Vec<u8>> {
+        let mut out = vec![0u8; (range.end - range.start) as usize];
+        self.get_chunk_into(index, range, etag, &mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes `range` of chunk `index` (as of `etag`) into `out`, which is
+    /// as long as the range.
+    fn get_chunk_into(&self, index: u64, range: Range<u64>, etag: &str, out: &mut [u8]) -> DevResult<()> {
         let path = chunk_key(&self.location, index);
         let mut etag = etag.to_string();
         // Once more after taking the ETag of a write of ours found landed.
@@ -270,17 +278,13 @@ impl S3ChunkDev {
                 ..Default::default()
             };
             let got = with_retries(self.budget, &path, || {
-                block(async { self.store.get_opts(&path, opts.clone()).await?.bytes().await })
+                block(async {
+                    crate::body::read_into(self.store.get_opts(&path, opts.clone()).await?, out).await
+                })
             });
             match got {
-                Ok(b) if b.len() as u64 == range.end - range.start => return Ok(b),
-                Ok(b) => {
-                    return Err(eio(format!(
-                        "{path}: asked {} bytes, got {}",
-                        range.end - range.start,
-                        b.len()
-                    )))
-                }
+                Ok(n) if n == out.len() => return Ok(()),
+                Ok(n) => return Err(eio(format!("{path}: asked {} bytes, got {n}", out.len()))),
                 Err(object_store::Error::Precondition { .. }) => match self.landed(index)? {
                     Some((_, now)) if now != etag => etag = now,
                     _ => return Err(self.fence(format!("chunk {index} changed underneath"))),
@@ -391,7 +395,7 @@ impl S3ChunkDev {
         let len = self.chunk_len(index);
         let covered: u64 = parts.iter().map(|(r, _)| r.end - r.start).sum();
         let mut whole = match self.map.lock().get(&index).cloned() {
-            Some(e) if covered < len => self.get_chunk(index, 0..len, &e)?.to_vec(),
+            Some(e) if covered < len => self.get_chunk(index, 0..len, &e)?,
             _ => vec![0u8; len as usize],
         };
         for (r, data) in parts {
@@ -410,7 +414,7 @@ impl S3ChunkDev {
         }
         // Zeros into part of a chunk: one never written is zeros already.
         let Some(e) = self.map.lock().get(&index).cloned() else { return Ok(()) };
-        let mut whole = self.get_chunk(index, 0..len, &e)?.to_vec();
+        let mut whole = self.get_chunk(index, 0..len, &e)?;
         whole[range.start as usize..range.end as usize].fill(0);
         self.put_chunk(index, whole)
     }
@@ -429,7 +433,7 @@ impl BlockDev for S3ChunkDev {
             let seen = self.map.lock().get(&index).cloned();
             match seen {
                 None => buf[at..at + n].fill(0),
-                Some(e) => buf[at..at + n].copy_from_slice(&self.get_chunk(index, range, &e)?),
+                Some(e) => self.get_chunk_into(index, range, &e, &mut buf[at..at + n])?,
             }
             at += n;
         }

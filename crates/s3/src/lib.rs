@@ -10,6 +10,7 @@
 //! runtime of this crate; the engine's threads call the synchronous
 //! `BlockDev` methods, which block on them.
 
+mod body;
 mod chunked;
 mod credentials;
 pub mod format;

@@ -150,21 +150,17 @@ impl BlockDev for S3ObjectDev {
         };
         let rt = runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
-        let bytes = with_retries(retry_budget(&self.location), &what, || {
+        let got = with_retries(retry_budget(&self.location), &what, || {
             rt.block_on(async {
                 let got = self.store.get_opts(&self.path, opts.clone()).await?;
-                got.bytes().await
+                crate::body::read_into(got, buf).await
             })
         });
-        match bytes {
-            Ok(b) if b.len() == buf.len() => {
-                buf.copy_from_slice(&b);
-                Ok(())
-            }
-            Ok(b) => Err(remote(format!(
-                "{}: asked {len} bytes at {offset}, got {} (object shorter than when opened?)",
-                self.location,
-                b.len()
+        match got {
+            Ok(n) if n == buf.len() => Ok(()),
+            Ok(n) => Err(remote(format!(
+                "{}: asked {len} bytes at {offset}, got {n} (object shorter than when opened?)",
+                self.location
             ))),
             Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::NotFound { .. }) => {
                 if !self.changed.swap(true, Ordering::AcqRel) {

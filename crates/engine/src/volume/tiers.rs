@@ -22,10 +22,6 @@ use crate::writeback::WriteBack;
 /// syncs meanwhile has put the same bytes on the device.
 pub(super) type Snapshot = Vec<(u64, Arc<Page>)>;
 
-/// Records before a miss that, all in RAM, make it part of a stream (see
-/// `Volume::stream_unit`).
-const STREAM_BEHIND: u64 = 8;
-
 /// An L2 copy and its verified bytes.
 type L2Copy = (L2Ptr, Box<[u8]>);
 
@@ -41,6 +37,7 @@ impl Volume {
         let s = self.span(offset, buf.len() as u64);
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
+        self.note_request(s);
         let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
         self.predict(s, missed);
         Ok(())
@@ -82,10 +79,11 @@ impl Volume {
             }
         }
         let unit = if prefetch || missing.is_empty() { 1 } else { self.stream_unit(s) };
+        let per_io = MAX_RECORDS_PER_IO.max(unit);
         for run in runs(&missing) {
             let mut start = run.start;
             while start < run.end {
-                let end = (start + MAX_RECORDS_PER_IO).min(run.end);
+                let end = (start + per_io).min(run.end);
                 // A stream's miss on a store that is costly per request
                 // reads on to the end of its unit: the records after the
                 // request come as prefetches in the same read, and the
@@ -93,7 +91,7 @@ impl Volume {
                 // while the read is under way) instead of each sending a
                 // request of its own.
                 let widened = if end == run.end && unit > 1 {
-                    (end.div_ceil(unit) * unit).min(self.records()).min(start + MAX_RECORDS_PER_IO)
+                    (end.div_ceil(unit) * unit).min(self.records()).min(start + per_io)
                 } else {
                     end
                 };
@@ -106,20 +104,17 @@ impl Volume {
 
     /// Records per read for a miss at `s`: the backing store's read unit
     /// when it has one and `s` is part of a stream, else 1. A stream is
-    /// one zfetch knows to be running there, or a miss right after records
-    /// that are all in RAM: zfetch loses track of a stream when many of
-    /// its reads are in flight and end out of order (reads that land ahead
-    /// of where it expects the stream wait as future ranges, and only a
-    /// few are kept), while a random miss seldom follows [`STREAM_BEHIND`]
-    /// cached records.
+    /// one the last requests chain up to (`recent.rs`: known as requests
+    /// arrive, however many are in flight), or one zfetch knows to be
+    /// running there. (A miss right after records all in RAM is no sign:
+    /// on a mostly cached store nearly every random miss is one.)
     fn stream_unit(&self, s: super::Span) -> u64 {
         let records = self.read_unit_records();
         if records == 1 || self.cache.zfetch.disable.load(Relaxed) {
             return 1;
         }
-        let follows_cached = s.first >= STREAM_BEHIND
-            && self.cache.all_cached((s.first - STREAM_BEHIND..s.first).map(|r| self.key(r)));
-        if follows_cached || self.zfetch.continues_stream(s.first, s.end - s.first, &self.cache.zfetch) {
+        let chained = self.recent.as_ref().is_some_and(|r| r.continues_chain(s.first));
+        if chained || self.zfetch.continues_stream(s.first, s.end - s.first, &self.cache.zfetch) {
             records
         } else {
             1
