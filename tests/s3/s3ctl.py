@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Test helper: S3 operations on a test server with boto3 (moto's venv has
 it). Usage: s3ctl.py ENDPOINT mkbucket BUCKET | put BUCKET KEY FILE
-| list BUCKET PREFIX (prints the keys, one a line)"""
+| list BUCKET PREFIX (prints the keys, one a line)
+| sizes BUCKET PREFIX (prints each key and its size, one a line)"""
 import sys
 
 import boto3
@@ -14,10 +15,10 @@ if op == "mkbucket":
 elif op == "put":
     with open(args[2], "rb") as f:
         print(s3.put_object(Bucket=args[0], Key=args[1], Body=f)["ETag"])
-elif op == "list":
+elif op in ("list", "sizes"):
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=args[0], Prefix=args[1])
     for page in pages:
         for o in page.get("Contents", []):
-            print(o["Key"])
+            print(o["Key"] if op == "list" else f'{o["Key"]} {o["Size"]}')
 else:
     sys.exit(f"unknown operation {op}")

@@ -41,7 +41,8 @@ pub struct ServeArgs {
     /// an NBD URI (nbd://host[:port]/name, nbd+unix:///name?socket=PATH, or
     /// nbds://... and nbds+unix://... with tls-certificates=DIR for TLS), or
     /// s3://BUCKET/KEY (one S3 object, served read-only), or
-    /// s3://BUCKET/PREFIX/?size=SIZE (a writable disk of chunk objects, one
+    /// s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE] (a writable disk of chunk
+    /// objects, 4M each unless chunk= says so when the disk is made, one
     /// writer at a time); credentials, region and endpoint as the AWS tools
     /// take them: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
     /// AWS_ENDPOINT_URL, AWS_PROFILE; or rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=USER]
@@ -449,7 +450,7 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
         return Ok(dev);
     }
     if arcache_s3::is_s3_uri(&spec.backing) {
-        return open_s3(&spec.backing, &spec.s3, spec.read_only);
+        return open_s3(&spec.backing, &spec.s3, spec.read_only, spec.recordsize);
     }
     if arcache_rbd::is_rbd_uri(&spec.backing) {
         return open_rbd(&spec.backing, spec.read_only, t);
@@ -475,14 +476,31 @@ fn open_backing(spec: &ExportSpec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     Ok(Arc::new(dev))
 }
 
-fn open_s3(text: &str, settings: &arcache_s3::S3Settings, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+fn open_s3(
+    text: &str,
+    settings: &arcache_s3::S3Settings,
+    read_only: bool,
+    recordsize: u64,
+) -> Result<Arc<dyn BlockDev>> {
     let location = arcache_s3::S3Location::parse(text)?;
     let creds = settings.resolve().map_err(|e| anyhow!("{text}: {e}"))?;
     if location.is_prefix() {
         let size = location.size.as_deref().map(crate::size::parse_size).transpose()?;
-        let dev = arcache_s3::S3ChunkDev::open(&location, &creds, size, !read_only)
+        let chunk = location.chunk.as_deref().map(crate::size::parse_size).transpose()?;
+        // Checked before the disk is opened (and its lease taken): a
+        // record spread over two chunks would make each write of it two
+        // read-modify-writes.
+        if let Some(c) = chunk.filter(|&c| c < recordsize) {
+            bail!("{text}: chunk={c} is smaller than the export's recordsize {recordsize}");
+        }
+        let dev = arcache_s3::S3ChunkDev::open(&location, &creds, size, chunk, !read_only)
             .map_err(|e| anyhow!("opening backing {e}"))?;
-        info!("backing {text}: a chunked disk of {} bytes (credentials from {})", dev.size(), creds.source);
+        info!(
+            "backing {text}: a chunked disk of {} bytes in chunks of {} (credentials from {})",
+            dev.size(),
+            dev.write_unit().unwrap_or(0),
+            creds.source
+        );
         return Ok(Arc::new(dev));
     }
     let dev = arcache_s3::S3ObjectDev::open(&location, &creds).map_err(|e| anyhow!("opening backing {e}"))?;
@@ -833,6 +851,7 @@ pub fn start_on(
             vol.use_ring(Arc::clone(ring));
         }
         vol.set_backing_ring_reads(t.value("backing_ring_reads") != 0);
+        vol.set_read_units(t.value("backing_read_units") != 0);
         table.insert(NbdExport::new(Arc::clone(&vol), spec.backing.clone(), recorder.clone()));
         volumes.push(vol);
     }
@@ -1126,6 +1145,7 @@ impl ControlState {
         }
         for vol in &self.volumes {
             vol.set_backing_ring_reads(t.value("backing_ring_reads") != 0);
+            vol.set_read_units(t.value("backing_read_units") != 0);
         }
         self.arc_max.store(t.value("zfs_arc_max"), Ordering::Relaxed);
         feed_tunables(t, &self.feed);

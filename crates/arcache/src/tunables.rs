@@ -87,6 +87,13 @@ pub const SPECS: &[Spec] = &[
         1,
         "Queue a read within one record that misses RAM and L2 to io_uring when its backing store is opened O_DIRECT (--direct), answered from the ring thread (0: on a worker thread, as without io_uring)",
     ),
+    spec(
+        "backing_read_units",
+        Unit::Bool,
+        0,
+        1,
+        "Read a sequential stream over a backing store that is costly per request (S3: 8M of an object, a chunk of a chunked disk) in whole units of that size (0: in the records the client asks and zfetch's prefetches)",
+    ),
     spec("l2arc_trim_ahead", Unit::Percent, 0, 100, "Trim this share of the device ahead of the write hand (0: off)"),
     spec("l2arc_dwpd_limit", Unit::Count, 0, 10_000, "Wear bound in 1/100 drive writes per day once a device has wrapped (0: off)"),
     spec("l2arc_meta_percent", Unit::Percent, 1, 100, "Most RAM for L2 headers, as a share of the ARC target"),
@@ -199,7 +206,8 @@ impl Tunables {
                     "l2arc_feed_again"
                     | "l2arc_partial_reads"
                     | "l2arc_ring_reads"
-                    | "backing_ring_reads" => 1,
+                    | "backing_ring_reads"
+                    | "backing_read_units" => 1,
                     "l2arc_noprefetch" => AUTO,
                     "l2arc_mfuonly" | "l2arc_trim_ahead" => 0,
                     "l2arc_dwpd_limit" => 100,

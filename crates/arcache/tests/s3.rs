@@ -157,7 +157,40 @@ fn a_chunked_disk_keeps_what_was_written_across_restarts() {
     assert!(err.contains("not 134217728"), "{err}");
 }
 
+/// `chunk=` picks a new disk's chunk size: the bucket holds chunks of that
+/// size, a later start reads the manifest's, and a `chunk=` that differs
+/// from an existing disk's, is no power of two in 64K..64M, or is smaller
+/// than the export's recordsize is refused at start.
+#[test]
+fn chunk_picks_a_new_disks_chunk_size_and_an_existing_one_keeps_it() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/small/?size=16M&chunk=256K", &[]);
+    let data: Vec<u8> = (0..(64u32 << 10)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    write_flush(&s, (3 << 20) + 4096, &data);
+    s.stop();
+    // 64K at 3M+4K: chunk 12 of 256K, and only it.
+    let sizes = moto.ctl(&["sizes", "vms", "small/c/"]);
+    assert_eq!(sizes, "small/c/000000000000000c 262144", "one chunk of 256K stored");
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/small/", &[]);
+    assert!(read_at(&s, (3 << 20) + 4096, data.len()) == data, "read back without chunk=");
+    s.stop();
+    let err = serve_refused_s3(&moto, "s3://vms/small/?chunk=1M");
+    assert!(err.contains("in chunks of 262144 bytes, not 1048576"), "{err}");
+    let err = serve_refused_s3(&moto, "s3://vms/other/?size=16M&chunk=96K");
+    assert!(err.contains("not a power of two from 64K to 64M"), "{err}");
+    let err = serve_refused_s3(&moto, "s3://vms/other/?size=16M&chunk=128M");
+    assert!(err.contains("not a power of two from 64K to 64M"), "{err}");
+    let err = serve_refused_s3_with(&moto, "s3://vms/other/?size=16M&chunk=64K", &["--recordsize", "128K"]);
+    assert!(err.contains("smaller than the export's recordsize"), "{err}");
+    assert!(moto.ctl(&["list", "vms", "other/"]).is_empty(), "nothing made for a refused disk");
+}
+
 fn serve_refused_s3(moto: &Moto, uri: &str) -> String {
+    serve_refused_s3_with(moto, uri, &[])
+}
+
+fn serve_refused_s3_with(moto: &Moto, uri: &str, extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(BIN)
         .args([
@@ -168,6 +201,7 @@ fn serve_refused_s3(moto: &Moto, uri: &str) -> String {
             &format!("unix:{}", dir.path().join("r.sock").display()),
         ])
         .args(["--control", dir.path().join("r.ctl").to_str().unwrap()])
+        .args(extra)
         .envs(moto.env().iter().map(|(k, v)| (*k, v.clone())))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

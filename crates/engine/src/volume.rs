@@ -98,6 +98,10 @@ pub struct Volume {
     zfetch: Zfetch,
     /// The last requests, on a store with a read unit (see `recent.rs`).
     recent: Option<recent::Recent>,
+    /// The store's read unit in records (1: none), and whether streams
+    /// read in it now (`backing_read_units`).
+    unit: u64,
+    units_on: arcache_sync::atomic::AtomicBool,
     /// For prefetch jobs, which outlive the request that started them.
     this: Weak<Volume>,
     /// Write-back, when the cache has it; otherwise writes go through.
@@ -183,6 +187,8 @@ impl Volume {
             zeroed: crate::extents::KnownZeroes::default(),
             zfetch: Zfetch::with_unit(cfg.recordsize, size, unit),
             recent: (unit > 1).then(recent::Recent::new),
+            unit,
+            units_on: arcache_sync::atomic::AtomicBool::new(true),
             this: this.clone(),
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
@@ -325,14 +331,49 @@ impl Volume {
         true
     }
 
+    /// Records per read of a stream over this store: its read unit while
+    /// `backing_read_units` is on, else 1.
     fn read_unit_records(&self) -> u64 {
-        read_unit_records(self.dev.as_ref(), self.recordsize)
+        if self.units_on.load(Relaxed) {
+            self.unit
+        } else {
+            1
+        }
+    }
+
+    /// Turns reading streams in the store's read units on or off
+    /// (`backing_read_units`; stores without one are read as ever).
+    pub fn set_read_units(&self, on: bool) {
+        self.units_on.store(on, Relaxed);
+        self.zfetch.set_unit(if on { self.unit } else { 1 });
     }
 
     fn note_request(&self, s: Span) {
         if let Some(recent) = &self.recent {
             recent.note(s.first, s.end);
         }
+    }
+
+    /// The prefetch jobs for `rs`: one, except for a read unit (`unit` > 1)
+    /// of which some records are on L2. Those are split off in jobs of at
+    /// most MAX_RECORDS_PER_IO, run side by side, so a stream over L2 is
+    /// read by several threads; a job of a whole unit would read them one
+    /// after another while holding the locks of all, and the stream's own
+    /// requests wait that long. What must come from the backing store is
+    /// still one job, one read.
+    fn prefetch_jobs(&self, rs: Range<u64>, unit: u64) -> Vec<Range<u64>> {
+        let Some(l2) = self.cache.l2().filter(|_| unit > 1) else { return vec![rs] };
+        let (on_l2, elsewhere): (Vec<u64>, Vec<u64>) = rs.partition(|&r| l2.contains(self.key(r)));
+        let mut jobs = runs(&elsewhere);
+        for run in runs(&on_l2) {
+            let mut start = run.start;
+            while start < run.end {
+                let end = (start + MAX_RECORDS_PER_IO).min(run.end);
+                jobs.push(start..end);
+                start = end;
+            }
+        }
+        jobs
     }
 
     /// Tells zfetch about a demand read and starts whatever it asks for.
@@ -355,12 +396,14 @@ impl Volume {
                 start = end;
                 continue;
             }
-            let Some(vol) = self.this.upgrade() else { return };
-            let job = move || {
-                let _ = vol.prefetch_records(start..end);
-            };
-            if c.prefetcher().submit(job, &c.zfetch_stats_active()) {
-                c.zfetch_stats.io_issued.fetch_add(1, Relaxed);
+            for job in self.prefetch_jobs(start..end, unit) {
+                let Some(vol) = self.this.upgrade() else { return };
+                let job = move || {
+                    let _ = vol.prefetch_records(job);
+                };
+                if c.prefetcher().submit(job, &c.zfetch_stats_active()) {
+                    c.zfetch_stats.io_issued.fetch_add(1, Relaxed);
+                }
             }
             start = end;
         }

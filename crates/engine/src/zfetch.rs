@@ -128,7 +128,7 @@ pub struct Zfetch {
     records: u64,
     /// Prefetches end on multiples of this many records (the backing
     /// store's read unit; 1 for none).
-    unit: u64,
+    unit: AtomicU64,
 }
 
 impl Zfetch {
@@ -144,7 +144,7 @@ impl Zfetch {
             streams: Mutex::new(Vec::new()),
             recordsize,
             records: size.div_ceil(recordsize),
-            unit: unit.max(1),
+            unit: AtomicU64::new(unit.max(1)),
         }
     }
 
@@ -259,7 +259,8 @@ impl Zfetch {
         if s.in_order >= RUNNING {
             // Not before: a stream that random reads made by chance would
             // cost a whole unit for each of its few prefetches.
-            want_end = want_end.div_ceil(self.unit) * self.unit;
+            let unit = self.unit.load(Relaxed);
+            want_end = want_end.div_ceil(unit) * unit;
         }
         let want_end = want_end.min(self.records);
         let from = s.issued_until.max(s.next);
@@ -288,6 +289,11 @@ impl Zfetch {
                 && first + n > s.next.saturating_sub(reorder)
                 && first <= s.issued_until.max(s.next) + reorder
         })
+    }
+
+    /// Changes the unit prefetches end on (1: none).
+    pub fn set_unit(&self, unit: u64) {
+        self.unit.store(unit.max(1), Relaxed);
     }
 
     pub fn stream_count(&self) -> usize {

@@ -144,6 +144,14 @@ fn many_requests_in_flight_stream_a_costly_store_in_whole_units() {
 }
 
 #[test]
+fn backing_read_units_off_reads_a_costly_store_as_any_other() {
+    let (data, dev, vol) = setup(Some(UNIT));
+    vol.set_read_units(false);
+    stream(&vol, &data, 16);
+    assert!(read_in_units(&settle(&dev), 16).is_err());
+}
+
+#[test]
 fn without_a_read_unit_the_same_stream_is_not_read_in_units() {
     // The measure the tests above rely on tells the two apart: without the
     // store's word, zfetch's prefetches and the stream's misses end where
@@ -179,11 +187,13 @@ fn random_reads_on_a_costly_store_are_not_widened() {
     assert!(reads.len() > 1000, "{} reads: the test did not miss", reads.len());
 }
 
-/// A stream's miss read on to the end of its unit where the records past
-/// the request are on L2: they come from L2 as prefetches and nothing of
-/// them is copied into the request's buffer (which they lie outside of).
+/// A stream's miss reads on to the end of its unit only what must come
+/// from the backing store: records on L2 are left to their own requests
+/// (so a stream over L2 is read by many threads, not one per unit), a miss
+/// of a record on L2 is not widened at all, and nothing past the request
+/// is copied into the request's buffer.
 #[test]
-fn records_read_ahead_from_l2_stay_out_of_the_request() {
+fn a_streams_miss_reads_ahead_only_what_is_not_on_l2() {
     use arcache_engine::{Feed, FeedTunables};
     use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
     const RS: u64 = 16 << 10;
@@ -204,20 +214,18 @@ fn records_read_ahead_from_l2_stay_out_of_the_request() {
     let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(2 << 20))).unwrap();
     let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
     let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, Arc::clone(&cache));
-    // Every record to L2, then out of RAM but the first eight, brought
-    // back as prefetches (NBD_CMD_CACHE: neither zfetch nor the request
-    // log sees them).
-    vol.prefetch(0, RS * RECORDS).unwrap();
+    // Records 9..12 on L2 and out of RAM; 0..8 in RAM as prefetches
+    // (NBD_CMD_CACHE: neither zfetch nor the request log sees them).
+    vol.prefetch(9 * RS, 3 * RS).unwrap();
     feed.cycle_once();
-    assert!((0..RECORDS).all(|r| cache.l2().unwrap().contains(r)), "every record fed to L2");
+    assert!((9..12).all(|r| cache.l2().unwrap().contains(r)), "records fed to L2");
     cache.set_limits(RS, RS);
     cache.set_limits(1 << 20, 2 << 20);
     vol.prefetch(0, 8 * RS).unwrap();
     dev.reads.lock().unwrap().clear();
     // Three requests in a row (records 5, 6 and 7, in RAM), then record
-    // 8: a stream, so the miss reads on to the end of the unit (record 16),
-    // records 9..16 from L2. Read whole, so no half of its L2 copy can
-    // serve it instead.
+    // 8: a stream, so its miss reads on to the end of the unit (record 16),
+    // 9..12 left on L2. Read whole, so no half of an L2 copy serves them.
     let mut buf = vec![0u8; RS as usize];
     for r in 5..8 {
         vol.read(r * RS, &mut buf).unwrap();
@@ -225,13 +233,18 @@ fn records_read_ahead_from_l2_stay_out_of_the_request() {
     let before = cache.stats();
     vol.read(8 * RS, &mut buf).unwrap();
     assert!(buf[..] == data[(8 * RS) as usize..(9 * RS) as usize]);
-    let after = cache.stats();
-    assert_eq!(after.l2_hits - before.l2_hits, 8, "records 8..16 from L2: {after:?}");
-    assert_eq!(cache.count_cached(&(9..16).collect::<Vec<_>>()), 7, "read ahead into RAM");
-    for r in 9..16 {
-        let mut b = vec![0u8; RS as usize];
-        vol.read(r * RS, &mut b).unwrap();
-        assert!(b[..] == data[(r * RS) as usize..((r + 1) * RS) as usize], "record {r}");
+    assert_eq!(cache.stats().l2_hits, before.l2_hits, "nothing read from L2");
+    assert_eq!(*dev.reads.lock().unwrap(), vec![8 * RS..9 * RS, 12 * RS..16 * RS], "not what is on L2");
+    assert_eq!(cache.count_cached(&(9..12).collect::<Vec<_>>()), 0, "left on L2");
+    assert_eq!(cache.count_cached(&(12..16).collect::<Vec<_>>()), 4, "read ahead into RAM");
+    // Record 9 continues the stream but is on L2: read alone.
+    vol.read(9 * RS, &mut buf).unwrap();
+    assert!(buf[..] == data[(9 * RS) as usize..(10 * RS) as usize]);
+    assert_eq!(cache.stats().l2_hits, before.l2_hits + 1, "record 9 from L2");
+    assert_eq!(cache.count_cached(&[10, 11]), 0, "a miss on L2 is not widened");
+    for r in 10..16 {
+        vol.read(r * RS, &mut buf).unwrap();
+        assert!(buf[..] == data[(r * RS) as usize..((r + 1) * RS) as usize], "record {r}");
     }
-    assert!(dev.reads.lock().unwrap().is_empty(), "nothing from the backing store after the fill");
+    assert_eq!(dev.reads.lock().unwrap().len(), 2, "nothing more from the backing store");
 }

@@ -41,6 +41,10 @@ use crate::retry::{explain, with_retries};
 use crate::runtime::runtime;
 
 pub const DEFAULT_CHUNK: u64 = 4 << 20;
+
+/// The chunk sizes `chunk=` may ask for (docs/s3-backing.md, section 5;
+/// the manifest's decoder takes the same).
+const CHUNK_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(64 << 20);
 const LOCK_STRIPES: usize = 64;
 
 /// Bytes for a range within one chunk.
@@ -110,13 +114,16 @@ fn eio(what: String) -> DevError {
 }
 
 /// The manifest: made create-only on first start, read on later ones.
+/// `asked_chunk` is `chunk=`: the chunk size of a new disk (else
+/// [`DEFAULT_CHUNK`]), and for an existing one, what it must have.
 fn manifest(
     store: &AmazonS3,
     location: &S3Location,
     size: Option<u64>,
-    chunk: u64,
+    asked_chunk: Option<u64>,
     source: &str,
 ) -> Result<Manifest, String> {
+    let chunk = asked_chunk.unwrap_or(DEFAULT_CHUNK);
     let path = key(location, "arcache-manifest");
     let existing = match block(store.get(&path)) {
         Ok(r) => Some(block(r.bytes()).map_err(|e| format!("{location}: reading the manifest: {e}"))?),
@@ -148,7 +155,7 @@ fn manifest(
                 // Another server made it first, or our retried PUT did.
                 Err(object_store::Error::AlreadyExists { .. })
                 | Err(object_store::Error::Precondition { .. }) => {
-                    return manifest(store, location, Some(size), chunk, source);
+                    return manifest(store, location, Some(size), asked_chunk, source);
                 }
                 Err(e) => {
                     return Err(format!(
@@ -162,6 +169,9 @@ fn manifest(
     if let Some(s) = size.filter(|&s| s != m.size) {
         return Err(format!("{location} is {} bytes, not {s} as size= says", m.size));
     }
+    if let Some(c) = asked_chunk.filter(|&c| c != m.chunk_size) {
+        return Err(format!("{location} is in chunks of {} bytes, not {c} as chunk= says", m.chunk_size));
+    }
     Ok(m)
 }
 
@@ -172,13 +182,17 @@ impl S3ChunkDev {
         location: &S3Location,
         creds: &Credentials,
         size: Option<u64>,
+        chunk: Option<u64>,
         writable: bool,
     ) -> Result<S3ChunkDev, String> {
         if size.is_some_and(|s| s == 0 || s % 512 != 0) {
             return Err(format!("{location}: size must be a non-zero multiple of 512"));
         }
+        if let Some(c) = chunk.filter(|&c| !CHUNK_RANGE.contains(&c) || !c.is_power_of_two()) {
+            return Err(format!("{location}: chunk={c} is not a power of two from 64K to 64M"));
+        }
         let store = Arc::new(client(location, creds)?);
-        let manifest = manifest(&store, location, size, DEFAULT_CHUNK, &creds.source)?;
+        let manifest = manifest(&store, location, size, chunk, &creds.source)?;
         let fenced = Arc::new(AtomicBool::new(false));
         let lease = if writable {
             Some(LeaseKeeper::acquire(Arc::clone(&store), location, manifest.disk_uuid, Arc::clone(&fenced))?)

@@ -11,13 +11,16 @@ pub struct S3Location {
     pub key: String,
     /// The query's `size=`, as written (a chunked disk's size).
     pub size: Option<String>,
+    /// The query's `chunk=`, as written (a chunked disk's chunk size,
+    /// fixed when the disk is made).
+    pub chunk: Option<String>,
     /// The query's `retry_timeout=SECS`: how long one request is retried
     /// (5xx, SlowDown, resets) before it fails; `None` for the default.
     pub retry_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE, either with &retry_timeout=SECS)")]
+#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE], either with &retry_timeout=SECS)")]
 pub struct LocationError {
     uri: String,
     why: &'static str,
@@ -43,18 +46,23 @@ impl S3Location {
             return Err(bad("no key after the bucket"));
         }
         let mut size = None;
+        let mut chunk = None;
         let mut retry_timeout = None;
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("size", v)) if !v.is_empty() => size = Some(v.to_string()),
+                Some(("chunk", v)) if !v.is_empty() => chunk = Some(v.to_string()),
                 Some(("retry_timeout", v)) => match v.parse::<u64>() {
                     Ok(secs @ 1..=3600) => retry_timeout = Some(Duration::from_secs(secs)),
                     _ => return Err(bad("retry_timeout is whole seconds, 1 to 3600")),
                 },
-                _ => return Err(bad("the only query keys are size=SIZE and retry_timeout=SECS")),
+                _ => return Err(bad("the only query keys are size=SIZE, chunk=SIZE and retry_timeout=SECS")),
             }
         }
-        Ok(S3Location { bucket: bucket.to_string(), key: key.to_string(), size, retry_timeout })
+        if chunk.is_some() && !key.ends_with('/') {
+            return Err(bad("chunk= is for a chunked disk (a prefix ending in /), not one object"));
+        }
+        Ok(S3Location { bucket: bucket.to_string(), key: key.to_string(), size, chunk, retry_timeout })
     }
 
     /// True for a chunked disk's prefix (`.../`), false for one object.
@@ -85,6 +93,9 @@ mod tests {
         assert_eq!(p.retry_timeout, None);
         let r = S3Location::parse("s3://vms/disk1/?size=10G&retry_timeout=3").unwrap();
         assert_eq!((r.size.as_deref(), r.retry_timeout), (Some("10G"), Some(Duration::from_secs(3))));
+        let c = S3Location::parse("s3://vms/disk1/?size=10G&chunk=256K").unwrap();
+        assert_eq!((c.size.as_deref(), c.chunk.as_deref()), (Some("10G"), Some("256K")));
+        assert_eq!(p.chunk, None);
         let o = S3Location::parse("s3://games/disk.img?retry_timeout=60").unwrap();
         assert_eq!((o.key.as_str(), o.retry_timeout), ("disk.img", Some(Duration::from_secs(60))));
     }
@@ -99,6 +110,8 @@ mod tests {
             ("s3://ab/key", "bucket name"),
             ("s3://bucket/key?color=red", "only query key"),
             ("s3://bucket/key?size=", "only query key"),
+            ("s3://bucket/key?chunk=", "only query key"),
+            ("s3://bucket/key.img?chunk=1M", "chunk= is for a chunked disk"),
             ("s3://bucket/key?retry_timeout=0", "retry_timeout"),
             ("s3://bucket/key?retry_timeout=2s", "retry_timeout"),
         ] {

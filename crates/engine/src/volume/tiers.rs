@@ -90,7 +90,11 @@ impl Volume {
                 // stream's next requests find them (or wait on their locks
                 // while the read is under way) instead of each sending a
                 // request of its own.
-                let widened = if end == run.end && unit > 1 {
+                // Not from a record on L2: the stream is over L2 there, and
+                // a read widened from it would hold the unit's locks while
+                // it reads one copy, keeping the stream's other requests
+                // waiting for nothing.
+                let widened = if end == run.end && unit > 1 && !self.on_l2(end - 1) {
                     (end.div_ceil(unit) * unit).min(self.records()).min(start + per_io)
                 } else {
                     end
@@ -119,6 +123,10 @@ impl Volume {
         } else {
             1
         }
+    }
+
+    fn on_l2(&self, r: u64) -> bool {
+        self.cache.l2().is_some_and(|l2| l2.contains(self.key(r)))
     }
 
     fn records(&self) -> u64 {
@@ -258,11 +266,16 @@ impl Volume {
         let _locks = self.lock_records(rs.clone());
         let snap = self.dirty_snapshot(self.record_range(rs.start).start..self.record_range(rs.end - 1).end);
         let mut absent: Vec<u64> = Vec::new();
+        let mut ahead_from_backing: Vec<u64> = Vec::new();
         for r in rs {
             let cached = self.cache.peek(self.key(r));
             if r >= ahead {
-                if cached.is_none() {
-                    absent.push(r);
+                // Only what must come from the backing store is read
+                // ahead: a record on L2 is left to its own request, so a
+                // stream over L2 is read by many threads at once rather
+                // than one thread per unit while the others wait.
+                if cached.is_none() && !self.on_l2(r) {
+                    ahead_from_backing.push(r);
                 }
                 continue;
             }
@@ -279,11 +292,6 @@ impl Volume {
         let mut from_backing: Vec<u64> = Vec::new();
         for (r, copy) in self.read_l2(&absent) {
             let settled = match copy {
-                // A record read ahead is no part of the request: nothing
-                // of it is copied out.
-                Some((ptr, bytes)) if r >= ahead => {
-                    self.settle_l2(r, ptr, bytes, &snap, true, offset, None)?
-                }
                 Some((ptr, bytes)) => {
                     self.settle_l2(r, ptr, bytes, &snap, prefetch, offset, out.as_deref_mut())?
                 }
@@ -293,6 +301,7 @@ impl Volume {
                 from_backing.push(r);
             }
         }
+        from_backing.extend(ahead_from_backing);
         for run in runs(&from_backing) {
             self.fill_from_backing(run, ahead, prefetch, offset, out.as_deref_mut(), &snap)?;
         }
