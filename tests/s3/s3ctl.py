@@ -3,13 +3,16 @@
 it). Usage: s3ctl.py ENDPOINT mkbucket BUCKET | put BUCKET KEY FILE
 | list BUCKET PREFIX (prints the keys, one a line)
 | sizes BUCKET PREFIX (prints each key and its size, one a line)"""
+import os
 import sys
 
 import boto3
 
 endpoint, op, *args = sys.argv[1:]
+# moto takes any key; a real server (Ceph RGW) the one in the environment.
 s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                  aws_access_key_id="testing", aws_secret_access_key="testing")
+                  aws_access_key_id=os.environ.get("S3CTL_KEY_ID", "testing"),
+                  aws_secret_access_key=os.environ.get("S3CTL_SECRET", "testing"))
 if op == "mkbucket":
     s3.create_bucket(Bucket=args[0])
 elif op == "put":

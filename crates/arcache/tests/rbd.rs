@@ -8,13 +8,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -24,77 +20,17 @@ struct Ceph {
 
 static CEPH: OnceLock<Result<Ceph, String>> = OnceLock::new();
 
-/// The cluster, started by the first test that asks; `None` (after a skip
-/// line, or a failure under CI) when it cannot be.
+/// The cluster (no RGW), started by the first test that asks; `None`
+/// (after a skip line, or a failure under CI) when it cannot be.
 fn ceph() -> Option<&'static Ceph> {
-    match CEPH.get_or_init(start_ceph) {
+    let started = CEPH.get_or_init(|| common::ceph::start(false).map(|c| Ceph { conf: c.conf }));
+    match started {
         Ok(c) => Some(c),
         Err(why) => {
             skip_or_fail(why);
             None
         }
     }
-}
-
-fn start_ceph() -> Result<Ceph, String> {
-    for tool in ["ceph-mon", "ceph-osd", "ceph", "rbd", "monmaptool", "uuidgen"] {
-        if !on_path(tool) {
-            return Err(format!(
-                "{tool} is not installed (apt-get install ceph-mon ceph-osd ceph-common librbd-dev librados-dev)"
-            ));
-        }
-    }
-    // The script removes this directory when it stops; nothing else does.
-    let dir = tempfile::Builder::new().prefix("arcache-ceph-").tempdir().map_err(|e| e.to_string())?.keep();
-    let port =
-        TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/ceph/ceph-up.sh");
-    let started = Instant::now();
-    let mut child = Command::new("bash")
-        .arg(script)
-        .arg(&dir)
-        .env("CEPH_UP_RGW", "0")
-        .env("CEPH_UP_MON_PORT", port.to_string())
-        // It stays in the foreground and stops the cluster once this test
-        // binary is gone (its parent: the process, not a test thread).
-        .env("CEPH_UP_EXIT_WITH_PARENT", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {script}: {e}"))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = started + Duration::from_secs(120);
-    loop {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(line) if line.starts_with("ceph up") => break,
-            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let out = child.wait_with_output().map_err(|e| e.to_string())?;
-                return Err(format!("{script} failed: {}", String::from_utf8_lossy(&out.stderr)));
-            }
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err(format!("{script} did not bring Ceph up within 120 s"));
-        }
-    }
-    let _ = std::io::Write::write_fmt(
-        &mut std::io::stderr(),
-        format_args!("one-node Ceph up in {:.1} s\n", started.elapsed().as_secs_f64()),
-    );
-    // The child is never waited for: it runs until this process exits.
-    std::mem::forget(child);
-    Ok(Ceph { conf: dir.join("ceph.conf") })
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }
 
 impl Ceph {

@@ -27,7 +27,6 @@ use object_store::aws::AmazonS3;
 use object_store::path::Path;
 use object_store::{
     Attribute, Attributes, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
-    UpdateVersion,
 };
 use parking_lot::Mutex;
 use tracing::{info, warn};
@@ -356,13 +355,14 @@ impl S3ChunkDev {
         // Once more after taking the ETag of an earlier write of ours.
         for _ in 0..3 {
             let seen = self.map.lock().get(&index).cloned();
-            let mode = match &seen {
-                Some(e) => PutMode::Update(UpdateVersion { e_tag: Some(e.clone()), version: None }),
-                None => PutMode::Create,
-            };
-            let opts = PutOptions { mode, attributes: attributes.clone(), ..Default::default() };
             let put = with_retries(self.budget, &path, || {
-                block(self.store.put_opts(&path, data.clone().into(), opts.clone()))
+                crate::cond::put_conditional(
+                    &self.store,
+                    &path,
+                    data.clone().into(),
+                    &attributes,
+                    seen.as_deref(),
+                )
             });
             match put {
                 Ok(r) => {
@@ -576,11 +576,14 @@ pub fn break_lease(
         ));
     }
     lease.held = false;
-    let opts = PutOptions {
-        mode: PutMode::Update(UpdateVersion { e_tag: etag, version: None }),
-        ..Default::default()
-    };
-    match block(store.put_opts(&path, lease.encode().into(), opts)) {
+    let put = crate::cond::put_conditional(
+        &store,
+        &path,
+        lease.encode().into(),
+        &Attributes::new(),
+        etag.as_deref(),
+    );
+    match put {
         Ok(_) => Ok(format!("{location}: broke the lease of {holder}")),
         Err(object_store::Error::Precondition { .. }) => {
             Err(format!("{location}: the holder renewed just now; it is alive"))

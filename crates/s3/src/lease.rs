@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
+use object_store::{Attributes, ObjectStoreExt};
 use parking_lot::Mutex;
 use tracing::warn;
 
@@ -31,9 +31,16 @@ pub struct LeaseKeeper {
     renewer: Option<JoinHandle<()>>,
 }
 
-fn put(store: &AmazonS3, path: &Path, lease: &Lease, mode: PutMode) -> object_store::Result<Option<String>> {
-    let opts = PutOptions { mode, ..Default::default() };
-    block(store.put_opts(path, lease.encode().into(), opts)).map(|r| r.e_tag)
+/// Writes `lease`: create-only with no ETag, else if the lease there
+/// still has `etag`.
+fn put(
+    store: &AmazonS3,
+    path: &Path,
+    lease: &Lease,
+    etag: Option<&str>,
+) -> object_store::Result<Option<String>> {
+    crate::cond::put_conditional(store, path, lease.encode().into(), &Attributes::new(), etag)
+        .map(|r| r.e_tag)
 }
 
 /// A conditional PUT of our own lease (renewal or release), sent again on
@@ -48,7 +55,7 @@ fn put_ours(
     etag: Option<String>,
 ) -> object_store::Result<Option<(Lease, Option<String>)>> {
     let budget = retry_budget(location);
-    match with_retries(budget, path, || put(store, path, lease, update(etag.clone()))) {
+    match with_retries(budget, path, || put(store, path, lease, etag.as_deref())) {
         Ok(e) => Ok(Some((lease.clone(), e))),
         Err(object_store::Error::Precondition { .. }) => {
             let (bytes, now) = with_retries(budget, path, || {
@@ -68,10 +75,6 @@ fn put_ours(
         }
         Err(e) => Err(e),
     }
-}
-
-fn update(etag: Option<String>) -> PutMode {
-    PutMode::Update(UpdateVersion { e_tag: etag, version: None })
 }
 
 impl LeaseKeeper {
@@ -96,7 +99,7 @@ impl LeaseKeeper {
             generation: 0,
             host: blockdev::owner::hostname(),
         };
-        let etag = match put(&store, &path, &lease, PutMode::Create) {
+        let etag = match put(&store, &path, &lease, None) {
             Ok(e) => e,
             Err(object_store::Error::AlreadyExists { .. })
             | Err(object_store::Error::Precondition { .. }) => {
@@ -140,7 +143,8 @@ impl LeaseKeeper {
                 theirs.host, theirs.pid
             ));
         }
-        match put(store, path, ours, update(etag)) {
+        // No ETag to match: create-only, which a lease there refuses.
+        match put(store, path, ours, etag.as_deref()) {
             Ok(e) => Ok(e),
             Err(object_store::Error::Precondition { .. }) => {
                 Err(format!("{location}: another server took the lease just now"))

@@ -12,6 +12,7 @@
 
 mod body;
 mod chunked;
+mod cond;
 mod credentials;
 pub mod format;
 mod lease;

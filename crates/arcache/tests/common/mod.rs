@@ -1,6 +1,8 @@
 //! Starting the real `arcache` binary for tests, and finding real clients.
 #![allow(dead_code)]
 
+pub mod ceph;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
