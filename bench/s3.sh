@@ -105,7 +105,7 @@ sb_umount() {
   wait "$sb_pid" || true
 }
 
-arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs=
+arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
@@ -175,6 +175,12 @@ echo "bench: writes with FLUSH" >&2
 serve --export "w=s3://bench/disk/?size=1G" --log "$work/log.img:256M"
 wr=(--size=1G --runtime="$secs" --time_based --fsync=1)
 arc_w=$(fio_job arcw randwrite $(nbd_args w) "${wr[@]}")
+# A figure of a disk whose txgs fail (the data piling up in the log and
+# RAM) would not be a figure of this job: refuse it.
+"$bin" stat --json --control "$work/ctl.sock" >"$work/stat-write.json"
+txg_errors=$(python3 -c "import json; print(json.load(open('$work/stat-write.json'))['txg_sync_errors'])" )
+txg_syncs=$(python3 -c "import json; print(json.load(open('$work/stat-write.json'))['txg_syncs'])" )
+[ "$txg_errors" = 0 ] || { echo "bench: $txg_errors txg syncs of the written disk failed" >&2; grep -i warn "$work/serve.log" | tail -5 >&2; exit 1; }
 stop_serve
 sb_mount sbw "$work/sbw"
 sb_w=$(fio_job sbw randwrite --filename="$work/sbw/file" --ioengine=libaio --direct=1 "${wr[@]}")
@@ -199,6 +205,10 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   fi
   if want write; then
     echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
+  fi
+  echo
+  if want write; then
+    echo "The written disk: $txg_syncs txgs synced to the bucket during the job, none failed (checked)."
   fi
   echo
   echo "Parts run: $parts."
