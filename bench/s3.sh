@@ -105,7 +105,7 @@ sb_umount() {
   wait "$sb_pid" || true
 }
 
-arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs=
+arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
@@ -164,6 +164,7 @@ timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); py
 rclone_s=$(timed "${rc[@]}" rclone cat ceph:bench/seq.img)
 serve --export "s=s3://bench/seq.img" --l2 "$work/l2s.img:3G"
 seq_cold=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+seq_gets=$("$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['backing_reads'])")
 seq_again=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
 stop_serve
@@ -207,6 +208,9 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
   fi
   echo
+  if want seq; then
+    echo "The cold sequential pass sent $seq_gets GETs for the 2 GiB object (backing_reads)."
+  fi
   if want write; then
     echo "The written disk: $txg_syncs txgs synced to the bucket during the job, none failed (checked)."
   fi

@@ -48,7 +48,7 @@ enum Cmd {
     Log(logcmd::LogArgs),
     /// Sync a transaction group of a running server now: all dirty data to the backing stores.
     Flush(logcmd::FlushArgs),
-    /// S3 chunked disks: `s3 break-lease s3://BUCKET/PREFIX/ [--force]`.
+    /// S3 chunked disks: `s3 show`, `s3 create`, `s3 break-lease` of s3://BUCKET/PREFIX/.
     S3(s3cmd::S3Args),
 }
 

@@ -359,7 +359,7 @@ fn sighup_reloads_the_tunables_from_the_config_file() {
 #[test]
 fn the_usage_page_documents_every_option_of_every_command() {
     let usage = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/usage.md")).unwrap();
-    let cmds: [&[&str]; 15] = [
+    let cmds: [&[&str]; 19] = [
         &["serve"],
         &["mount"],
         &["stat"],
@@ -375,6 +375,10 @@ fn the_usage_page_documents_every_option_of_every_command() {
         &["l2", "forget"],
         &["log", "dump"],
         &["log", "forget"],
+        &["s3"],
+        &["s3", "show"],
+        &["s3", "create"],
+        &["s3", "break-lease"],
     ];
     for c in cmds {
         let o = Command::new(BIN).args(c).arg("--help").output().unwrap();

@@ -214,6 +214,60 @@ fn serve_refused_s3_with(moto: &Moto, uri: &str, extra: &[&str]) -> String {
     err
 }
 
+fn s3cmd(moto: &Moto, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .arg("s3")
+        .args(args)
+        .envs(moto.env().iter().map(|(k, v)| (*k, v.clone())))
+        .output()
+        .unwrap()
+}
+
+fn show_json(moto: &Moto, uri: &str) -> serde_json::Value {
+    let out = s3cmd(moto, &["show", "--json", uri]);
+    assert!(out.status.success(), "s3 show: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("s3 show --json prints JSON")
+}
+
+/// `s3 create` makes a disk without serving it (again with the same size:
+/// left as it is; with another: refused), and `s3 show` prints what the
+/// bucket holds of it: the manifest, the lease, the chunks stored.
+#[test]
+fn s3_create_and_show_tell_a_disk_as_the_bucket_holds_it() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let made = s3cmd(&moto, &["create", "s3://vms/made/?size=32M&chunk=1M"]);
+    let said = String::from_utf8_lossy(&made.stdout);
+    assert!(
+        made.status.success() && said.contains("made a disk of 33554432 bytes in chunks of 1048576"),
+        "{said}"
+    );
+    let again = s3cmd(&moto, &["create", "s3://vms/made/?size=32M&chunk=1M"]);
+    assert!(again.status.success() && String::from_utf8_lossy(&again.stdout).contains("already there"));
+    let other = s3cmd(&moto, &["create", "s3://vms/made/?size=64M"]);
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && err.contains("not 67108864"), "{err}");
+    let v = show_json(&moto, "s3://vms/made/");
+    assert_eq!((v["size"].as_u64(), v["chunk_size"].as_u64()), (Some(32 << 20), Some(1 << 20)), "{v}");
+    assert_eq!(v["chunks_stored"].as_u64(), Some(0), "{v}");
+    assert!(v["lease"].is_null(), "never served: no lease: {v}");
+
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/made/", &[]);
+    write_flush(&s, 0, &vec![7u8; 1 << 20]);
+    s.stop();
+    let v = show_json(&moto, "s3://vms/made/");
+    assert_eq!((v["chunks_stored"].as_u64(), v["bytes_stored"].as_u64()), (Some(1), Some(1 << 20)), "{v}");
+    assert_eq!(v["lease"]["state"], "released", "released at the clean stop: {v}");
+    assert_eq!(v["lease"]["pid"].as_u64().map(|p| p > 0), Some(true), "{v}");
+    let text = s3cmd(&moto, &["show", "s3://vms/made/"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("lease: released by host") && text.contains("chunks stored 1 of 32"), "{text}");
+    let not_disk = s3cmd(&moto, &["show", "s3://vms/made.img"]);
+    assert!(String::from_utf8_lossy(&not_disk.stderr).contains("ending in /"));
+    let none = s3cmd(&moto, &["show", "s3://vms/nothing/"]);
+    assert!(String::from_utf8_lossy(&none.stderr).contains("holds no disk"));
+}
+
 fn break_lease(moto: &Moto, uri: &str, force: bool) -> std::process::Output {
     let mut cmd = Command::new(BIN);
     cmd.args(["s3", "break-lease", uri]).envs(moto.env().iter().map(|(k, v)| (*k, v.clone())));

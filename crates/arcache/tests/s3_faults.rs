@@ -509,3 +509,44 @@ fn a_txg_writes_each_chunk_it_changes_once() {
     drop(c);
     s.stop();
 }
+
+/// Self-fence: a writer whose lease renewals keep failing stops writing to
+/// the bucket after three renewal periods (a FLUSH without a log fails, the
+/// data stays dirty, no chunk reaches the bucket), and goes on once a
+/// renewal succeeds again; nothing written meanwhile is lost.
+#[test]
+fn a_writer_that_cannot_renew_its_lease_stops_writing_until_it_can() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    let export = "disk=s3://vms/f/?size=16M&retry_timeout=1&lease_renew=1";
+    let s = serve(&proxy.endpoint(), &["--export", export]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    let first = pattern(64 << 10, 50);
+    c.write(0, &first, false).unwrap();
+    c.flush().unwrap();
+
+    proxy.rule(json!({"fault": "503", "methods": ["PUT"], "path": "arcache-lease"}));
+    // Renewed every second: past three seconds without one, it fences.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(proxy.injected("503") > 0, "no renewal was refused: {}", proxy.stats());
+    let second = pattern(64 << 10, 51);
+    c.write(8 << 20, &second, false).unwrap();
+    assert!(c.flush().is_err(), "a FLUSH while the lease cannot be renewed must fail");
+    let chunks = s3.ctl(&["list", "vms", "f/c/"]);
+    assert_eq!(chunks, "f/c/0000000000000000", "nothing reached the bucket while fenced");
+    assert!(read(&mut c, 8 << 20, second.len()).unwrap() == second, "the dirty data is kept");
+
+    proxy.pass();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.flush().is_err() {
+        assert!(Instant::now() < deadline, "writes did not resume after the lease was renewed");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(c);
+    s.stop();
+    let s = serve(&s3.endpoint(), &["--export", "disk=s3://vms/f/"]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    assert!(read(&mut c, 0, first.len()).unwrap() == first);
+    assert!(read(&mut c, 8 << 20, second.len()).unwrap() == second, "the write made while fenced");
+    drop(c);
+    s.stop();
+}

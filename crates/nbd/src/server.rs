@@ -906,7 +906,13 @@ impl Server {
         let server = Arc::clone(self);
         let job: Job = Box::new(move || {
             let shared = &slot.shared;
-            let (res, buf) = work(export.as_ref());
+            // A panic in the export (a bug) is that request's EIO: unanswered,
+            // its client would wait for ever, and the worker would be gone.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(export.as_ref())));
+            let (res, buf) = ran.unwrap_or_else(|_| {
+                tracing::error!("request {req:?} panicked in the export; answered EIO");
+                (Err(Errno(libc::EIO)), Vec::new())
+            });
             match req.kind {
                 CMD_READ => shared.reply_read(req, res, &buf, &server.stats, None),
                 CMD_BLOCK_STATUS => shared.reply_block_status(req, res, &buf, &server.stats),

@@ -11,6 +11,10 @@ use nbd::proto::*;
 use nbd::{Client, Errno, Export, ExportInfo, ExportSet, NbdResult, Server, ServerConfig, Target};
 use parking_lot::Mutex;
 
+/// A slow-path read here panics (a bug in an export, as the server must
+/// survive it).
+const PANIC_AT: u64 = (1 << 19) + 7 * 4096;
+
 struct MemExport {
     data: Mutex<Vec<u8>>,
     read_only: bool,
@@ -44,6 +48,7 @@ impl Export for MemExport {
         Some(Ok(()))
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
+        assert_ne!(offset, PANIC_AT, "a read the test makes panic");
         std::thread::sleep(Duration::from_millis(1000));
         let d = self.data.lock();
         buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
@@ -92,6 +97,9 @@ impl ExportSet for Set {
     }
 }
 
+/// Few, so a test can outlast them all.
+const WORKERS: usize = 4;
+
 fn start() -> (tempfile::TempDir, Target) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s");
@@ -126,7 +134,8 @@ fn start() -> (tempfile::TempDir, Target) {
             parked: None,
         }),
     );
-    let server = Server::new(Arc::new(Set(m)), ServerConfig { max_request: 1 << 20, ..Default::default() });
+    let cfg = ServerConfig { max_request: 1 << 20, workers: WORKERS, ..Default::default() };
+    let server = Server::new(Arc::new(Set(m)), cfg);
     server.listen_unix(UnixListener::bind(&sock).unwrap());
     (dir, Target::Unix(sock))
 }
@@ -151,6 +160,23 @@ fn write_read_list_and_errors() {
     // The connection still works after all those errors.
     c.read(4096, &mut b).unwrap();
     c.disconnect().unwrap();
+}
+
+/// A request that panics in the export is answered EIO, and the worker
+/// that ran it lives on: more panics than there are workers, then a read
+/// that needs one.
+#[test]
+fn a_panic_in_the_export_is_that_requests_eio() {
+    let (_d, t) = start();
+    let mut c = Client::connect(&t, "").unwrap();
+    let mut b = [0u8; 512];
+    for _ in 0..(WORKERS + 2) {
+        assert_eq!(c.read(PANIC_AT, &mut b).unwrap_err().errno(), libc::EIO);
+    }
+    c.write(1 << 19, b"after", false).unwrap();
+    let mut after = [0u8; 5];
+    c.read(1 << 19, &mut after).expect("a worker is left to run the slow read");
+    assert_eq!(&after, b"after");
 }
 
 /// Raw protocol: a slow read followed by a fast one on the same connection;

@@ -38,7 +38,9 @@ impl JobQueue {
                             inner.ready.wait(&mut q);
                         }
                     };
-                    job();
+                    // A job that panics must not take its worker with it:
+                    // the pool would shrink for good.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 })
                 .expect("spawn worker thread");
         }

@@ -115,7 +115,7 @@ fn eio(what: String) -> DevError {
 /// The manifest: made create-only on first start, read on later ones.
 /// `asked_chunk` is `chunk=`: the chunk size of a new disk (else
 /// [`DEFAULT_CHUNK`]), and for an existing one, what it must have.
-fn manifest(
+pub(crate) fn manifest(
     store: &AmazonS3,
     location: &S3Location,
     size: Option<u64>,
@@ -174,6 +174,21 @@ fn manifest(
     Ok(m)
 }
 
+/// A disk's size and chunk size as `size=` and `chunk=` may give them.
+pub(crate) fn check_geometry(
+    location: &S3Location,
+    size: Option<u64>,
+    chunk: Option<u64>,
+) -> Result<(), String> {
+    if size.is_some_and(|s| s == 0 || s % 512 != 0) {
+        return Err(format!("{location}: size must be a non-zero multiple of 512"));
+    }
+    if let Some(c) = chunk.filter(|&c| !CHUNK_RANGE.contains(&c) || !c.is_power_of_two()) {
+        return Err(format!("{location}: chunk={c} is not a power of two from 64K to 64M"));
+    }
+    Ok(())
+}
+
 impl S3ChunkDev {
     /// Opens (or, with `size`, makes) the disk under `location`'s prefix;
     /// `writable` takes its lease first.
@@ -184,12 +199,7 @@ impl S3ChunkDev {
         chunk: Option<u64>,
         writable: bool,
     ) -> Result<S3ChunkDev, String> {
-        if size.is_some_and(|s| s == 0 || s % 512 != 0) {
-            return Err(format!("{location}: size must be a non-zero multiple of 512"));
-        }
-        if let Some(c) = chunk.filter(|&c| !CHUNK_RANGE.contains(&c) || !c.is_power_of_two()) {
-            return Err(format!("{location}: chunk={c} is not a power of two from 64K to 64M"));
-        }
+        check_geometry(location, size, chunk)?;
         let store = Arc::new(client(location, creds)?);
         let manifest = manifest(&store, location, size, chunk, &creds.source)?;
         let fenced = Arc::new(AtomicBool::new(false));
@@ -259,10 +269,20 @@ impl S3ChunkDev {
         if !self.writable {
             return Err(DevError::ReadOnly);
         }
-        if self.fenced.load(Ordering::Acquire) || self.lease.lock().is_none() {
+        if self.fenced.load(Ordering::Acquire) {
             return Err(eio(format!("{}: the lease was lost; no write reaches the bucket", self.location)));
         }
-        Ok(())
+        match &*self.lease.lock() {
+            None => Err(eio(format!("{}: the lease was lost; no write reaches the bucket", self.location))),
+            Some(l) => match l.unrenewed_for() {
+                Some(since) => Err(eio(format!(
+                    "{}: the lease was not renewed for {} s; writes wait until it is",
+                    self.location,
+                    since.as_secs()
+                ))),
+                None => Ok(()),
+            },
+        }
     }
 
     fn fence(&self, why: String) -> DevError {
@@ -346,6 +366,9 @@ impl S3ChunkDev {
     /// Replaces chunk `index` whole with `data`, conditional on what this
     /// writer last saw of it.
     fn put_chunk(&self, index: u64, data: Vec<u8>) -> DevResult<()> {
+        // Checked at every PUT, not only when a txg begins: a txg can
+        // outlast the self-fence bound.
+        self.check_writable()?;
         let path = chunk_key(&self.location, index);
         let data = Bytes::from(data);
         let id = self.next_write_id();
@@ -391,6 +414,7 @@ impl S3ChunkDev {
     }
 
     fn delete_chunk(&self, index: u64) -> DevResult<()> {
+        self.check_writable()?;
         let path = chunk_key(&self.location, index);
         match with_retries(self.budget, &path, || block(self.store.delete(&path))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {
@@ -545,14 +569,10 @@ impl BlockDev for S3ChunkDev {
 }
 
 /// What `arcache s3 break-lease` does: a held lease renewed less than
-/// `min_age` ago is left alone unless `force`; else it is marked released,
+/// six of its renewal periods ago (a minute by default) is left alone
+/// unless `force`; else it is marked released,
 /// conditional on being the copy just read.
-pub fn break_lease(
-    location: &S3Location,
-    creds: &Credentials,
-    force: bool,
-    min_age: Duration,
-) -> Result<String, String> {
+pub fn break_lease(location: &S3Location, creds: &Credentials, force: bool) -> Result<String, String> {
     let store = client(location, creds)?;
     let path = key(location, "arcache-lease");
     let got = match block(store.get(&path)) {
@@ -569,7 +589,10 @@ pub fn break_lease(
         return Ok(format!("{location}: the lease is not held (last holder {holder})"));
     }
     let age = SystemTime::now().duration_since(modified.into()).unwrap_or_default();
-    if age < min_age && !force {
+    // Six of its periods: a holder that cannot renew stopped writing after
+    // three (its self-fence), so by then it writes no more.
+    let alive_within = Duration::from_millis(6 * u64::from(lease.renew_period_ms));
+    if age < alive_within && !force {
         return Err(format!(
             "{location} is held by {holder}, renewed {} s ago: it looks alive; stop that server, or pass --force",
             age.as_secs()

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
@@ -21,12 +21,22 @@ use crate::retry::with_retries;
 
 const RENEW_PERIOD: Duration = Duration::from_secs(10);
 
+/// Renewal periods without a renewal after which the writer stops writing
+/// to the bucket (docs/s3-backing.md, "Self-fence": half the six periods
+/// `break-lease` waits before it takes a lease for dead), until a renewal
+/// succeeds again.
+const SELF_FENCE_PERIODS: u32 = 3;
+
 pub struct LeaseKeeper {
     store: Arc<AmazonS3>,
     path: Path,
     location: S3Location,
     /// The lease as we last wrote it, and the ETag that write got.
     mine: Arc<Mutex<(Lease, Option<String>)>>,
+    /// When a write of the lease last succeeded (this host's monotonic
+    /// clock: the self-fence must not trust wall clocks).
+    written_at: Arc<Mutex<Instant>>,
+    period: Duration,
     stop: Arc<AtomicBool>,
     renewer: Option<JoinHandle<()>>,
 }
@@ -85,13 +95,14 @@ impl LeaseKeeper {
         fenced: Arc<AtomicBool>,
     ) -> Result<LeaseKeeper, String> {
         let path = key(location, "arcache-lease");
+        let period = location.lease_renew.unwrap_or(RENEW_PERIOD);
         let now = now_ms();
         let lease = Lease {
             held: true,
             disk_uuid,
             token: rand::random(),
             pid: std::process::id(),
-            renew_period_ms: RENEW_PERIOD.as_millis() as u32,
+            renew_period_ms: period.as_millis() as u32,
             proc_start: now / 1000,
             acquired_ms: now,
             renewed_ms: now,
@@ -108,16 +119,34 @@ impl LeaseKeeper {
             Err(e) => return Err(format!("{location}: taking the lease: {e}")),
         };
         let mine = Arc::new(Mutex::new((lease, etag)));
+        let written_at = Arc::new(Mutex::new(Instant::now()));
         let stop = Arc::new(AtomicBool::new(false));
         let renewer = {
-            let (store, path, mine, stop, loc) =
-                (Arc::clone(&store), path.clone(), Arc::clone(&mine), Arc::clone(&stop), location.clone());
+            let keep = Renewing {
+                store: Arc::clone(&store),
+                path: path.clone(),
+                mine: Arc::clone(&mine),
+                written_at: Arc::clone(&written_at),
+                stop: Arc::clone(&stop),
+                fenced,
+                location: location.clone(),
+                period,
+            };
             std::thread::Builder::new()
                 .name("s3-lease".into())
-                .spawn(move || renew_loop(&store, &path, &mine, &stop, &fenced, &loc))
+                .spawn(move || keep.run())
                 .map_err(|e| format!("starting the lease thread: {e}"))?
         };
-        Ok(LeaseKeeper { store, path, location: location.clone(), mine, stop, renewer: Some(renewer) })
+        Ok(LeaseKeeper {
+            store,
+            path,
+            location: location.clone(),
+            mine,
+            written_at,
+            period,
+            stop,
+            renewer: Some(renewer),
+        })
     }
 
     /// The lease object exists: ours (a retried PUT), released (taken
@@ -178,31 +207,71 @@ impl LeaseKeeper {
     }
 }
 
-fn renew_loop(
-    store: &AmazonS3,
-    path: &Path,
-    mine: &Mutex<(Lease, Option<String>)>,
-    stop: &AtomicBool,
-    fenced: &AtomicBool,
-    location: &S3Location,
-) {
-    while !stop.load(Ordering::Acquire) {
-        std::thread::park_timeout(RENEW_PERIOD);
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let (mut lease, etag) = mine.lock().clone();
-        lease.renewed_ms = now_ms();
-        lease.renewals += 1;
-        match put_ours(store, path, location, &lease, etag) {
-            Ok(Some(now)) => *mine.lock() = now,
-            Ok(None) => {
-                warn!("{location}: the lease was broken by someone else; no more writes go to the bucket");
-                fenced.store(true, Ordering::Release);
+/// What the lease thread holds.
+struct Renewing {
+    store: Arc<AmazonS3>,
+    path: Path,
+    mine: Arc<Mutex<(Lease, Option<String>)>>,
+    written_at: Arc<Mutex<Instant>>,
+    stop: Arc<AtomicBool>,
+    fenced: Arc<AtomicBool>,
+    location: S3Location,
+    period: Duration,
+}
+
+impl Renewing {
+    fn run(&self) {
+        let location = &self.location;
+        let mut waiting = false;
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::park_timeout(self.period);
+            if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            // Retried already inside the client; try again next period.
-            Err(e) => warn!("{location}: renewing the lease: {e}"),
+            let (mut lease, etag) = self.mine.lock().clone();
+            lease.renewed_ms = now_ms();
+            lease.renewals += 1;
+            match put_ours(&self.store, &self.path, location, &lease, etag) {
+                Ok(Some(now)) => {
+                    *self.mine.lock() = now;
+                    *self.written_at.lock() = Instant::now();
+                    if std::mem::take(&mut waiting) {
+                        warn!("{location}: the lease is renewed again; writes to the bucket go on");
+                    }
+                }
+                Ok(None) => {
+                    warn!(
+                        "{location}: the lease was broken by someone else; no more writes go to the bucket"
+                    );
+                    self.fenced.store(true, Ordering::Release);
+                    return;
+                }
+                // Retried already inside the client; try again next period.
+                Err(e) => {
+                    let since = self.written_at.lock().elapsed();
+                    warn!(
+                        "{location}: renewing the lease: {e} ({} s since the last renewal)",
+                        since.as_secs()
+                    );
+                    if since > self.period * SELF_FENCE_PERIODS && !waiting {
+                        waiting = true;
+                        warn!(
+                            "{location}: no renewal for {} s: writes to the bucket wait (their data stays dirty) until one succeeds",
+                            since.as_secs()
+                        );
+                    }
+                }
+            }
         }
+    }
+}
+
+impl LeaseKeeper {
+    /// How long since the lease was last written, once that is past the
+    /// self-fence bound: the writer must not write to the bucket then, as
+    /// `break-lease` may soon take the lease for dead.
+    pub fn unrenewed_for(&self) -> Option<Duration> {
+        let since = self.written_at.lock().elapsed();
+        (since > self.period * SELF_FENCE_PERIODS).then_some(since)
     }
 }

@@ -15,6 +15,7 @@ mod chunked;
 mod cond;
 mod credentials;
 pub mod format;
+mod inspect;
 mod lease;
 mod location;
 mod object;
@@ -23,6 +24,7 @@ mod runtime;
 
 pub use chunked::{break_lease, release_leases, S3ChunkDev, DEFAULT_CHUNK};
 pub use credentials::{Credentials, S3Settings};
+pub use inspect::{create, show, DiskInfo};
 pub use location::S3Location;
 pub use object::S3ObjectDev;
 

@@ -17,10 +17,14 @@ pub struct S3Location {
     /// The query's `retry_timeout=SECS`: how long one request is retried
     /// (5xx, SlowDown, resets) before it fails; `None` for the default.
     pub retry_timeout: Option<Duration>,
+    /// The query's `lease_renew=SECS`: how often a writer renews its lease
+    /// (it stops writing after three periods without a renewal); `None`
+    /// for the default, 10 s.
+    pub lease_renew: Option<Duration>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE], either with &retry_timeout=SECS)")]
+#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE][&lease_renew=SECS], either with &retry_timeout=SECS)")]
 pub struct LocationError {
     uri: String,
     why: &'static str,
@@ -48,6 +52,7 @@ impl S3Location {
         let mut size = None;
         let mut chunk = None;
         let mut retry_timeout = None;
+        let mut lease_renew = None;
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("size", v)) if !v.is_empty() => size = Some(v.to_string()),
@@ -56,13 +61,28 @@ impl S3Location {
                     Ok(secs @ 1..=3600) => retry_timeout = Some(Duration::from_secs(secs)),
                     _ => return Err(bad("retry_timeout is whole seconds, 1 to 3600")),
                 },
-                _ => return Err(bad("the only query keys are size=SIZE, chunk=SIZE and retry_timeout=SECS")),
+                Some(("lease_renew", v)) => match v.parse::<u64>() {
+                    Ok(secs @ 1..=60) => lease_renew = Some(Duration::from_secs(secs)),
+                    _ => return Err(bad("lease_renew is whole seconds, 1 to 60")),
+                },
+                _ => return Err(bad(
+                    "the only query keys are size=SIZE, chunk=SIZE, retry_timeout=SECS and lease_renew=SECS",
+                )),
             }
         }
-        if chunk.is_some() && !key.ends_with('/') {
-            return Err(bad("chunk= is for a chunked disk (a prefix ending in /), not one object"));
+        if (chunk.is_some() || lease_renew.is_some()) && !key.ends_with('/') {
+            return Err(bad(
+                "chunk= and lease_renew= are for a chunked disk (a prefix ending in /), not one object",
+            ));
         }
-        Ok(S3Location { bucket: bucket.to_string(), key: key.to_string(), size, chunk, retry_timeout })
+        Ok(S3Location {
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            size,
+            chunk,
+            retry_timeout,
+            lease_renew,
+        })
     }
 
     /// True for a chunked disk's prefix (`.../`), false for one object.
@@ -95,7 +115,9 @@ mod tests {
         assert_eq!((r.size.as_deref(), r.retry_timeout), (Some("10G"), Some(Duration::from_secs(3))));
         let c = S3Location::parse("s3://vms/disk1/?size=10G&chunk=256K").unwrap();
         assert_eq!((c.size.as_deref(), c.chunk.as_deref()), (Some("10G"), Some("256K")));
-        assert_eq!(p.chunk, None);
+        assert_eq!((p.chunk.clone(), p.lease_renew), (None, None));
+        let l = S3Location::parse("s3://vms/disk1/?lease_renew=2").unwrap();
+        assert_eq!(l.lease_renew, Some(Duration::from_secs(2)));
         let o = S3Location::parse("s3://games/disk.img?retry_timeout=60").unwrap();
         assert_eq!((o.key.as_str(), o.retry_timeout), ("disk.img", Some(Duration::from_secs(60))));
     }
@@ -111,7 +133,10 @@ mod tests {
             ("s3://bucket/key?color=red", "only query key"),
             ("s3://bucket/key?size=", "only query key"),
             ("s3://bucket/key?chunk=", "only query key"),
-            ("s3://bucket/key.img?chunk=1M", "chunk= is for a chunked disk"),
+            ("s3://bucket/key.img?chunk=1M", "are for a chunked disk"),
+            ("s3://bucket/key.img?lease_renew=2", "are for a chunked disk"),
+            ("s3://bucket/d/?lease_renew=0", "lease_renew is whole seconds"),
+            ("s3://bucket/d/?lease_renew=61", "lease_renew is whole seconds"),
             ("s3://bucket/key?retry_timeout=0", "retry_timeout"),
             ("s3://bucket/key?retry_timeout=2s", "retry_timeout"),
         ] {

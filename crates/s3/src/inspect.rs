@@ -1,0 +1,82 @@
+//! What `arcache s3 show` prints and `arcache s3 create` does: a chunked
+//! disk's manifest, lease and chunks read without serving it, and a disk
+//! made without serving it (so read-only servers can start first).
+
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use crate::chunked::{block, key, manifest};
+use crate::credentials::Credentials;
+use crate::format::{Lease, Manifest};
+use crate::location::S3Location;
+use crate::object::client;
+
+/// A chunked disk as the bucket holds it.
+#[derive(Debug)]
+pub struct DiskInfo {
+    pub manifest: Manifest,
+    /// The lease, and how long ago it was last written by S3's own clock
+    /// (its Last-Modified against now); `None`: never taken.
+    pub lease: Option<(Lease, Duration)>,
+    pub chunks: u64,
+    pub stored_bytes: u64,
+}
+
+/// Reads `location`'s manifest, lease and chunk list.
+pub fn show(location: &S3Location, creds: &Credentials) -> Result<DiskInfo, String> {
+    if !location.is_prefix() {
+        return Err(format!("{location}: a chunked disk is s3://BUCKET/PREFIX/ (ending in /)"));
+    }
+    let store = client(location, creds)?;
+    let path = key(location, "arcache-manifest");
+    let bytes = match block(async { store.get(&path).await?.bytes().await }) {
+        Ok(b) => b,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(format!("{location} holds no disk (no manifest)"))
+        }
+        Err(e) => return Err(format!("{location}: reading the manifest: {e}")),
+    };
+    let manifest = Manifest::decode(&bytes).map_err(|e| format!("{location}arcache-manifest: {e}"))?;
+    let path = key(location, "arcache-lease");
+    let lease = match block(store.get(&path)) {
+        Ok(got) => {
+            let modified: SystemTime = got.meta.last_modified.into();
+            let bytes = block(got.bytes()).map_err(|e| format!("{location}: reading the lease: {e}"))?;
+            let lease = Lease::decode(&bytes).map_err(|e| format!("{location}arcache-lease: {e}"))?;
+            Some((lease, SystemTime::now().duration_since(modified).unwrap_or_default()))
+        }
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(e) => return Err(format!("{location}: reading the lease: {e}")),
+    };
+    let prefix = key(location, "c/");
+    let listed: Vec<_> = block(async { Ok(store.list(Some(&prefix)).collect::<Vec<_>>().await) })
+        .map_err(|e| format!("{location}: listing chunks: {e}"))?;
+    let (mut chunks, mut stored_bytes) = (0, 0);
+    for meta in listed {
+        let meta = meta.map_err(|e| format!("{location}: listing chunks: {e}"))?;
+        chunks += 1;
+        stored_bytes += meta.size;
+    }
+    Ok(DiskInfo { manifest, lease, chunks, stored_bytes })
+}
+
+/// Makes the disk `location` (its manifest) of `size` bytes in chunks of
+/// `chunk` (default 4M), or finds it made with the same; Ok(false) when it
+/// was there already.
+pub fn create(
+    location: &S3Location,
+    creds: &Credentials,
+    size: u64,
+    chunk: Option<u64>,
+) -> Result<(Manifest, bool), String> {
+    if !location.is_prefix() {
+        return Err(format!("{location}: a chunked disk is s3://BUCKET/PREFIX/ (ending in /)"));
+    }
+    crate::chunked::check_geometry(location, Some(size), chunk)?;
+    let store = client(location, creds)?;
+    let existed = block(store.head(&key(location, "arcache-manifest"))).is_ok();
+    let m = manifest(&store, location, Some(size), chunk, &creds.source)?;
+    Ok((m, !existed))
+}
