@@ -52,6 +52,41 @@ fn an_object_is_served_byte_exact_and_read_only() {
     s.stop();
 }
 
+/// The object changes while every read hits the cache: the recheck
+/// (`recheck=1`: a HEAD each second) finds it, and from then on the cached
+/// records of the old version are not served either: every read is EIO,
+/// and the server says why.
+#[test]
+fn a_change_found_by_the_recheck_stops_cached_reads_too() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "games"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = put(&moto, dir.path(), "disk.img", 1 << 20, 7);
+    let keep = tempfile::tempdir().unwrap();
+    let s = serve_s3(&moto, dir, "s3://games/disk.img?recheck=1", &[]);
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    assert!(read_all(&s, old.len()) == old, "read whole: every record cached");
+    let reads_before = s.stat()["backing_reads"].as_u64().unwrap();
+    let mut b = vec![0u8; 65536];
+    c.read(0, &mut b).unwrap();
+    assert_eq!(s.stat()["backing_reads"].as_u64().unwrap(), reads_before, "a hit, not a GET");
+    put(&moto, keep.path(), "disk.img", 1 << 20, 8);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while c.read(0, &mut b).is_ok() {
+        assert!(b[..] == old[..65536], "before the change is found, the old version only");
+        assert!(std::time::Instant::now() < deadline, "the recheck never found the change");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for at in [0u64, 512 << 10] {
+        let e = c.read(at, &mut b).unwrap_err();
+        assert_eq!(e.errno(), libc::EIO, "a cached record of the old version after the change is found");
+    }
+    assert_eq!(s.stat()["backing_reads"].as_u64().unwrap(), reads_before, "refused without asking S3");
+    let mut s = s;
+    let (_, log) = s.terminate();
+    assert!(log.contains("changed underneath"), "the server says why: {log}");
+}
+
 /// The object changes underneath: a read that must go to S3 fails (EIO)
 /// rather than mixing versions, and a restart serves the new version.
 #[test]

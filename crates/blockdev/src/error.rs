@@ -17,6 +17,10 @@ pub enum DevError {
     InUse { dev: String, holder: Option<String> },
     #[error("remote export: {0}")]
     Remote(String, i32),
+    /// The store changed underneath (`BlockDev::changed`): what it now
+    /// holds is not what the cache holds.
+    #[error("{0}")]
+    Changed(String),
 }
 
 impl DevError {
@@ -34,6 +38,7 @@ impl DevError {
             DevError::Unsupported(_) => libc::ENOTSUP,
             DevError::InUse { .. } => libc::EBUSY,
             DevError::Remote(_, errno) => *errno,
+            DevError::Changed(_) => libc::EIO,
         }
     }
 }

@@ -107,4 +107,7 @@ impl<D: BlockDev> BlockDev for FaultyDev<D> {
     fn read_unit(&self) -> Option<u64> {
         self.inner.read_unit()
     }
+    fn changed(&self) -> Option<String> {
+        self.inner.changed()
+    }
 }

@@ -127,6 +127,14 @@ pub trait BlockDev: Send + Sync {
         None
     }
 
+    /// Why the store is no longer the one its cached records came from
+    /// (an S3 object replaced underneath), once it knows: from then on the
+    /// export answers every read EIO, cached or not, rather than serve
+    /// the old version. `None`: as far as it knows, unchanged.
+    fn changed(&self) -> Option<String> {
+        None
+    }
+
     /// Writes several `(offset, bytes)` parts, which a caller that asked
     /// [`BlockDev::write_unit`] gives one unit at a time; a store whose
     /// unit is costly writes each unit once. Parts do not overlap.
@@ -210,6 +218,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn read_unit(&self) -> Option<u64> {
         (**self).read_unit()
+    }
+    fn changed(&self) -> Option<String> {
+        (**self).changed()
     }
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         (**self).write_parts(parts)

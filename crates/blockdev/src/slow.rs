@@ -102,4 +102,7 @@ impl<D: BlockDev> BlockDev for SlowDev<D> {
     fn read_unit(&self) -> Option<u64> {
         self.inner.read_unit()
     }
+    fn changed(&self) -> Option<String> {
+        self.inner.changed()
+    }
 }

@@ -289,6 +289,15 @@ impl Volume {
         blockdev::check_range(self.size, offset, len)
     }
 
+    /// EIO once the backing store changed underneath (`BlockDev::changed`):
+    /// no record of the old version is served after that is known.
+    fn check_unchanged(&self) -> DevResult<()> {
+        match self.dev.changed() {
+            Some(why) => Err(DevError::Changed(why)),
+            None => Ok(()),
+        }
+    }
+
     /// Copies the part of `record` that overlaps `[offset, offset+buf.len())`.
     /// A large compressed record read in part is decompressed once and kept
     /// that way.
@@ -311,7 +320,8 @@ impl Volume {
     /// Serves a read from RAM if every record is cached; false otherwise,
     /// having changed nothing.
     pub fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> bool {
-        if self.check(offset, buf.len() as u64).is_err() {
+        // A store that changed underneath: the blocking read says EIO.
+        if self.check(offset, buf.len() as u64).is_err() || self.dev.changed().is_some() {
             return false;
         }
         let s = self.span(offset, buf.len() as u64);

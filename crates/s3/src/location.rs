@@ -21,10 +21,13 @@ pub struct S3Location {
     /// (it stops writing after three periods without a renewal); `None`
     /// for the default, 10 s.
     pub lease_renew: Option<Duration>,
+    /// The query's `recheck=SECS`: how often an object is asked whether it
+    /// changed (0: never); `None` for the default, 10 s.
+    pub recheck: Option<Duration>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{uri}: {why} (expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE][&lease_renew=SECS], either with &retry_timeout=SECS)")]
+#[error("{uri}: {why} (expected s3://BUCKET/KEY[?recheck=SECS] or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE][&lease_renew=SECS], either with &retry_timeout=SECS)")]
 pub struct LocationError {
     uri: String,
     why: &'static str,
@@ -53,6 +56,7 @@ impl S3Location {
         let mut chunk = None;
         let mut retry_timeout = None;
         let mut lease_renew = None;
+        let mut recheck = None;
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("size", v)) if !v.is_empty() => size = Some(v.to_string()),
@@ -61,19 +65,28 @@ impl S3Location {
                     Ok(secs @ 1..=3600) => retry_timeout = Some(Duration::from_secs(secs)),
                     _ => return Err(bad("retry_timeout is whole seconds, 1 to 3600")),
                 },
+                Some(("recheck", v)) => match v.parse::<u64>() {
+                    Ok(secs @ 0..=3600) => recheck = Some(Duration::from_secs(secs)),
+                    _ => return Err(bad("recheck is whole seconds, 0 (never) to 3600")),
+                },
                 Some(("lease_renew", v)) => match v.parse::<u64>() {
                     Ok(secs @ 1..=60) => lease_renew = Some(Duration::from_secs(secs)),
                     _ => return Err(bad("lease_renew is whole seconds, 1 to 60")),
                 },
-                _ => return Err(bad(
-                    "the only query keys are size=SIZE, chunk=SIZE, retry_timeout=SECS and lease_renew=SECS",
-                )),
+                _ => {
+                    return Err(bad(
+                        "the only query keys are size=SIZE, chunk=SIZE, retry_timeout=SECS, lease_renew=SECS and recheck=SECS",
+                    ))
+                }
             }
         }
         if (chunk.is_some() || lease_renew.is_some()) && !key.ends_with('/') {
             return Err(bad(
                 "chunk= and lease_renew= are for a chunked disk (a prefix ending in /), not one object",
             ));
+        }
+        if recheck.is_some() && key.ends_with('/') {
+            return Err(bad("recheck= is for one object, not a chunked disk"));
         }
         Ok(S3Location {
             bucket: bucket.to_string(),
@@ -82,6 +95,7 @@ impl S3Location {
             chunk,
             retry_timeout,
             lease_renew,
+            recheck,
         })
     }
 
@@ -137,6 +151,8 @@ mod tests {
             ("s3://bucket/key.img?lease_renew=2", "are for a chunked disk"),
             ("s3://bucket/d/?lease_renew=0", "lease_renew is whole seconds"),
             ("s3://bucket/d/?lease_renew=61", "lease_renew is whole seconds"),
+            ("s3://bucket/d/?recheck=5", "recheck= is for one object"),
+            ("s3://bucket/k?recheck=x", "recheck is whole seconds"),
             ("s3://bucket/key?retry_timeout=0", "retry_timeout"),
             ("s3://bucket/key?retry_timeout=2s", "retry_timeout"),
         ] {

@@ -27,9 +27,10 @@ pub struct S3ObjectDev {
     path: Path,
     size: u64,
     etag: String,
-    /// Set once a read found the object changed: every later read fails,
-    /// so no mix of old and new bytes is ever put together.
-    changed: AtomicBool,
+    /// Set once a read or the recheck found the object changed: every
+    /// later read fails, so no mix of old and new bytes is ever put
+    /// together, and the export serves no cached record of the old one.
+    changed: Arc<AtomicBool>,
 }
 
 /// How long one request of `location` keeps being retried (5xx,
@@ -65,6 +66,52 @@ pub(crate) fn client(location: &S3Location, creds: &Credentials) -> Result<Amazo
             .with_virtual_hosted_style_request(false);
     }
     b.build().map_err(|e| format!("{location}: {e}"))
+}
+
+/// How often an object is asked whether it changed, when every read hits
+/// the cache (docs/s3-backing.md, section 4; `recheck=SECS`).
+const DEFAULT_RECHECK: Duration = Duration::from_secs(10);
+
+/// Asks S3 every `every` whether the object still has its ETag, so a
+/// change is found even while every read hits the cache; stops once the
+/// device is gone or the change is found.
+struct Recheck {
+    store: Arc<AmazonS3>,
+    path: Path,
+    location: S3Location,
+    etag: String,
+    changed: Arc<AtomicBool>,
+    every: Duration,
+}
+
+impl Recheck {
+    fn run(&self) {
+        let Ok(rt) = runtime() else { return };
+        loop {
+            std::thread::sleep(self.every);
+            // The device holds the other reference; alone, it is gone.
+            if Arc::strong_count(&self.changed) == 1 || self.changed.load(Ordering::Acquire) {
+                return;
+            }
+            let now = match rt.block_on(self.store.head(&self.path)) {
+                Ok(meta) => meta.e_tag,
+                Err(object_store::Error::NotFound { .. }) => None,
+                // Unreachable now: asked again next time.
+                Err(_) => continue,
+            };
+            if now.as_deref().map(|e| e.trim_matches('"')) == Some(self.etag.trim_matches('"')) {
+                continue;
+            }
+            self.changed.store(true, Ordering::Release);
+            warn!(
+                "{} changed underneath (ETag {} is now {}); its export now answers EIO, cached data included, until the server is restarted",
+                self.location,
+                self.etag,
+                now.as_deref().unwrap_or("gone")
+            );
+            return;
+        }
+    }
 }
 
 fn remote(what: String) -> DevError {
@@ -105,25 +152,38 @@ impl S3ObjectDev {
         if meta.size == 0 {
             return Err(format!("{location} is empty (size 0)"));
         }
-        Ok(S3ObjectDev {
-            store,
-            location: location.clone(),
-            path,
-            size: meta.size,
-            etag,
-            changed: AtomicBool::new(false),
-        })
+        let changed = Arc::new(AtomicBool::new(false));
+        let every = location.recheck.unwrap_or(DEFAULT_RECHECK);
+        if !every.is_zero() {
+            let watch = Recheck {
+                store: Arc::clone(&store),
+                path: path.clone(),
+                location: location.clone(),
+                etag: etag.clone(),
+                changed: Arc::clone(&changed),
+                every,
+            };
+            std::thread::Builder::new()
+                .name("s3-recheck".into())
+                .spawn(move || watch.run())
+                .map_err(|e| format!("{location}: starting the recheck thread: {e}"))?;
+        }
+        Ok(S3ObjectDev { store, location: location.clone(), path, size: meta.size, etag, changed })
     }
 
     pub fn etag(&self) -> &str {
         &self.etag
     }
 
-    fn changed_error(&self) -> DevError {
-        remote(format!(
+    fn changed_text(&self) -> String {
+        format!(
             "{} changed underneath (ETag was {}); restart the server to serve the new version",
             self.location, self.etag
-        ))
+        )
+    }
+
+    fn changed_error(&self) -> DevError {
+        DevError::Changed(self.changed_text())
     }
 }
 
@@ -195,6 +255,10 @@ impl BlockDev for S3ObjectDev {
 
     fn is_read_only(&self) -> bool {
         true
+    }
+
+    fn changed(&self) -> Option<String> {
+        self.changed.load(Ordering::Acquire).then(|| self.changed_text())
     }
 
     fn read_unit(&self) -> Option<u64> {

@@ -132,7 +132,7 @@ impl Volume {
     /// within one record, no write holding the record, and either an L2
     /// copy the ring can read or none and a backing store it can read.
     fn ring_candidate(&self, offset: u64, len: usize) -> Option<(Want, Option<L2Ptr>)> {
-        if len == 0 || self.check(offset, len as u64).is_err() {
+        if len == 0 || self.check(offset, len as u64).is_err() || self.dev.changed().is_some() {
             return None;
         }
         let s = self.span(offset, len as u64);

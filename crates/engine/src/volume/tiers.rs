@@ -34,6 +34,7 @@ arcache_sync::thread_local! {
 impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
+        self.check_unchanged()?;
         let s = self.span(offset, buf.len() as u64);
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
@@ -46,6 +47,7 @@ impl Volume {
     /// Brings a range into the ARC as a prefetch (NBD_CMD_CACHE).
     pub fn prefetch(&self, offset: u64, len: u64) -> DevResult<()> {
         self.check(offset, len)?;
+        self.check_unchanged()?;
         self.load(offset, len, true, None).map(|_| ())
     }
 
