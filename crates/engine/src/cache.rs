@@ -490,6 +490,11 @@ impl Cache {
 
     /// A write to the view's source, counted as a backing-store write.
     pub fn count_view_source_write(&self, bytes: u64) {
+        self.count_backing_write(bytes);
+    }
+
+    /// One write of `bytes` that reached a backing store.
+    pub(crate) fn count_backing_write(&self, bytes: u64) {
         let c = &self.counters;
         c.backing_writes.fetch_add(1, Relaxed);
         c.backing_write_bytes.fetch_add(bytes, Relaxed);

@@ -168,7 +168,7 @@ impl Volume {
         assert!(cfg.recordsize.is_power_of_two(), "recordsize is validated by the caller");
         let size = dev.size();
         if let Some(wb) = &wb {
-            wb.register(id, Backing { dev: Arc::clone(&dev), size });
+            wb.register(id, Backing { dev: Arc::clone(&dev), size, cache: Arc::clone(&cache) });
         }
         let unit = read_unit_records(dev.as_ref(), cfg.recordsize);
         Arc::new_cyclic(|this| Volume {
@@ -231,6 +231,11 @@ impl Volume {
     pub fn read_only(&self) -> bool {
         self.read_only
     }
+    /// The cache this volume's records live in.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
     pub fn device(&self) -> &Arc<dyn BlockDev> {
         &self.dev
     }

@@ -94,3 +94,20 @@ fn a_half_full_log_starts_a_txg_that_empties_it() {
     assert_eq!(v.zil_txg_fallbacks, 0, "no commit found the log full: {v:?}");
     wb.shutdown().expect("shutdown");
 }
+
+/// A txg's writes are counted as backing-store writes, as write-through
+/// ones are: `backing_writes` and `backing_write_bytes` tell what reached
+/// the store, whichever way.
+#[test]
+fn a_txgs_writes_are_counted_as_backing_writes() {
+    let (vol, wb) = rig(None);
+    let mb = vec![0x3cu8; 1 << 20];
+    for i in 0..4u64 {
+        vol.write(i << 21, &mb, false).expect("write");
+    }
+    vol.flush().expect("a FLUSH without a log syncs a txg");
+    let st = vol.cache().stats();
+    assert_eq!(st.backing_write_bytes, 4 << 20, "{st:?}");
+    assert!(st.backing_writes >= 4, "{st:?}");
+    wb.shutdown().expect("shutdown");
+}

@@ -17,6 +17,8 @@ use crate::dirty::{self, Page, PageKey};
 pub struct Backing {
     pub dev: Arc<dyn BlockDev>,
     pub size: u64,
+    /// Where its writes are counted (`backing_writes`, `backing_write_bytes`).
+    pub cache: Arc<crate::cache::Cache>,
 }
 
 /// Writes the backing store: the fail point `backing.write` in fault-test
@@ -140,6 +142,9 @@ impl Backings {
                         first_error.lock().get_or_insert(err);
                         return;
                     }
+                    // One write of the store per group (a unit's parts are
+                    // one PUT), as write-through counts one per write.
+                    b.cache.count_backing_write(g.parts.iter().map(|p| p.1.len() as u64).sum());
                 });
             }
         });
