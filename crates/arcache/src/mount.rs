@@ -90,6 +90,17 @@ pub fn run(args: &MountArgs) -> Result<()> {
     };
     let view = match arcache_fileview::mount(cfg, Arc::clone(&running.cache), &args.mountpoint) {
         Ok(v) => v,
+        // Unmounted from outside (fusermount3 -u) before the kernel's first
+        // request was answered: the stop asked for, come early (a test
+        // that unmounted as soon as the mount showed saw exit 1).
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotConnected
+                && !arcache_fileview::is_mounted(&args.mountpoint) =>
+        {
+            info!("{} was unmounted while the view started; stopping", args.mountpoint.display());
+            running.stop()?;
+            return Ok(());
+        }
         Err(e) => {
             let _ = running.stop();
             return Err(e).with_context(|| format!("mounting the view at {}", args.mountpoint.display()));
