@@ -264,7 +264,10 @@ fn a_writer_that_hands_its_lock_over_is_not_robbed_of_it() {
     let mut bench = Command::new("rbd")
         .arg("-c")
         .arg(&ceph.conf)
-        .args(["bench", "--io-type", "write", "--io-size", "4K", "--io-threads", "1", "--io-total", "12M"])
+        // Long enough to outlast arcache's start on a loaded CI host: a
+        // bench of 12M had ended (and released the lock) before arcache
+        // looked, which then took the image and served it.
+        .args(["bench", "--io-type", "write", "--io-size", "4K", "--io-threads", "1", "--io-total", "48M"])
         .args(["--io-pattern", "rand", "rbd/vm"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -284,6 +287,7 @@ fn a_writer_that_hands_its_lock_over_is_not_robbed_of_it() {
     }
     let err = ceph.refused(&spec);
     assert!(err.contains("exclusive lock is held by"), "{err}");
+    assert!(bench.try_wait().unwrap().is_none(), "rbd bench ended before arcache was refused: no proof");
     let out = bench.wait_with_output().unwrap();
     assert!(out.status.success(), "the writer lost its lock: {}", String::from_utf8_lossy(&out.stderr));
 }
