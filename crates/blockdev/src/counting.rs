@@ -104,15 +104,5 @@ impl<D: BlockDev> BlockDev for CountingDev<D> {
     fn flush_covers_all_handles(&self) -> bool {
         self.inner.flush_covers_all_handles()
     }
-    // Hints of how to address the store pass through; write_parts stays
-    // the default, so every part still goes through this write_at.
-    fn write_unit(&self) -> Option<u64> {
-        self.inner.write_unit()
-    }
-    fn read_unit(&self) -> Option<u64> {
-        self.inner.read_unit()
-    }
-    fn changed(&self) -> Option<String> {
-        self.inner.changed()
-    }
+    crate::forward_store_hints!();
 }

@@ -170,6 +170,27 @@ pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: 
     Ok(())
 }
 
+/// The store's hints a decorator passes through unchanged: how it is best
+/// addressed (`write_unit`, `read_unit`) and whether it changed underneath
+/// (`changed`). `write_parts` is left to the default on purpose, so each
+/// part still goes through the decorator's own `write_at` (its counting,
+/// delay or faults). Used inside a decorator's `impl BlockDev` whose inner
+/// store is the field `inner`.
+#[macro_export]
+macro_rules! forward_store_hints {
+    () => {
+        fn write_unit(&self) -> Option<u64> {
+            self.inner.write_unit()
+        }
+        fn read_unit(&self) -> Option<u64> {
+            self.inner.read_unit()
+        }
+        fn changed(&self) -> Option<String> {
+            self.inner.changed()
+        }
+    };
+}
+
 impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     fn size(&self) -> u64 {
         (**self).size()

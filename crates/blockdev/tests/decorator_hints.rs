@@ -1,0 +1,52 @@
+//! Every decorator passes the store's hints through: a decorator that did
+//! not (as once the `Arc` forwarding did not for `write_unit`) would make
+//! the engine treat an object store as a disk, silently.
+
+use std::time::Duration;
+
+use blockdev::{BlockDev, CountingDev, DevResult, FaultyDev, MemDev, SlowDev, SlowDevConfig};
+
+/// A store with every hint set.
+struct Hinted(MemDev);
+
+impl BlockDev for Hinted {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "hinted".into()
+    }
+    fn write_unit(&self) -> Option<u64> {
+        Some(1 << 20)
+    }
+    fn read_unit(&self) -> Option<u64> {
+        Some(8 << 20)
+    }
+    fn changed(&self) -> Option<String> {
+        Some("replaced".into())
+    }
+}
+
+fn hints(d: &dyn BlockDev) -> (Option<u64>, Option<u64>, Option<String>) {
+    (d.write_unit(), d.read_unit(), d.changed())
+}
+
+#[test]
+fn decorators_pass_the_stores_hints_through() {
+    let want = (Some(1 << 20), Some(8 << 20), Some("replaced".to_string()));
+    let inner = || Hinted(MemDev::new(1 << 20));
+    let slow = SlowDevConfig { latency: Duration::ZERO, parallelism: 1, bandwidth: u64::MAX };
+    assert_eq!(hints(&CountingDev::new(inner())), want, "counting");
+    assert_eq!(hints(&FaultyDev::new(inner(), 1)), want, "faulty");
+    assert_eq!(hints(&SlowDev::new(inner(), slow)), want, "slow");
+    assert_eq!(hints(&std::sync::Arc::new(inner())), want, "Arc");
+}
