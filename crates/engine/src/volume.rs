@@ -380,14 +380,11 @@ impl Volume {
         let Some(l2) = self.cache.l2().filter(|_| unit > 1) else { return vec![rs] };
         let (on_l2, elsewhere): (Vec<u64>, Vec<u64>) = rs.partition(|&r| l2.contains(self.key(r)));
         let mut jobs = runs(&elsewhere);
-        for run in runs(&on_l2) {
-            let mut start = run.start;
-            while start < run.end {
-                let end = (start + MAX_RECORDS_PER_IO).min(run.end);
-                jobs.push(start..end);
-                start = end;
-            }
-        }
+        jobs.extend(runs(&on_l2).into_iter().flat_map(|run| {
+            (run.start..run.end)
+                .step_by(MAX_RECORDS_PER_IO as usize)
+                .map(move |s| s..(s + MAX_RECORDS_PER_IO).min(run.end))
+        }));
         jobs
     }
 

@@ -86,6 +86,15 @@ const MAX_FUTURE: usize = 8;
 const RUNNING: u32 = 4;
 
 impl Stream {
+    /// Future ranges the stream now reaches are part of it: it moves past
+    /// each.
+    fn absorb_reached_futures(&mut self) {
+        while let Some(i) = self.future.iter().position(|f| f.start <= self.next) {
+            let f = self.future.swap_remove(i);
+            self.next = self.next.max(f.end);
+        }
+    }
+
     /// Records an access ahead of the stream; true if the stream should now
     /// jump to the end of its future ranges.
     fn note_future(&mut self, r: Range<u64>) -> bool {
@@ -98,10 +107,7 @@ impl Stream {
             let lowest = (0..self.future.len()).min_by_key(|&i| self.future[i].start).unwrap_or(0);
             let f = self.future.swap_remove(lowest);
             self.next = self.next.max(f.end);
-            while let Some(i) = self.future.iter().position(|f| f.start <= self.next) {
-                let f = self.future.swap_remove(i);
-                self.next = self.next.max(f.end);
-            }
+            self.absorb_reached_futures();
         }
         self.future.push(r);
         let far = self.future.iter().map(|f| f.end).max().unwrap_or(self.next);
@@ -237,11 +243,7 @@ impl Zfetch {
         // Late: the demand caught up with data already being prefetched.
         let late = missed && first < s.issued_until && s.hit_once;
         s.next = end.max(s.next);
-        // Future ranges the stream now reaches are part of it.
-        while let Some(i) = s.future.iter().position(|f| f.start <= s.next) {
-            let f = s.future.swap_remove(i);
-            s.next = s.next.max(f.end);
-        }
+        s.absorb_reached_futures();
         s.last_use = now;
         s.hit_once = true;
         s.missed |= missed;
