@@ -26,7 +26,7 @@ use futures::StreamExt;
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    Attribute, Attributes, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
 };
 use parking_lot::Mutex;
 use tracing::{info, warn};
@@ -112,16 +112,17 @@ fn eio(what: String) -> DevError {
     DevError::Remote(what, libc::EIO)
 }
 
-/// The manifest: made create-only on first start, read on later ones.
-/// `asked_chunk` is `chunk=`: the chunk size of a new disk (else
-/// [`DEFAULT_CHUNK`]), and for an existing one, what it must have.
+/// The manifest: made create-only on first start, read on later ones;
+/// true with it when this call made it. `asked_chunk` is `chunk=`: the
+/// chunk size of a new disk (else [`DEFAULT_CHUNK`]), and for an existing
+/// one, what it must have.
 pub(crate) fn manifest(
     store: &AmazonS3,
     location: &S3Location,
     size: Option<u64>,
     asked_chunk: Option<u64>,
     source: &str,
-) -> Result<Manifest, String> {
+) -> Result<(Manifest, bool), String> {
     let chunk = asked_chunk.unwrap_or(DEFAULT_CHUNK);
     let path = key(location, "arcache-manifest");
     let existing = match block(store.get(&path)) {
@@ -139,8 +140,8 @@ pub(crate) fn manifest(
             ))
         }
     };
-    let m = match existing {
-        Some(b) => Manifest::decode(&b).map_err(|e| format!("{location}arcache-manifest: {e}"))?,
+    let (m, made) = match existing {
+        Some(b) => (Manifest::decode(&b).map_err(|e| format!("{location}arcache-manifest: {e}"))?, false),
         None => {
             let size = size
                 .ok_or_else(|| format!("{location} has no disk yet; give its size: {location}?size=SIZE"))?;
@@ -149,7 +150,7 @@ pub(crate) fn manifest(
             match block(store.put_opts(&path, m.encode().into(), opts)) {
                 Ok(_) => {
                     info!("{location}: made a disk of {size} bytes in chunks of {chunk}");
-                    m
+                    (m, true)
                 }
                 // Another server made it first, or our retried PUT did.
                 Err(object_store::Error::AlreadyExists { .. })
@@ -171,7 +172,24 @@ pub(crate) fn manifest(
     if let Some(c) = asked_chunk.filter(|&c| c != m.chunk_size) {
         return Err(format!("{location} is in chunks of {} bytes, not {c} as chunk= says", m.chunk_size));
     }
-    Ok(m)
+    Ok((m, made))
+}
+
+/// The chunk objects under `location`'s prefix, with their indexes;
+/// objects there that are not named as chunks are skipped, and said so.
+pub(crate) fn list_chunks(store: &AmazonS3, location: &S3Location) -> Result<Vec<(u64, ObjectMeta)>, String> {
+    let prefix = key(location, "c/");
+    let listed: Vec<_> = block(async { Ok(store.list(Some(&prefix)).collect::<Vec<_>>().await) })
+        .map_err(|e| format!("{location}: listing chunks: {e}"))?;
+    let mut chunks = Vec::with_capacity(listed.len());
+    for meta in listed {
+        let meta = meta.map_err(|e| format!("{location}: listing chunks: {e}"))?;
+        match u64::from_str_radix(meta.location.filename().unwrap_or_default(), 16) {
+            Ok(index) => chunks.push((index, meta)),
+            Err(_) => warn!("{location}: ignoring {} (not a chunk of this disk)", meta.location),
+        }
+    }
+    Ok(chunks)
 }
 
 /// A disk's size and chunk size as `size=` and `chunk=` may give them.
@@ -201,7 +219,7 @@ impl S3ChunkDev {
     ) -> Result<S3ChunkDev, String> {
         check_geometry(location, size, chunk)?;
         let store = Arc::new(client(location, creds)?);
-        let manifest = manifest(&store, location, size, chunk, &creds.source)?;
+        let (manifest, _) = manifest(&store, location, size, chunk, &creds.source)?;
         let fenced = Arc::new(AtomicBool::new(false));
         let lease = if writable {
             Some(LeaseKeeper::acquire(Arc::clone(&store), location, manifest.disk_uuid, Arc::clone(&fenced))?)
@@ -213,14 +231,9 @@ impl S3ChunkDev {
             HELD.lock().push(Arc::clone(&lease));
         }
         let mut map = HashMap::new();
-        let prefix = key(location, "c/");
-        let listed: Vec<_> = block(async { Ok(store.list(Some(&prefix)).collect::<Vec<_>>().await) })
-            .map_err(|e| format!("{location}: listing chunks: {e}"))?;
-        for meta in listed {
-            let meta = meta.map_err(|e| format!("{location}: listing chunks: {e}"))?;
-            let name = meta.location.filename().unwrap_or_default();
-            let (Ok(index), Some(etag)) = (u64::from_str_radix(name, 16), meta.e_tag) else {
-                warn!("{location}: ignoring {} (not a chunk of this disk)", meta.location);
+        for (index, meta) in list_chunks(&store, location)? {
+            let Some(etag) = meta.e_tag else {
+                warn!("{location}: ignoring {} (the server gave no ETag)", meta.location);
                 continue;
             };
             map.insert(index, etag);

@@ -4,10 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 
-use crate::chunked::{block, key, manifest};
+use crate::chunked::{block, key, list_chunks, manifest};
 use crate::credentials::Credentials;
 use crate::format::{Lease, Manifest};
 use crate::location::S3Location;
@@ -50,21 +49,14 @@ pub fn show(location: &S3Location, creds: &Credentials) -> Result<DiskInfo, Stri
         Err(object_store::Error::NotFound { .. }) => None,
         Err(e) => return Err(format!("{location}: reading the lease: {e}")),
     };
-    let prefix = key(location, "c/");
-    let listed: Vec<_> = block(async { Ok(store.list(Some(&prefix)).collect::<Vec<_>>().await) })
-        .map_err(|e| format!("{location}: listing chunks: {e}"))?;
-    let (mut chunks, mut stored_bytes) = (0, 0);
-    for meta in listed {
-        let meta = meta.map_err(|e| format!("{location}: listing chunks: {e}"))?;
-        chunks += 1;
-        stored_bytes += meta.size;
-    }
-    Ok(DiskInfo { manifest, lease, chunks, stored_bytes })
+    let listed = list_chunks(&store, location)?;
+    let stored_bytes = listed.iter().map(|(_, meta)| meta.size).sum();
+    Ok(DiskInfo { manifest, lease, chunks: listed.len() as u64, stored_bytes })
 }
 
 /// Makes the disk `location` (its manifest) of `size` bytes in chunks of
-/// `chunk` (default 4M), or finds it made with the same; Ok(false) when it
-/// was there already.
+/// `chunk` (default 4M), or finds it made with the same; false with it when
+/// it was there already.
 pub fn create(
     location: &S3Location,
     creds: &Credentials,
@@ -76,7 +68,5 @@ pub fn create(
     }
     crate::chunked::check_geometry(location, Some(size), chunk)?;
     let store = client(location, creds)?;
-    let existed = block(store.head(&key(location, "arcache-manifest"))).is_ok();
-    let m = manifest(&store, location, Some(size), chunk, &creds.source)?;
-    Ok((m, !existed))
+    manifest(&store, location, Some(size), chunk, &creds.source)
 }
