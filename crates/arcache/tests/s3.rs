@@ -153,19 +153,6 @@ fn a_missing_bucket_or_object_or_bad_key_is_refused_at_start() {
     assert!(!out.status.success() && err.contains("AWS_ACCESS_KEY_ID"), "{err}");
 }
 
-fn write_flush(s: &Serve, offset: u64, data: &[u8]) {
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    c.write(offset, data, false).unwrap();
-    c.flush().unwrap();
-}
-
-fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    let mut b = vec![0u8; len];
-    c.read(offset, &mut b).unwrap();
-    b
-}
-
 /// A writable disk of chunk objects: fio's verified writes pass, what was
 /// flushed is there after a restart, never-written chunks are not stored.
 #[test]

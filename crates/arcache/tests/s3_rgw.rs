@@ -17,8 +17,7 @@ const KEY: &str = "test";
 const SECRET: &str = "testtesttest";
 
 fn s3ctl(endpoint: &str, args: &[&str]) {
-    let venv = std::env::var_os("ARCACHE_MOTO_VENV")
-        .map_or(std::path::PathBuf::from("/var/tmp/arcache-moto-venv"), std::path::PathBuf::from);
+    let venv = moto_venv();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/s3/s3ctl.py");
     run(std::process::Command::new(venv.join("bin/python"))
         .arg(script)
@@ -28,19 +27,6 @@ fn s3ctl(endpoint: &str, args: &[&str]) {
         .env("S3CTL_SECRET", SECRET));
 }
 
-fn write_flush(s: &Serve, offset: u64, data: &[u8]) {
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    c.write(offset, data, false).unwrap();
-    c.flush().expect("FLUSH: the txg reached the bucket");
-}
-
-fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    let mut b = vec![0u8; len];
-    c.read(offset, &mut b).unwrap();
-    b
-}
-
 /// A chunk written, flushed (one txg: a create-only PUT), rewritten and
 /// flushed again (a PUT conditional on its ETag), across a lease renewal
 /// (also conditional), then read back by a fresh server: every FLUSH
@@ -48,9 +34,7 @@ fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
 /// bytes.
 #[test]
 fn a_chunked_disk_on_ceph_rgw_rewrites_chunks_and_renews_its_lease() {
-    let venv_python = std::env::var_os("ARCACHE_MOTO_VENV")
-        .map_or(std::path::PathBuf::from("/var/tmp/arcache-moto-venv"), std::path::PathBuf::from)
-        .join("bin/python");
+    let venv_python = moto_venv().join("bin/python");
     if !venv_python.is_file() {
         skip_or_fail("no python venv with boto3 (.ci/run makes it)");
         return;

@@ -288,13 +288,32 @@ impl Drop for Moto {
     }
 }
 
+/// The venv `.ci/run` makes for moto and boto3 (`ARCACHE_MOTO_VENV`).
+pub fn moto_venv() -> PathBuf {
+    std::env::var_os("ARCACHE_MOTO_VENV").map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from)
+}
+
+/// Writes `data` at `offset` of the default export and FLUSHes it.
+pub fn write_flush(s: &Serve, offset: u64, data: &[u8]) {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    c.write(offset, data, false).unwrap();
+    c.flush().expect("FLUSH");
+}
+
+/// `len` bytes at `offset` of the default export.
+pub fn read_at(s: &Serve, offset: u64, len: usize) -> Vec<u8> {
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let mut b = vec![0u8; len];
+    c.read(offset, &mut b).unwrap();
+    b
+}
+
 #[allow(dead_code)]
 impl Moto {
     /// None (after `skip_or_fail`) when the venv is missing; `env` is
     /// moto's own (e.g. INITIAL_NO_AUTH_ACTION_COUNT).
     pub fn start(env: &[(&str, &str)]) -> Option<Moto> {
-        let venv = std::env::var_os("ARCACHE_MOTO_VENV")
-            .map_or(PathBuf::from("/var/tmp/arcache-moto-venv"), PathBuf::from);
+        let venv = moto_venv();
         let server = venv.join("bin/moto_server");
         if !server.is_file() {
             skip_or_fail(&format!("no moto_server in {} (.ci/run makes it)", venv.display()));
