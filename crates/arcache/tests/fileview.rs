@@ -290,6 +290,46 @@ fn the_view_equals_source_and_a_second_pass_is_served_from_the_arc() {
     assert!(!ctl(&["summary"]).is_empty());
 }
 
+#[test]
+fn nodes_the_kernel_forgot_are_found_again_without_asking_source() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    make_tree(&dir.path().join("src"));
+    let v = View::start(&dir, &["--revalidate", "600"]);
+    compare_trees(&v.mnt, &v.src);
+    let before = v.stat();
+    // The kernel drops its dentries and inodes and tells the view to
+    // forget the nodes (what `echo 3 > drop_caches` before a benchmark
+    // pass does, and memory pressure on a file server). The objects and
+    // records stay: a lookup finds a name's object through the parent's
+    // cached listing, not by asking SOURCE again.
+    if fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+        skip_or_fail("cannot write /proc/sys/vm/drop_caches (needs root)");
+        return;
+    }
+    let forgot = v.stat();
+    assert!(
+        n(&forgot, "fileview_nodes") + 100 < n(&before, "fileview_nodes"),
+        "the kernel did not forget the nodes ({} -> {}): the test did not reach its case",
+        n(&before, "fileview_nodes"),
+        n(&forgot, "fileview_nodes")
+    );
+    compare_trees(&v.mnt, &v.src);
+    let after = v.stat();
+    let rise = |k: &str| n(&after, k) - n(&forgot, k);
+    for k in [
+        "fileview_source_stats",
+        "fileview_source_readdirs",
+        "fileview_source_reads",
+        "fileview_revalidations",
+    ] {
+        assert_eq!(rise(k), 0, "{k} rose after the kernel forgot its nodes: SOURCE was asked again");
+    }
+    assert!(rise("demand_metadata_hits") > 300);
+}
+
 /// Reads `p` until it equals `want` or `limit` passes; how long that took.
 fn until_equal(p: &Path, want: &[u8], limit: Duration) -> Duration {
     let start = Instant::now();

@@ -530,6 +530,9 @@ impl View {
     /// is what a fresh listing of the parent says the name leads to.
     fn child_attr(&self, parent: u64, name: &OsStr, listed_ino: Option<u64>) -> Res<(u64, Attr)> {
         let node = self.table.child(parent, name);
+        if let (Some(ino), Some(dir)) = (listed_ino, self.table.object(parent)) {
+            self.table.adopt(node, dir.dev, ino);
+        }
         // Freshness is the object's; whether the name still leads to that
         // object is checked here: by the fresh listing, or by the node's
         // own check (a file renamed over another keeps its object).

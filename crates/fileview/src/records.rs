@@ -28,7 +28,7 @@ pub const ATTR_LEN: usize = 104;
 
 /// What revalidation compares: a file whose fingerprint changed is another
 /// version, whose cached records are dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fingerprint {
     pub size: u64,
     pub mtime: (i64, u32),

@@ -142,6 +142,21 @@ impl Table {
         obj
     }
 
+    /// Binds a node that has no object yet to the object of `(dev, ino)`
+    /// if the table has one: a fresh listing of its parent says the name
+    /// leads to that inode, so the kernel, having forgotten the node (its
+    /// caches dropped), finds the object again without a trip to SOURCE.
+    /// The node's own check is left unset: only the listing vouches.
+    pub fn adopt(&self, node: u64, dev: u64, ino: u64) {
+        let mut inner = self.inner.lock();
+        let Some(obj) = inner.objects.get(&(dev, ino)).cloned() else { return };
+        if let Some(n) = inner.nodes.get_mut(&node) {
+            if n.obj.is_none() {
+                n.obj = Some(obj);
+            }
+        }
+    }
+
     /// The file `(dev, ino)` has no link left in SOURCE: its object is
     /// forgotten, so a new file that reuses the inode number starts with a
     /// new one (nodes and open handles keep theirs). The object, if any.
@@ -254,6 +269,25 @@ mod tests {
         t.rename(ROOT, OsStr::new("x"), ROOT, OsStr::new("y"), false);
         assert_eq!(t.path(y), Some(PathBuf::from("y")));
         assert_eq!(t.path(x), None);
+    }
+
+    #[test]
+    fn a_new_node_adopts_a_known_object_but_keeps_one_it_has() {
+        let t = Table::new();
+        let x = t.child(ROOT, OsStr::new("x"));
+        let fp = Fingerprint::default();
+        let state = || ObjState { id: 7, fp, checked: None, gen: 0, dir_chunks: 0 };
+        let obj = t.bind(x, 1, 42, state);
+        t.forget(x, 1);
+        let y = t.child(ROOT, OsStr::new("x"));
+        t.adopt(y, 1, 43);
+        assert!(t.object(y).is_none(), "no object of that inode");
+        t.adopt(y, 1, 42);
+        assert!(t.object(y).is_some_and(|o| Arc::ptr_eq(&o, &obj)));
+        assert_eq!(t.checked(y), None, "only the listing vouches for the name");
+        let other = t.bind(t.child(ROOT, OsStr::new("z")), 1, 44, state);
+        t.adopt(y, 1, 44);
+        assert!(t.object(y).is_some_and(|o| !Arc::ptr_eq(&o, &other)), "a bound node keeps its object");
     }
 
     #[test]
