@@ -37,6 +37,15 @@ pub struct MountArgs {
     /// kernel's entry and attribute lifetime. 0 checks at every use.
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub revalidate: f64,
+    /// With inotify on SOURCE's directories (a local file system), how
+    /// long a file or directory no event has touched since it was checked
+    /// is used before it is checked anyway: changes made on this machine
+    /// are seen at once, and warm passes do not ask SOURCE. The bound is
+    /// for what sends no event (writes through mmap, another mount of the
+    /// same disk). 0 turns inotify off; on NFS, SMB and FUSE sources it is
+    /// never used.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub watch_max: f64,
     /// Threads answering the kernel's requests (default 8: a miss waits
     /// for SOURCE, and other requests should not wait behind it).
     #[arg(long, value_name = "N", default_value_t = 8)]
@@ -67,6 +76,9 @@ pub fn run(args: &MountArgs) -> Result<()> {
     if !args.revalidate.is_finite() || args.revalidate < 0.0 {
         bail!("--revalidate takes seconds, 0 or more");
     }
+    if !args.watch_max.is_finite() || args.watch_max < 0.0 {
+        bail!("--watch-max takes seconds, 0 or more");
+    }
     if !args.source.is_dir() {
         bail!("SOURCE {} is not a directory", args.source.display());
     }
@@ -87,6 +99,7 @@ pub fn run(args: &MountArgs) -> Result<()> {
         read_only,
         threads: args.fuse_threads,
         allow_other: args.allow_other,
+        watch_max: Duration::from_secs_f64(args.watch_max),
     };
     let view = match arcache_fileview::mount(cfg, Arc::clone(&running.cache), &args.mountpoint) {
         Ok(v) => v,

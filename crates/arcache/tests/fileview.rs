@@ -330,6 +330,119 @@ fn nodes_the_kernel_forgot_are_found_again_without_asking_source() {
     assert!(rise("demand_metadata_hits") > 300);
 }
 
+#[test]
+fn with_inotify_a_warm_pass_past_the_window_asks_source_nothing_and_opens_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    make_tree(&dir.path().join("src"));
+    // The default window (1 s): without inotify every use after it would
+    // be an lstat of SOURCE.
+    let v = View::start(&dir, &[]);
+    compare_trees(&v.mnt, &v.src);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = v.stat();
+    assert!(
+        n(&before, "fileview_watched_dirs") >= 5,
+        "directories watched: {}",
+        n(&before, "fileview_watched_dirs")
+    );
+    compare_trees(&v.mnt, &v.src);
+    let after = v.stat();
+    let rise = |k: &str| n(&after, k) - n(&before, k);
+    // Hard links (a/f2, a/b/f2-link) are never vouched for by a watch.
+    assert!(rise("fileview_source_stats") <= 4, "source stats rose by {}", rise("fileview_source_stats"));
+    assert!(rise("fileview_lazy_opens") > 300, "lazy opens rose by {}", rise("fileview_lazy_opens"));
+    assert_eq!(rise("fileview_source_reads"), 0);
+}
+
+#[test]
+fn with_inotify_changes_in_source_are_seen_at_once_and_without_it_only_after_the_window() {
+    if !fuse_available() {
+        return;
+    }
+    for inotify in [true, false] {
+        let dir = new_dir();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("d")).unwrap();
+        let old = common::random_file(&src.join("d/same-size"), 200_000, 1);
+        fs::write(src.join("d/grows"), b"first line\n").unwrap();
+        fs::write(src.join("d/goes"), b"going").unwrap();
+        fs::write(src.join("d/replaced"), b"old file").unwrap();
+        let args: &[&str] =
+            if inotify { &["--revalidate", "600"] } else { &["--revalidate", "600", "--watch-max", "0"] };
+        let v = View::start(&dir, args);
+        let m = v.mnt.join("d");
+        assert!(fs::read(m.join("same-size")).unwrap() == old);
+        assert_eq!(fs::read(m.join("grows")).unwrap(), b"first line\n");
+        assert_eq!(fs::read(m.join("goes")).unwrap(), b"going");
+        assert_eq!(fs::read(m.join("replaced")).unwrap(), b"old file");
+        assert!(!m.join("new").exists());
+        let names = || {
+            let mut v: Vec<String> = fs::read_dir(&m)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v.join(" ")
+        };
+        // Listed, so lookups are answered from the view's cached listing.
+        assert_eq!(names(), "goes grows replaced same-size");
+
+        let new = {
+            let mut b = old.clone();
+            for x in b.iter_mut().step_by(1000) {
+                *x = x.wrapping_add(1);
+            }
+            b
+        };
+        fs::OpenOptions::new().write(true).open(src.join("d/same-size")).unwrap().write_all(&new).unwrap();
+        fs::OpenOptions::new()
+            .append(true)
+            .open(src.join("d/grows"))
+            .unwrap()
+            .write_all(b"second\n")
+            .unwrap();
+        fs::remove_file(src.join("d/goes")).unwrap();
+        fs::write(src.join("d/new"), b"created").unwrap();
+        fs::write(src.join("d/replacement"), b"new file").unwrap();
+        fs::rename(src.join("d/replacement"), src.join("d/replaced")).unwrap();
+        // The events are read within a poll period; a little for it.
+        std::thread::sleep(Duration::from_millis(400));
+        let seen = [
+            // Attributes, names and the listing come from caches (the
+            // kernel's, the view's) for the window: only an event makes
+            // these seen before it ends.
+            fs::metadata(m.join("grows")).unwrap().len() == 18,
+            !m.join("goes").exists(),
+            names() == "grows new replaced same-size",
+            // An open asks SOURCE (close-to-open) unless a watch vouches,
+            // so these two are seen either way (with inotify they show no
+            // event was missed by a lazy open).
+            fs::read(m.join("same-size")).unwrap() == new,
+            // Read only up to the size the kernel caches, and a name the
+            // cached listing lacks: hidden without an event.
+            fs::read(m.join("grows")).unwrap() == b"first line\nsecond\n",
+            fs::read(m.join("new")).ok().as_deref() == Some(&b"created"[..]),
+            fs::read(m.join("replaced")).unwrap() == b"new file",
+        ];
+        if inotify {
+            assert_eq!(seen, [true; 7], "changes not seen at once with inotify (a 600 s window)");
+            assert!(n(&v.stat(), "fileview_inotify_events") >= 5);
+        } else {
+            // The control: the same changes inside a 600 s window without
+            // inotify stay unseen, so the case above is inotify's doing.
+            assert_eq!(
+                seen,
+                [false, false, false, true, false, false, true],
+                "without inotify the window hides attributes, names and appends"
+            );
+            assert_eq!(n(&v.stat(), "fileview_watched_dirs"), 0);
+        }
+    }
+}
+
 /// Reads `p` until it equals `want` or `limit` passes; how long that took.
 fn until_equal(p: &Path, want: &[u8], limit: Duration) -> Duration {
     let start = Instant::now();
@@ -665,7 +778,11 @@ fn symlinks_swapped_into_source_never_lead_the_view_outside() {
     fs::set_permissions(out.join("victim"), fs::Permissions::from_mode(0o644)).unwrap();
     fs::set_permissions(out.join("shadow"), fs::Permissions::from_mode(0o644)).unwrap();
     // A long window: the view and the kernel keep the names they saw.
-    let v = View::start(&dir, &["--revalidate", "30"]);
+    // No inotify, which would show the new links at once: the kernel then
+    // follows `planted` (an absolute link) on the client side, outside the
+    // view, as it would on any file system; what this tests is the view
+    // itself acting on names that are links by now.
+    let v = View::start(&dir, &["--revalidate", "30", "--watch-max", "0"]);
     let m = &v.mnt;
     assert_eq!(fs::read(m.join("f")).unwrap(), b"inside");
     assert_eq!(fs::read(m.join("d/shadow")).unwrap(), b"inside shadow");

@@ -7,6 +7,7 @@
 mod records;
 mod sys;
 mod table;
+mod watch;
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -34,6 +35,7 @@ use tracing::warn;
 pub use records::{Attr, DirEntry, Fingerprint};
 use sys::At;
 use table::{ObjState, Object, Table, ROOT};
+use watch::Watcher;
 
 /// How a view is set up.
 #[derive(Debug, Clone)]
@@ -49,6 +51,10 @@ pub struct ViewConfig {
     pub threads: usize,
     /// Let other users than the mounting one use the view (`allow_other`).
     pub allow_other: bool,
+    /// How long an object SOURCE's inotify watches vouch for is used
+    /// before it is checked anyway (mmap writes and changes through
+    /// another mount of the same disk send no event). Zero: no inotify.
+    pub watch_max: Duration,
 }
 
 /// What the view did to SOURCE and found there (`stat --json`'s
@@ -65,6 +71,12 @@ pub struct ViewStats {
     pub revalidations: AtomicU64,
     /// Revalidations that found a file changed behind the view.
     pub changes_seen: AtomicU64,
+    /// Files opened without opening SOURCE (a read-only open of a file
+    /// inotify vouches for; SOURCE is opened only if a record must be read).
+    pub lazy_opens: AtomicU64,
+    /// Directories of SOURCE under an inotify watch, and events read.
+    pub watched_dirs: AtomicU64,
+    pub inotify_events: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -83,6 +95,9 @@ impl ViewStats {
             ("fileview_source_writes", l(&self.source_writes)),
             ("fileview_revalidations", l(&self.revalidations)),
             ("fileview_changes_seen", l(&self.changes_seen)),
+            ("fileview_lazy_opens", l(&self.lazy_opens)),
+            ("fileview_watched_dirs", l(&self.watched_dirs)),
+            ("fileview_inotify_events", l(&self.inotify_events)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
@@ -121,10 +136,18 @@ struct SetAttr {
 }
 
 struct Handle {
-    file: File,
+    /// SOURCE's file, opened by open() or, for a lazy open, by the first
+    /// use that needs it (`View::file_of`).
+    file: std::sync::OnceLock<File>,
     obj: Arc<Object>,
     /// The node it was opened on.
     node: u64,
+}
+
+/// The watches in place as a check of a node begins (`View::watch_before`).
+struct WatchBefore {
+    own: Option<(watch::Before, u64, u64)>,
+    parent: Option<(watch::Before, std::ffi::OsString)>,
 }
 
 /// The listing a directory handle is read from, and the directory's
@@ -150,6 +173,16 @@ struct View {
     /// SOURCE (`O_PATH | O_DIRECTORY`): everything the view does to SOURCE
     /// is done beneath it, never following a symlink (`sys`).
     root: OwnedFd,
+    /// inotify on SOURCE's directories, unless off or not trustworthy there.
+    watcher: Option<Arc<Watcher>>,
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        if let Some(w) = &self.watcher {
+            w.stop();
+        }
+    }
 }
 
 fn to_time((sec, nsec): (i64, u32)) -> SystemTime {
@@ -248,8 +281,20 @@ impl View {
         self.cfg.revalidate
     }
 
+    /// Checked within the window, or within `watch_max` with a watch
+    /// vouching that nothing changed since.
     fn fresh(&self, st: &ObjState) -> bool {
-        st.checked.is_some_and(|t| t.elapsed() < self.cfg.revalidate)
+        let Some(t) = st.checked else { return false };
+        let age = t.elapsed();
+        age < self.cfg.revalidate
+            || (age < self.cfg.watch_max && self.watcher.as_ref().is_some_and(|w| w.valid(st.watch)))
+    }
+
+    /// Whether inotify vouches for `obj` now (not only the window).
+    fn watched(&self, obj: &Object) -> bool {
+        let st = obj.state.lock();
+        st.checked.is_some_and(|t| t.elapsed() < self.cfg.watch_max)
+            && self.watcher.as_ref().is_some_and(|w| w.valid(st.watch))
     }
 
     fn count(&self, c: &AtomicU64) {
@@ -310,7 +355,7 @@ impl View {
     }
 
     fn new_state(&self, a: &Attr) -> ObjState {
-        ObjState { id: next_object(), fp: a.fingerprint(), checked: None, gen: 0, dir_chunks: 0 }
+        ObjState { id: next_object(), fp: a.fingerprint(), checked: None, gen: 0, dir_chunks: 0, watch: None }
     }
 
     /// Drops data records `from..=to` of the version `st` names.
@@ -344,6 +389,7 @@ impl View {
     fn settle(&self, obj: &Object, a: &Attr, own: bool) {
         let mut st = obj.state.lock();
         if st.fp != a.fingerprint() {
+            st.watch = None;
             if own {
                 st.gen += 1;
             } else {
@@ -359,16 +405,61 @@ impl View {
 
     /// `lstat`s the node's path and settles its object.
     fn stat_node(&self, node: u64, own: bool) -> Res<(Attr, Arc<Object>)> {
+        let mut marks = self.watcher.as_ref().map(|w| self.watch_before(w, node));
         let f = self.open_node(node)?;
         self.count(&self.stats.source_stats);
-        let m = f.metadata().map_err(errno)?;
-        let a = Attr::from_metadata(&m);
+        let mut a = Attr::from_metadata(&f.metadata().map_err(errno)?);
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
+        if let (Some(w), Some(m)) = (&self.watcher, marks.as_mut()) {
+            let watched = m.own.as_ref().is_some_and(|&(_, dev, ino)| (dev, ino) == (a.dev, a.ino));
+            if a.is_dir() && !watched {
+                // A directory seen for the first time is watched from now
+                // on, and looked at again once it is (the same inode: the
+                // descriptor holds it), so no change after this is missed.
+                if let Some(b) = w.watch_dir(f.as_fd(), &obj, node) {
+                    a = Attr::from_metadata(&f.metadata().map_err(errno)?);
+                    m.own = Some((b, a.dev, a.ino));
+                }
+            }
+        }
         if !own {
             self.count(&self.stats.revalidations);
         }
         self.settle(&obj, &a, own);
+        if let (Some(w), Some(marks)) = (&self.watcher, marks) {
+            self.mark_checked(w, marks, &a, &obj);
+        }
         Ok((a, obj))
+    }
+
+    /// The watches that could vouch for `node` once it is checked, taken
+    /// before the check: a directory's own (events on its entries and
+    /// itself), and for another file its parent's, with its name.
+    fn watch_before(&self, w: &Watcher, node: u64) -> WatchBefore {
+        let own = self.table.object(node).and_then(|o| w.before(&o).map(|b| (b, o.dev, o.ino)));
+        let parent = self.table.parent_and_name(node).and_then(|(parent, name)| {
+            let dir = self.table.object(parent)?;
+            w.before(&dir).map(|b| (b, name))
+        });
+        WatchBefore { own, parent }
+    }
+
+    /// Marks an object just checked (`a`), if a watch that was in place
+    /// before the check vouches for it: a directory by its own watch, a
+    /// file with one link by its parent's (a change made through another
+    /// link would reach another directory's watch).
+    fn mark_checked(&self, w: &Watcher, marks: WatchBefore, a: &Attr, obj: &Arc<Object>) {
+        if a.is_dir() {
+            if let Some((b, dev, ino)) = marks.own {
+                if (dev, ino) == (obj.dev, obj.ino) {
+                    w.mark(b, None, obj);
+                }
+            }
+        } else if a.nlink == 1 {
+            if let Some((b, name)) = marks.parent {
+                w.mark(b, Some(&name), obj);
+            }
+        }
     }
 
     /// The node's attributes: from the ARC while its object is fresh, else
@@ -411,7 +502,7 @@ impl View {
     /// Revalidates an open file by its descriptor (it may have no path).
     fn attr_of_handle(&self, h: &Handle, own: bool) -> Res<Attr> {
         self.count(&self.stats.source_stats);
-        let a = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
+        let a = Attr::from_metadata(&self.file_of(h)?.metadata().map_err(errno)?);
         if a.dev != h.obj.dev || a.ino != h.obj.ino {
             return Err(Errno::ESTALE);
         }
@@ -449,6 +540,8 @@ impl View {
         }
         let rel = self.table.path(node).ok_or(Errno::ENOENT)?;
         let dir = self.open_dir(&rel, libc::O_RDONLY)?;
+        // Watched before it is read, so no change after the read is missed.
+        let before = self.watcher.as_ref().and_then(|w| w.watch_dir(dir.as_fd(), &obj, node));
         self.count(&self.stats.source_readdirs);
         let mut entries = Vec::new();
         // The directory just opened, through its descriptor's magic link.
@@ -459,17 +552,39 @@ impl View {
             entries.push(DirEntry { ino: e.ino(), dtype, name: e.file_name().as_bytes().to_vec() });
         }
         let encoded = records::encode_listing(&entries);
-        let mut st = obj.state.lock();
-        if st.gen == gen && st.id == id {
-            for (i, c) in encoded.iter().enumerate() {
-                self.cache.view_insert(
-                    key(Kind::DirChunk, id, i as u64),
-                    Arc::new(Record::new(c, self.cache.compress_enabled())),
-                );
+        if let (Some(w), Some(b)) = (&self.watcher, before) {
+            // The directory as read, after its watch began: a change since
+            // the attributes used above drops them (and this listing is
+            // then not kept, its version being another).
+            let a = Attr::from_metadata(&File::from(dir).metadata().map_err(errno)?);
+            if (a.dev, a.ino) == (obj.dev, obj.ino) {
+                self.settle(&obj, &a, false);
             }
-            st.dir_chunks = encoded.len() as u64;
+            let kept = self.keep_listing(&obj, id, gen, &encoded);
+            if kept && (a.dev, a.ino) == (obj.dev, obj.ino) {
+                w.mark(b, None, &obj);
+            }
+        } else {
+            self.keep_listing(&obj, id, gen, &encoded);
         }
         Ok(entries)
+    }
+
+    /// Caches a listing read from SOURCE for the version `id`/`gen` of a
+    /// directory, unless it changed meanwhile; whether it was kept.
+    fn keep_listing(&self, obj: &Object, id: u64, gen: u64, encoded: &[Vec<u8>]) -> bool {
+        let mut st = obj.state.lock();
+        if st.gen != gen || st.id != id {
+            return false;
+        }
+        for (i, c) in encoded.iter().enumerate() {
+            self.cache.view_insert(
+                key(Kind::DirChunk, id, i as u64),
+                Arc::new(Record::new(c, self.cache.compress_enabled())),
+            );
+        }
+        st.dir_chunks = encoded.len() as u64;
+        true
     }
 
     /// The listing directory handle `fh` of `node` is read from: a new
@@ -545,7 +660,7 @@ impl View {
         match found {
             Ok((a, _)) => Ok((node, a)),
             Err(e) => {
-                self.table.discard_if_unused(node);
+                self.table.forget(node, 1);
                 Err(e)
             }
         }
@@ -560,10 +675,32 @@ impl View {
         self.handles.lock().values().find(|h| h.node == node).cloned()
     }
 
-    fn add_handle(&self, file: File, obj: Arc<Object>, node: u64) -> u64 {
+    /// A handle of `node` showing `obj`; `file` None opens SOURCE lazily.
+    fn add_handle(&self, file: Option<File>, obj: Arc<Object>, node: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        self.handles.lock().insert(fh, Arc::new(Handle { file, obj, node }));
+        let cell = std::sync::OnceLock::new();
+        if let Some(f) = file {
+            let _ = cell.set(f);
+        }
+        self.handles.lock().insert(fh, Arc::new(Handle { file: cell, obj, node }));
         fh
+    }
+
+    /// The handle's SOURCE file, opened now (read-only) if the open was
+    /// lazy. A name that leads to another file by now is ESTALE: a lazy
+    /// handle never reads a file other than the one it showed.
+    fn file_of<'h>(&self, h: &'h Handle) -> Res<&'h File> {
+        if let Some(f) = h.file.get() {
+            return Ok(f);
+        }
+        let at = self.at(h.node)?;
+        let f = File::from(at.open(libc::O_RDONLY | libc::O_NONBLOCK, 0).map_err(errno)?);
+        let a = Attr::from_metadata(&f.metadata().map_err(errno)?);
+        if (a.dev, a.ino) != (h.obj.dev, h.obj.ino) {
+            return Err(Errno::ESTALE);
+        }
+        let _ = h.file.set(f);
+        h.file.get().ok_or(Errno::EIO)
     }
 
     /// Reads `size` bytes at `offset` through the ARC.
@@ -592,7 +729,7 @@ impl View {
                     let mut buf = vec![0u8; rs as usize];
                     let mut got = 0;
                     while got < buf.len() {
-                        match h.file.read_at(&mut buf[got..], idx * rs + got as u64) {
+                        match self.file_of(h)?.read_at(&mut buf[got..], idx * rs + got as u64) {
                             Ok(0) => break,
                             Ok(n) => got += n,
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -657,7 +794,7 @@ impl View {
         match self.stat_node(node, false) {
             Ok((a, _)) => Ok((node, a)),
             Err(e) => {
-                self.table.discard_if_unused(node);
+                self.table.forget(node, 1);
                 Err(e)
             }
         }
@@ -741,7 +878,7 @@ impl View {
         self.count(&self.stats.source_writes);
         if let Some(m) = mode {
             match &handle {
-                Some(h) => h.file.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
+                Some(h) => self.file_of(h)?.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
                 None => {
                     let f = self.open_node(node)?;
                     let link = f.metadata().map_err(errno)?.file_type().is_symlink();
@@ -760,7 +897,7 @@ impl View {
             };
             let mut st = obj.state.lock();
             let r = match &handle {
-                Some(h) => h.file.set_len(sz),
+                Some(h) => self.file_of(h)?.set_len(sz),
                 None => self
                     .at(node)?
                     .open(libc::O_WRONLY | libc::O_NONBLOCK, 0)
@@ -797,7 +934,6 @@ impl Filesystem for View {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.lookup_node(parent.0, name) {
             Ok((node, a)) => {
-                self.table.looked_up(node);
                 reply.entry(&self.ttl(), &FileAttr { ino: INodeNo(node), ..fuse_attr(&a) }, Generation(0));
             }
             Err(e) => reply.error(e),
@@ -980,7 +1116,7 @@ impl Filesystem for View {
             match self.stat_node(node, true) {
                 Ok((a, _)) => Ok((node, a)),
                 Err(e) => {
-                    self.table.discard_if_unused(node);
+                    self.table.forget(node, 1);
                     Err(e)
                 }
             }
@@ -993,6 +1129,8 @@ impl Filesystem for View {
             let acc = flags.0 & libc::O_ACCMODE;
             if acc != libc::O_RDONLY {
                 self.refuse_if_read_only()?;
+            } else if let Some(fh) = self.open_lazily(ino.0) {
+                return Ok(fh);
             }
             let at = self.at(ino.0)?;
             // O_NONBLOCK: a fifo swapped in for the file does not hang the open.
@@ -1009,11 +1147,11 @@ impl Filesystem for View {
             });
             let file = File::from(file.map_err(errno)?);
             let (_, obj) = self.bind_opened(ino.0, &file)?;
-            let h = Handle { file, obj, node: ino.0 };
+            let h = Handle { file: std::sync::OnceLock::from(file), obj, node: ino.0 };
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
                 self.truncate_handle(&h)?;
             }
-            Ok(self.add_handle(h.file, h.obj, h.node))
+            Ok(self.add_handle(h.file.into_inner(), h.obj, h.node))
         })();
         match r {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
@@ -1054,10 +1192,11 @@ impl Filesystem for View {
             let h = self.handle(fh)?;
             // A change made on SOURCE meanwhile is found before ours is made.
             let before = self.attr_of_handle(&h, false)?;
-            let n = h.file.write_at(data, offset).map_err(errno)?;
+            let file = self.file_of(&h)?;
+            let n = file.write_at(data, offset).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.cache.count_view_source_write(n as u64);
-            let after = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
+            let after = Attr::from_metadata(&file.metadata().map_err(errno)?);
             {
                 let mut st = h.obj.state.lock();
                 let rs = self.cfg.recordsize;
@@ -1105,9 +1244,10 @@ impl Filesystem for View {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        let r = self
-            .handle(fh)
-            .and_then(|h| if datasync { h.file.sync_data() } else { h.file.sync_all() }.map_err(errno));
+        let r = self.handle(fh).and_then(|h| {
+            let f = self.file_of(&h)?;
+            if datasync { f.sync_data() } else { f.sync_all() }.map_err(errno)
+        });
         reply_empty(r, reply);
     }
 
@@ -1184,12 +1324,10 @@ impl Filesystem for View {
             let fa = FileAttr { ino: INodeNo(node), ..fuse_attr(&attr) };
             if reply.add(INodeNo(node), i as u64 + 1, name, &ttl, &fa, Generation(0)) {
                 if i >= 2 {
-                    self.table.discard_if_unused(node);
+                    // Not handed out (the buffer is full): child's reference back.
+                    self.table.forget(node, 1);
                 }
                 break;
-            }
-            if i >= 2 {
-                self.table.looked_up(node);
             }
         }
         reply.ok();
@@ -1305,12 +1443,11 @@ impl Filesystem for View {
             let (node, _) = self.made(req, parent.0, name, &at)?;
             // What was created is what this handle shows, whatever the
             // name leads to by now.
-            let (a, obj) = self.bind_opened(node, &file)?;
-            Ok((node, a, self.add_handle(file, obj, node)))
+            let (a, obj) = self.bind_opened(node, &file).inspect_err(|_| self.table.forget(node, 1))?;
+            Ok((node, a, self.add_handle(Some(file), obj, node)))
         });
         match r {
             Ok((node, a, fh)) => {
-                self.table.looked_up(node);
                 let fa = FileAttr { ino: INodeNo(node), ..fuse_attr(&a) };
                 reply.created(&self.ttl(), &fa, Generation(0), FileHandle(fh), FopenFlags::empty());
             }
@@ -1320,10 +1457,30 @@ impl Filesystem for View {
 }
 
 impl View {
+    /// A read-only open that leaves SOURCE alone: the node's object is a
+    /// regular file inotify vouches for (no event for its name since it was
+    /// checked), so the name still leads to it; SOURCE is opened only if a
+    /// record must be read (`file_of`). The events queued are applied
+    /// first, so this is as current as the open of SOURCE it saves (NFS's
+    /// close-to-open); without a watch the open asks SOURCE.
+    fn open_lazily(&self, node: u64) -> Option<u64> {
+        let obj = self.table.object(node)?;
+        // Every change SOURCE made before this open has cleared its marks.
+        self.watcher.as_ref()?.catch_up();
+        if !self.watched(&obj) {
+            return None;
+        }
+        let (a, obj) = self.attr(node).ok()?;
+        if a.mode & libc::S_IFMT != libc::S_IFREG || !self.watched(&obj) {
+            return None;
+        }
+        self.count(&self.stats.lazy_opens);
+        Some(self.add_handle(None, obj, node))
+    }
+
     fn reply_new_entry(&self, r: Res<(u64, Attr)>, reply: ReplyEntry) {
         match r {
             Ok((node, a)) => {
-                self.table.looked_up(node);
                 reply.entry(&self.ttl(), &FileAttr { ino: INodeNo(node), ..fuse_attr(&a) }, Generation(0));
             }
             Err(e) => reply.error(e),
@@ -1335,7 +1492,7 @@ impl View {
         let before = self.attr_of_handle(h, false)?;
         {
             let mut st = h.obj.state.lock();
-            h.file.set_len(0).map_err(errno)?;
+            self.file_of(h)?.set_len(0).map_err(errno)?;
             self.drop_data(&st, 0, before.size / self.cfg.recordsize);
             st.gen += 1;
         }
@@ -1369,6 +1526,7 @@ pub struct Mounted {
     ended: Arc<AtomicBool>,
     pub stats: Arc<ViewStats>,
     table_sizes: Arc<dyn Fn() -> (u64, u64) + Send + Sync>,
+    inotify: Option<Arc<Watcher>>,
     pub mountpoint: PathBuf,
     watcher: Option<std::process::Child>,
 }
@@ -1382,8 +1540,13 @@ impl Mounted {
     /// The counters by name, with the table's sizes at the time of each call.
     pub fn stat_source(&self) -> Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync> {
         let (stats, sizes) = (Arc::clone(&self.stats), Arc::clone(&self.table_sizes));
+        let inotify = self.inotify.clone();
         Box::new(move || {
             let (nodes, objects) = sizes();
+            if let Some(w) = &inotify {
+                stats.watched_dirs.store(w.watched(), Relaxed);
+                stats.inotify_events.store(w.events.load(Relaxed), Relaxed);
+            }
             stats.nodes.store(nodes, Relaxed);
             stats.objects.store(objects, Relaxed);
             stats.fields()
@@ -1452,8 +1615,15 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         next_fh: AtomicU64::new(1),
         stats: Arc::clone(&stats),
         as_root,
+        watcher: None,
         root: OwnedFd::from(root),
     };
+    let mut view = view;
+    if !cfg.watch_max.is_zero() {
+        view.watcher = Watcher::new(view.root.as_fd());
+    }
+    let inotify = view.watcher.clone();
+    let table = Arc::clone(&view.table);
     // The root is SOURCE itself.
     let root_meta = File::from(view.root.try_clone()?).metadata()?;
     let root_attr = Attr::from_metadata(&root_meta);
@@ -1481,6 +1651,9 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     config.n_threads = Some(cfg.threads.max(1));
     let session = fuser::Session::new(view, mountpoint, &config)?;
     let mut session = session;
+    if let Some(w) = &inotify {
+        spawn_inotify(Arc::clone(w), session.notifier(), table)?;
+    }
     let unmounter = session.unmount_callable();
     let ended = Arc::new(AtomicBool::new(false));
     let e = Arc::clone(&ended);
@@ -1506,9 +1679,30 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         ended,
         stats,
         table_sizes: sizes,
+        inotify,
         mountpoint: abs,
         watcher,
     })
+}
+
+/// Reads inotify events: each clears the marks it touches (`watch.rs`) and
+/// drops what the kernel caches of the name (its entry, and the node's
+/// attributes and pages), so a change made on SOURCE is seen at the next
+/// access rather than when the kernel's entry lifetime ends.
+fn spawn_inotify(w: Arc<Watcher>, notifier: fuser::Notifier, table: Arc<Table>) -> io::Result<()> {
+    let touched = move |dir: u64, name: Option<&OsStr>| match name {
+        Some(name) => {
+            let _ = notifier.inval_entry(INodeNo(dir), name);
+            if let Some(child) = table.find(dir, name) {
+                let _ = notifier.inval_inode(INodeNo(child), 0, 0);
+            }
+        }
+        None => {
+            let _ = notifier.inval_inode(INodeNo(dir), 0, 0);
+        }
+    };
+    std::thread::Builder::new().name("fileview-inotify".into()).spawn(move || w.run(touched))?;
+    Ok(())
 }
 
 /// A process that unmounts `mountpoint` when this one is gone without

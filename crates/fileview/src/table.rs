@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::records::Fingerprint;
+use crate::watch::Mark;
 
 pub const ROOT: u64 = 1;
 
@@ -28,6 +29,9 @@ pub struct ObjState {
     pub gen: u64,
     /// Chunks of the cached listing (directories), 0 if none.
     pub dir_chunks: u64,
+    /// An inotify watch vouching that SOURCE has not changed it since
+    /// `checked` (`watch.rs`); cleared by its events.
+    pub watch: Option<Mark>,
 }
 
 #[derive(Debug)]
@@ -100,20 +104,35 @@ impl Table {
         self.inner.lock().nodes.contains_key(&node)
     }
 
-    /// The node for `name` under `parent`, made if there is none yet.
+    /// The node for `name` under `parent`, made if there is none yet, with
+    /// one reference taken for the reply the caller is about to give: the
+    /// kernel's `forget` of the node can then never drop it between here
+    /// and the reply (it did, and the kernel was answered ENOENT for a node
+    /// it had just been given). A caller that does not hand the node out
+    /// gives the reference back with `forget(node, 1)`.
     pub fn child(&self, parent: u64, name: &OsStr) -> u64 {
         let mut inner = self.inner.lock();
         let key = (parent, name.to_os_string());
         if let Some(&n) = inner.names.get(&key) {
+            if let Some(node) = inner.nodes.get_mut(&n) {
+                node.nlookup += 1;
+            }
             return n;
         }
         let id = inner.next_node;
         inner.next_node += 1;
         inner
             .nodes
-            .insert(id, Node { parent, name: name.to_os_string(), obj: None, checked: None, nlookup: 0 });
+            .insert(id, Node { parent, name: name.to_os_string(), obj: None, checked: None, nlookup: 1 });
         inner.names.insert(key, id);
         id
+    }
+
+    /// The node's parent and name, if it has a name.
+    pub fn parent_and_name(&self, node: u64) -> Option<(u64, OsString)> {
+        let inner = self.inner.lock();
+        let n = inner.nodes.get(&node)?;
+        (!n.name.is_empty()).then(|| (n.parent, n.name.clone()))
     }
 
     /// When SOURCE last showed the node's object under its name.
@@ -164,27 +183,13 @@ impl Table {
         self.inner.lock().objects.remove(&(dev, ino))
     }
 
-    /// The kernel took one more reference to `node`.
-    pub fn looked_up(&self, node: u64) {
-        if let Some(n) = self.inner.lock().nodes.get_mut(&node) {
-            n.nlookup += 1;
-        }
-    }
-
-    /// The kernel gave back `count` references; the node goes at zero.
+    /// The kernel gave back `count` references (or a caller of `child`
+    /// the one it did not hand out); the node goes at zero.
     pub fn forget(&self, node: u64, count: u64) {
         let mut inner = self.inner.lock();
         let Some(n) = inner.nodes.get_mut(&node) else { return };
         n.nlookup = n.nlookup.saturating_sub(count);
         if n.nlookup == 0 && node != ROOT {
-            Self::remove(&mut inner, node);
-        }
-    }
-
-    /// Drops a node no reply handed out (a failed lookup).
-    pub fn discard_if_unused(&self, node: u64) {
-        let mut inner = self.inner.lock();
-        if inner.nodes.get(&node).is_some_and(|n| n.nlookup == 0) && node != ROOT {
             Self::remove(&mut inner, node);
         }
     }
@@ -276,9 +281,10 @@ mod tests {
         let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
         let fp = Fingerprint::default();
-        let state = || ObjState { id: 7, fp, checked: None, gen: 0, dir_chunks: 0 };
+        let state = || ObjState { id: 7, fp, checked: None, gen: 0, dir_chunks: 0, watch: None };
         let obj = t.bind(x, 1, 42, state);
         t.forget(x, 1);
+        assert!(!t.exists(x));
         let y = t.child(ROOT, OsStr::new("x"));
         t.adopt(y, 1, 43);
         assert!(t.object(y).is_none(), "no object of that inode");
@@ -291,11 +297,23 @@ mod tests {
     }
 
     #[test]
+    fn a_node_being_handed_out_outlives_a_forget_of_the_earlier_references() {
+        let t = Table::new();
+        let x = t.child(ROOT, OsStr::new("x"));
+        // A second lookup finds the node while the kernel forgets the
+        // reference the first reply gave.
+        let again = t.child(ROOT, OsStr::new("x"));
+        t.forget(x, 1);
+        assert_eq!(again, x);
+        assert!(t.exists(x), "the node was dropped before the second reply handed it out");
+        assert_eq!(t.path(x), Some(PathBuf::from("x")));
+    }
+
+    #[test]
     fn nodes_go_when_the_kernel_forgets_them() {
         let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
-        t.looked_up(x);
-        t.looked_up(x);
+        assert_eq!(t.child(ROOT, OsStr::new("x")), x);
         t.forget(x, 1);
         assert!(t.exists(x));
         t.forget(x, 1);

@@ -1,0 +1,339 @@
+//! inotify on SOURCE's directories (`docs/fileview.md`, "inotify"): while
+//! a directory is watched and no event has come for a name in it, what the
+//! view last checked of that name is still what SOURCE has, so its object
+//! stays fresh past the revalidate window (up to `watch_max`), and a change
+//! made on this machine is seen as soon as its event is read, not at the
+//! end of the window.
+//!
+//! A *mark* on an object says "an event will clear this": it is set only
+//! when the watch's event count did not move between the check of SOURCE
+//! and the mark, so an event that raced the check is never lost, and it is
+//! cleared by any event for the object's name, for the directory itself,
+//! by the watch going away, and (all marks at once, through the epoch) by
+//! a queue overflow. An event also ends the object's revalidate window:
+//! its next use checks SOURCE.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tracing::{debug, warn};
+
+use crate::table::Object;
+
+/// What a marked object remembers: which watch vouches for it, in which
+/// epoch (an overflow starts a new one and ends every mark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub watch: u64,
+    pub epoch: u64,
+}
+
+/// An event says the object may have changed: its next use checks
+/// SOURCE, whatever the revalidate window says.
+fn changed(obj: &Object) {
+    let mut st = obj.state.lock();
+    st.watch = None;
+    st.checked = None;
+}
+
+/// File systems whose changes made on other machines send no event here
+/// (statfs f_type): no object is marked on them.
+const REMOTE_FS: [i64; 9] = [
+    0x6969,      // NFS
+    0x517B,      // SMB
+    0xFF53_4D42, // CIFS
+    0xFE53_4D42, // SMB2
+    0x6573_5546, // FUSE (sshfs, rclone, another view, ...)
+    0x00C3_6400, // Ceph
+    0x0102_1997, // 9p
+    0x5346_414F, // AFS
+    0x0BD0_0BD0, // Lustre
+];
+
+const MASK: u32 = libc::IN_MODIFY
+    | libc::IN_ATTRIB
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_CREATE
+    | libc::IN_DELETE
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF
+    | libc::IN_ONLYDIR;
+
+struct Dir {
+    serial: u64,
+    /// The view's node of the directory when it was last watched or
+    /// listed: whose kernel caches an event invalidates.
+    node: u64,
+    /// Events seen on it; a mark is set only if this did not move since
+    /// the check it rests on began.
+    events: u64,
+    /// The directory's own object, if marked.
+    own: Option<Arc<Object>>,
+    /// Marked objects by their name in the directory.
+    children: FxHashMap<OsString, Arc<Object>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_wd: FxHashMap<i32, Dir>,
+    by_object: FxHashMap<(u64, u64), i32>,
+    next_serial: u64,
+    /// inotify refused a watch (ENOSPC: max_user_watches): said once.
+    full_said: bool,
+}
+
+/// A directory node and a name in it (None: the directory itself) whose
+/// kernel caches an event invalidates.
+type Touched = (u64, Option<OsString>);
+
+pub struct Watcher {
+    fd: OwnedFd,
+    inner: Mutex<Inner>,
+    /// Held while events are read and applied, so `catch_up` returns only
+    /// once every event queued before it was applied, whoever read it.
+    reading: Mutex<()>,
+    /// Kernel invalidations found by `catch_up`, for the event thread to
+    /// send (a request's own thread must not wait on the kernel).
+    pending: Mutex<Vec<Touched>>,
+    epoch: AtomicU64,
+    stop: AtomicBool,
+    /// Events read, for statistics.
+    pub events: AtomicU64,
+}
+
+/// The watch of a directory as a check begins: `(wd, events)`.
+pub type Before = (i32, u64);
+
+impl Watcher {
+    /// A watcher for SOURCE (`root`), or `None` where events cannot be
+    /// trusted to cover every change (a network or FUSE file system) or
+    /// inotify is unavailable.
+    pub fn new(root: BorrowedFd) -> Option<Arc<Watcher>> {
+        // SAFETY: statfs fills the struct it is given.
+        let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and a struct of the right type.
+        if unsafe { libc::fstatfs(root.as_raw_fd(), &mut sfs) } != 0 {
+            return None;
+        }
+        #[allow(clippy::unnecessary_cast)]
+        let kind = sfs.f_type as i64;
+        if REMOTE_FS.contains(&kind) {
+            debug!("SOURCE is on a network or FUSE file system ({kind:#x}): no inotify");
+            return None;
+        }
+        // SAFETY: no pointers; the result is checked.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            warn!(
+                "inotify_init1: {}; changes in SOURCE are seen by revalidation only",
+                io::Error::last_os_error()
+            );
+            return None;
+        }
+        Some(Arc::new(Watcher {
+            // SAFETY: a descriptor inotify_init1 just returned, owned here only.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            inner: Mutex::new(Inner::default()),
+            reading: Mutex::new(()),
+            pending: Mutex::new(Vec::new()),
+            epoch: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            events: AtomicU64::new(0),
+        }))
+    }
+
+    /// Whether `mark` still vouches for its object.
+    pub fn valid(&self, mark: Option<Mark>) -> bool {
+        mark.is_some_and(|m| m.epoch == self.epoch.load(Relaxed))
+    }
+
+    /// Watches the directory open as `dir` (object `obj`) if it is not
+    /// yet; its watch as a check of it begins. `None` if it cannot be.
+    pub fn watch_dir(&self, dir: BorrowedFd, obj: &Object, node: u64) -> Option<Before> {
+        let mut inner = self.inner.lock();
+        if let Some(&wd) = inner.by_object.get(&(obj.dev, obj.ino)) {
+            return inner.by_wd.get_mut(&wd).map(|d| {
+                d.node = node;
+                (wd, d.events)
+            });
+        }
+        let path = format!("/proc/self/fd/{}\0", dir.as_raw_fd());
+        // SAFETY: a NUL-terminated path and a valid inotify descriptor.
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr().cast(), MASK) };
+        if wd < 0 {
+            let e = io::Error::last_os_error();
+            if !inner.full_said {
+                inner.full_said = true;
+                warn!("inotify_add_watch: {e}; directories past this are checked by revalidation only");
+            }
+            return None;
+        }
+        // The same inode under another (dev, ino) key cannot happen; a wd
+        // already known (a directory reached twice) keeps its state.
+        let serial = inner.next_serial;
+        inner.next_serial += 1;
+        inner.by_object.insert((obj.dev, obj.ino), wd);
+        let d = inner.by_wd.entry(wd).or_insert(Dir {
+            serial,
+            node,
+            events: 0,
+            own: None,
+            children: FxHashMap::default(),
+        });
+        Some((wd, d.events))
+    }
+
+    /// The watch of the directory object `dir`, as a check of one of its
+    /// names begins.
+    pub fn before(&self, dir: &Object) -> Option<Before> {
+        let inner = self.inner.lock();
+        let wd = *inner.by_object.get(&(dir.dev, dir.ino))?;
+        inner.by_wd.get(&wd).map(|d| (wd, d.events))
+    }
+
+    /// Marks `obj`, just checked under `name` in the watched directory
+    /// (`before` taken as the check began), unless an event came since.
+    /// `name` None marks the directory itself.
+    pub fn mark(&self, before: Before, name: Option<&OsStr>, obj: &Arc<Object>) -> bool {
+        let (wd, events) = before;
+        let mut inner = self.inner.lock();
+        let epoch = self.epoch.load(Relaxed);
+        let Some(d) = inner.by_wd.get_mut(&wd) else { return false };
+        if d.events != events {
+            return false;
+        }
+        match name {
+            Some(n) => {
+                if let Some(old) = d.children.insert(n.to_os_string(), Arc::clone(obj)) {
+                    if !Arc::ptr_eq(&old, obj) {
+                        old.state.lock().watch = None;
+                    }
+                }
+            }
+            None => d.own = Some(Arc::clone(obj)),
+        }
+        obj.state.lock().watch = Some(Mark { watch: d.serial, epoch });
+        true
+    }
+
+    /// Reads and applies the events queued, clearing the marks they touch;
+    /// what the kernel must forget goes to `out`.
+    fn drain(&self, out: &mut Vec<Touched>) {
+        let _reading = self.reading.lock();
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            // SAFETY: reads into a buffer of the given length.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return;
+            }
+            let mut at = 0usize;
+            let n = n as usize;
+            const HEAD: usize = std::mem::size_of::<libc::inotify_event>();
+            while at + HEAD <= n {
+                // SAFETY: the kernel wrote a whole event header here; read
+                // unaligned, the buffer being bytes.
+                let ev: libc::inotify_event = unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+                let len = ev.len as usize;
+                let name_bytes = buf.get(at + HEAD..at + HEAD + len).unwrap_or(&[]);
+                let name = OsStr::from_bytes(name_bytes.split(|&b| b == 0).next().unwrap_or(&[]));
+                if let Some(node) = self.event(ev.wd, ev.mask, name) {
+                    out.push((node, (!name.is_empty()).then(|| name.to_os_string())));
+                }
+                at += HEAD + len;
+            }
+        }
+    }
+
+    /// Applies every event queued by now. A change SOURCE finished before
+    /// this call (fsnotify queues an event before the changing call
+    /// returns) has then cleared its marks: what a mark vouches for right
+    /// after is as current as an `lstat` would be.
+    pub fn catch_up(&self) {
+        let mut out = Vec::new();
+        self.drain(&mut out);
+        if !out.is_empty() {
+            self.pending.lock().extend(out);
+        }
+    }
+
+    /// Clears what one event touches; the directory's node, if known.
+    fn event(&self, wd: i32, mask: u32, name: &OsStr) -> Option<u64> {
+        self.events.fetch_add(1, Relaxed);
+        if mask & libc::IN_Q_OVERFLOW != 0 {
+            // Events were lost: no mark can be trusted.
+            self.epoch.fetch_add(1, Relaxed);
+            let mut inner = self.inner.lock();
+            for d in inner.by_wd.values_mut() {
+                d.events += 1;
+                d.own = None;
+                d.children.clear();
+            }
+            return None;
+        }
+        let mut inner = self.inner.lock();
+        let gone = mask & libc::IN_IGNORED != 0;
+        let d = inner.by_wd.get_mut(&wd)?;
+        d.events += 1;
+        let node = d.node;
+        // The directory's own entries or attributes changed (an event on a
+        // file in it, a write or its attributes, leaves the directory be).
+        let entries = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_MOVED_TO;
+        if name.is_empty() || mask & entries != 0 {
+            if let Some(own) = d.own.take() {
+                changed(&own);
+            }
+        }
+        if !name.is_empty() {
+            if let Some(child) = d.children.remove(name) {
+                changed(&child);
+            }
+        }
+        if gone {
+            if let Some(d) = inner.by_wd.remove(&wd) {
+                for (_, c) in d.children {
+                    changed(&c);
+                }
+            }
+            inner.by_object.retain(|_, w| *w != wd);
+        }
+        Some(node)
+    }
+
+    /// Reads events until told to stop, telling `touched` each directory
+    /// node and name (None: the directory itself) whose kernel caches to
+    /// drop; outside every lock, since telling the kernel may wait for a
+    /// request on that directory to end.
+    pub fn run(self: Arc<Self>, touched: impl Fn(u64, Option<&OsStr>)) {
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut out = Vec::new();
+        while !self.stop.load(Relaxed) {
+            // SAFETY: one valid pollfd. A short period: what catch_up
+            // found waits for it.
+            let r = unsafe { libc::poll(&mut pfd, 1, 20) };
+            if r > 0 {
+                self.drain(&mut out);
+            }
+            out.append(&mut self.pending.lock());
+            for (node, name) in out.drain(..) {
+                touched(node, name.as_deref());
+            }
+        }
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+    }
+
+    /// Directories watched, for statistics.
+    pub fn watched(&self) -> u64 {
+        self.inner.lock().by_wd.len() as u64
+    }
+}
