@@ -443,6 +443,45 @@ fn with_inotify_changes_in_source_are_seen_at_once_and_without_it_only_after_the
     }
 }
 
+#[test]
+fn a_listing_prefetches_its_entries_attributes_once_and_lookups_then_hit() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    make_tree(&dir.path().join("src"));
+    let v = View::start(&dir, &["--revalidate", "600"]);
+    let before = v.stat();
+    let names: Vec<_> = fs::read_dir(v.mnt.join("many")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 300);
+    for name in &names {
+        let (vm, sm) = (
+            fs::symlink_metadata(v.mnt.join("many").join(name)).unwrap(),
+            fs::symlink_metadata(v.src.join("many").join(name)).unwrap(),
+        );
+        assert_eq!((vm.size(), vm.mtime(), vm.mtime_nsec()), (sm.size(), sm.mtime(), sm.mtime_nsec()));
+    }
+    let after = v.stat();
+    let rise = |k: &str| n(&after, k) - n(&before, k);
+    assert!(rise("prefetch_metadata_misses") >= 300, "prefetched {}", rise("prefetch_metadata_misses"));
+    // Each entry asked of SOURCE once (the prefetch's), not again by the
+    // lookups that followed (a few for the directories on the way).
+    assert!(
+        rise("fileview_source_stats") <= 300 + 5,
+        "source stats rose by {}",
+        rise("fileview_source_stats")
+    );
+    // A second listing, the attributes fresh: nothing to read.
+    let hits = n(&after, "prefetch_metadata_hits");
+    let src = v.src.join("many");
+    fs::write(src.join("one-more"), b"x").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(fs::read_dir(v.mnt.join("many")).unwrap().count(), 301);
+    let last = v.stat();
+    assert!(n(&last, "prefetch_metadata_hits") >= hits + 300, "a fresh entry was read again");
+    assert!(n(&last, "prefetch_metadata_misses") - n(&after, "prefetch_metadata_misses") <= 2);
+}
+
 /// Reads `p` until it equals `want` or `limit` passes; how long that took.
 fn until_equal(p: &Path, want: &[u8], limit: Duration) -> Duration {
     let start = Instant::now();

@@ -92,6 +92,8 @@ pub(crate) struct Counters {
     pub prefetch_misses: AtomicU64,
     pub demand_metadata_hits: AtomicU64,
     pub demand_metadata_misses: AtomicU64,
+    pub prefetch_metadata_hits: AtomicU64,
+    pub prefetch_metadata_misses: AtomicU64,
     pub invalidated: AtomicU64,
     pub backing_reads: AtomicU64,
     pub backing_read_bytes: AtomicU64,
@@ -473,6 +475,21 @@ impl Cache {
     pub fn view_insert(&self, key: Key, rec: RecordData) {
         debug_assert!(arc_policy::key::view::is_view(key));
         self.insert_read(key, rec, false);
+    }
+
+    /// A metadata prefetch found what it would read already cached
+    /// (`prefetch_metadata_hits`).
+    pub fn count_view_prefetch_hit(&self) {
+        self.counters.prefetch_metadata_hits.fetch_add(1, Relaxed);
+    }
+
+    /// Caches a view metadata record a prefetch read from its source: a
+    /// prefetch insert (the policy's prefetch rules apply), counted in
+    /// `prefetch_metadata_misses` as ZFS counts a prefetch that had to read.
+    pub fn view_insert_prefetch(&self, key: Key, rec: RecordData) {
+        debug_assert!(arc_policy::key::view::is_view(key));
+        self.counters.prefetch_metadata_misses.fetch_add(1, Relaxed);
+        self.insert_read(key, rec, true);
     }
 
     /// Drops a view record; true if it was in RAM.

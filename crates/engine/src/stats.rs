@@ -144,12 +144,16 @@ impl ArcStats {
         let pm = c.prefetch_misses.load(Relaxed);
         let mh = c.demand_metadata_hits.load(Relaxed);
         let mm = c.demand_metadata_misses.load(Relaxed);
+        let pmh = c.prefetch_metadata_hits.load(Relaxed);
+        let pmm = c.prefetch_metadata_misses.load(Relaxed);
         ArcStats {
-            hits: dh + ph + mh,
+            hits: dh + ph + mh + pmh,
             iohits: di + pi,
-            misses: dm + pm + mm,
+            misses: dm + pm + mm + pmm,
             demand_metadata_hits: mh,
             demand_metadata_misses: mm,
+            prefetch_metadata_hits: pmh,
+            prefetch_metadata_misses: pmm,
             demand_data_hits: dh,
             demand_data_iohits: di,
             demand_data_misses: dm,

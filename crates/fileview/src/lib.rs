@@ -12,7 +12,7 @@ mod watch;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirEntryExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -111,6 +111,11 @@ static NEXT_OBJECT: AtomicU64 = AtomicU64::new(1);
 fn next_object() -> u64 {
     NEXT_OBJECT.fetch_add(1, Relaxed) & vkey::MAX_OBJECT
 }
+
+/// The metadata prefetch of a listing: how many entries at most, and how
+/// many read side by side.
+const PREFETCH_MAX: usize = 4096;
+const PREFETCH_THREADS: usize = 8;
 
 fn key(kind: Kind, object: u64, index: u64) -> u64 {
     vkey::make(kind, object, index)
@@ -387,6 +392,12 @@ impl View {
     /// every record dropped and a new object number; with `own` the view
     /// made the change and has fixed its records already.
     fn settle(&self, obj: &Object, a: &Attr, own: bool) {
+        self.settle_as(obj, a, own, false);
+    }
+
+    /// `settle`; with `prefetch` the attribute record goes in as a
+    /// prefetch's (the metadata prefetch of a listing).
+    fn settle_as(&self, obj: &Object, a: &Attr, own: bool, prefetch: bool) {
         let mut st = obj.state.lock();
         if st.fp != a.fingerprint() {
             st.watch = None;
@@ -400,7 +411,64 @@ impl View {
         }
         st.fp = a.fingerprint();
         st.checked = Some(Instant::now());
-        self.cache.view_insert(key(Kind::Attr, st.id, 0), Arc::new(Record::new(&a.encode(), false)));
+        let rec = Arc::new(Record::new(&a.encode(), false));
+        if prefetch {
+            self.cache.view_insert_prefetch(key(Kind::Attr, st.id, 0), rec);
+        } else {
+            self.cache.view_insert(key(Kind::Attr, st.id, 0), rec);
+        }
+    }
+
+    /// The metadata prefetch of a listing just read from SOURCE: the
+    /// attributes of its entries (the first `PREFETCH_MAX`) the view does
+    /// not have fresh, read by `PREFETCH_THREADS` at once, before the
+    /// listing is answered. A walk (`rsync`, `find`, `ls -l`) asks for
+    /// them next, one at a time; on a disk that seeks, reading them side
+    /// by side is what makes a cold pass faster. Lookups then find each
+    /// object through the listing (`Table::adopt`) without SOURCE.
+    fn prefetch_attrs(&self, dir: BorrowedFd, dobj: &Object, entries: &[DirEntry]) {
+        let wanted: Vec<&DirEntry> = entries
+            .iter()
+            .take(PREFETCH_MAX)
+            .filter(|e| match self.table.known_object(dobj.dev, e.ino) {
+                Some(o) if self.fresh(&o.state.lock()) => {
+                    self.cache.count_view_prefetch_hit();
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let before = self.watcher.as_ref().and_then(|w| w.before(dobj));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..PREFETCH_THREADS.min(wanted.len()) {
+                s.spawn(|| {
+                    while let Some(e) = wanted.get(next.fetch_add(1, Relaxed)) {
+                        self.prefetch_one(dir, e, before);
+                    }
+                });
+            }
+        });
+    }
+
+    fn prefetch_one(&self, dir: BorrowedFd, e: &DirEntry, before: Option<watch::Before>) {
+        let name = OsStr::from_bytes(&e.name);
+        let Ok(a) = sys::lstat_at(dir, name) else { return };
+        self.count(&self.stats.source_stats);
+        if a.ino != e.ino {
+            // Replaced since the listing: left to the lookup.
+            return;
+        }
+        let obj = self.table.object_for(a.dev, a.ino, || self.new_state(&a));
+        self.settle_as(&obj, &a, false, true);
+        if let (Some(w), Some(b)) = (&self.watcher, before) {
+            if !a.is_dir() && a.nlink == 1 {
+                w.mark(b, Some(name), &obj);
+            }
+        }
     }
 
     /// `lstat`s the node's path and settles its object.
@@ -552,11 +620,12 @@ impl View {
             entries.push(DirEntry { ino: e.ino(), dtype, name: e.file_name().as_bytes().to_vec() });
         }
         let encoded = records::encode_listing(&entries);
+        let dir = File::from(dir);
         if let (Some(w), Some(b)) = (&self.watcher, before) {
             // The directory as read, after its watch began: a change since
             // the attributes used above drops them (and this listing is
             // then not kept, its version being another).
-            let a = Attr::from_metadata(&File::from(dir).metadata().map_err(errno)?);
+            let a = Attr::from_metadata(&dir.metadata().map_err(errno)?);
             if (a.dev, a.ino) == (obj.dev, obj.ino) {
                 self.settle(&obj, &a, false);
             }
@@ -567,6 +636,7 @@ impl View {
         } else {
             self.keep_listing(&obj, id, gen, &encoded);
         }
+        self.prefetch_attrs(dir.as_fd(), &obj, &entries);
         Ok(entries)
     }
 

@@ -55,6 +55,27 @@ impl Attr {
         }
     }
 
+    /// From `fstatat`'s answer (the metadata prefetch's, which has no
+    /// `std::fs::Metadata`).
+    pub fn from_stat(st: &libc::stat) -> Attr {
+        #[allow(clippy::unnecessary_cast)]
+        Attr {
+            mode: st.st_mode as u32,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev as u64,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            blksize: st.st_blksize as u32,
+            atime: (st.st_atime as i64, st.st_atime_nsec as u32),
+            mtime: (st.st_mtime as i64, st.st_mtime_nsec as u32),
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as u32),
+            ino: st.st_ino as u64,
+            dev: st.st_dev as u64,
+        }
+    }
+
     pub fn fingerprint(&self) -> Fingerprint {
         Fingerprint { size: self.size, mtime: self.mtime, ctime: self.ctime, ino: self.ino }
     }

@@ -255,3 +255,18 @@ pub fn statvfs(fd: BorrowedFd) -> io::Result<libc::statvfs> {
     check(unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) })?;
     Ok(st)
 }
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: a name's own attributes (a
+/// symlink's, never its target's).
+pub fn lstat_at(dir: BorrowedFd, name: &OsStr) -> io::Result<crate::records::Attr> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.contains(&b'/') {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let c = cstr(b)?;
+    // SAFETY: fstatat fills the struct it is given.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor, C string and struct.
+    check(unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(crate::records::Attr::from_stat(&st))
+}

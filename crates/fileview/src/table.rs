@@ -145,15 +145,27 @@ impl Table {
         self.inner.lock().names.get(&(parent, name.to_os_string())).copied()
     }
 
-    /// The object of `(dev, ino)`, made with `fresh` if new; bound to `node`.
-    pub fn bind(&self, node: u64, dev: u64, ino: u64, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
+    /// The object the table has for `(dev, ino)`, if any.
+    pub fn known_object(&self, dev: u64, ino: u64) -> Option<Arc<Object>> {
+        self.inner.lock().objects.get(&(dev, ino)).cloned()
+    }
+
+    /// The object of `(dev, ino)`, made with `fresh` if new, bound to no
+    /// node (the metadata prefetch's: a lookup adopts it later).
+    pub fn object_for(&self, dev: u64, ino: u64, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
         let mut inner = self.inner.lock();
-        let obj = Arc::clone(
+        Arc::clone(
             inner
                 .objects
                 .entry((dev, ino))
                 .or_insert_with(|| Arc::new(Object { dev, ino, state: Mutex::new(fresh()) })),
-        );
+        )
+    }
+
+    /// The object of `(dev, ino)`, made with `fresh` if new; bound to `node`.
+    pub fn bind(&self, node: u64, dev: u64, ino: u64, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
+        let obj = self.object_for(dev, ino, fresh);
+        let mut inner = self.inner.lock();
         if let Some(n) = inner.nodes.get_mut(&node) {
             n.obj = Some(Arc::clone(&obj));
             n.checked = Some(Instant::now());
