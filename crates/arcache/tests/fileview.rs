@@ -482,6 +482,55 @@ fn a_listing_prefetches_its_entries_attributes_once_and_lookups_then_hit() {
     assert!(n(&last, "prefetch_metadata_misses") - n(&after, "prefetch_metadata_misses") <= 2);
 }
 
+/// fsx (the File System eXerciser, fsx-rs from crates.io, which `.ci/run`
+/// installs): a third-party random sequence of writes, truncates, reads and
+/// mmap reads and writes on one file, every read checked against its own
+/// model of the file.
+fn fsx_bin() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("ARCACHE_FSX") {
+        return Some(PathBuf::from(p));
+    }
+    let found = Command::new("fsx").arg("--version").output().is_ok_and(|o| o.status.success());
+    found.then(|| PathBuf::from("fsx"))
+}
+
+#[test]
+fn fsx_through_the_view_finds_every_byte_it_wrote() {
+    if !fuse_available() {
+        return;
+    }
+    let Some(fsx) = fsx_bin() else {
+        skip_or_fail("no fsx (cargo install fsx; .ci/run does)");
+        return;
+    };
+    // The default view, and one that checks SOURCE at every use with 4K
+    // records (every record boundary in play) and no inotify.
+    for (i, args) in
+        [&[][..], &["--revalidate", "0", "--recordsize", "4K", "--watch-max", "0"][..]].iter().enumerate()
+    {
+        let dir = new_dir();
+        let v = View::start(&dir, args);
+        let child = Command::new(&fsx)
+            .args(["-N", "4000", "-S", &format!("{}", 22 + i), "-P"])
+            .arg(dir.path())
+            .arg(v.mnt.join("fsx-file"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run fsx");
+        let out = common::wait_timeout(child, Duration::from_secs(90));
+        assert!(
+            out.status.success(),
+            "fsx {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // What fsx left is SOURCE's file, byte for byte.
+        assert!(fs::read(v.mnt.join("fsx-file")).unwrap() == fs::read(v.src.join("fsx-file")).unwrap());
+        assert!(n(&v.stat(), "fileview_source_writes") > 100, "fsx wrote through the view");
+    }
+}
+
 /// Reads `p` until it equals `want` or `limit` passes; how long that took.
 fn until_equal(p: &Path, want: &[u8], limit: Duration) -> Duration {
     let start = Instant::now();
