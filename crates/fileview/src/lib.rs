@@ -71,9 +71,6 @@ pub struct ViewStats {
     pub revalidations: AtomicU64,
     /// Revalidations that found a file changed behind the view.
     pub changes_seen: AtomicU64,
-    /// Files opened without opening SOURCE (a read-only open of a file
-    /// inotify vouches for; SOURCE is opened only if a record must be read).
-    pub lazy_opens: AtomicU64,
     /// Directories of SOURCE under an inotify watch, and events read.
     pub watched_dirs: AtomicU64,
     pub inotify_events: AtomicU64,
@@ -95,7 +92,6 @@ impl ViewStats {
             ("fileview_source_writes", l(&self.source_writes)),
             ("fileview_revalidations", l(&self.revalidations)),
             ("fileview_changes_seen", l(&self.changes_seen)),
-            ("fileview_lazy_opens", l(&self.lazy_opens)),
             ("fileview_watched_dirs", l(&self.watched_dirs)),
             ("fileview_inotify_events", l(&self.inotify_events)),
             ("fileview_nodes", l(&self.nodes)),
@@ -141,9 +137,7 @@ struct SetAttr {
 }
 
 struct Handle {
-    /// SOURCE's file, opened by open() or, for a lazy open, by the first
-    /// use that needs it (`View::file_of`).
-    file: std::sync::OnceLock<File>,
+    file: File,
     obj: Arc<Object>,
     /// The node it was opened on.
     node: u64,
@@ -293,13 +287,6 @@ impl View {
         let age = t.elapsed();
         age < self.cfg.revalidate
             || (age < self.cfg.watch_max && self.watcher.as_ref().is_some_and(|w| w.valid(st.watch)))
-    }
-
-    /// Whether inotify vouches for `obj` now (not only the window).
-    fn watched(&self, obj: &Object) -> bool {
-        let st = obj.state.lock();
-        st.checked.is_some_and(|t| t.elapsed() < self.cfg.watch_max)
-            && self.watcher.as_ref().is_some_and(|w| w.valid(st.watch))
     }
 
     fn count(&self, c: &AtomicU64) {
@@ -477,6 +464,7 @@ impl View {
         let f = self.open_node(node)?;
         self.count(&self.stats.source_stats);
         let mut a = Attr::from_metadata(&f.metadata().map_err(errno)?);
+        self.refuse_another_file(node, &a)?;
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
         if let (Some(w), Some(m)) = (&self.watcher, marks.as_mut()) {
             let watched = m.own.as_ref().is_some_and(|&(_, dev, ino)| (dev, ino) == (a.dev, a.ino));
@@ -498,6 +486,38 @@ impl View {
             self.mark_checked(w, marks, &a, &obj);
         }
         Ok((a, obj))
+    }
+
+    /// A node is one file for its life: the kernel's inode of it holds that
+    /// file's attributes (its size among them, up to which it reads). A name
+    /// that leads to another file by now (replaced on SOURCE: an editor's
+    /// save, rsync, a rename over it) is not rebound: the node loses the
+    /// name and ESTALE has the kernel look the name up again, which gives
+    /// it a new node. (Rebound, the kernel read the new file up to the old
+    /// one's size.)
+    fn refuse_another_file(&self, node: u64, a: &Attr) -> Res<()> {
+        match self.table.object(node) {
+            Some(prev) if node != ROOT && (prev.dev, prev.ino) != (a.dev, a.ino) => {
+                // The parent's cached listing names the old file too: the
+                // kernel's new lookup must not be answered from it.
+                self.parent_stale(node);
+                self.table.unname_node(node);
+                self.count(&self.stats.changes_seen);
+                Err(Errno::ESTALE)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The parent of `node` changed on SOURCE (found through the node):
+    /// its listing dropped, its attributes checked at the next use.
+    fn parent_stale(&self, node: u64) {
+        let Some((parent, _)) = self.table.parent_and_name(node) else { return };
+        if let Some(dir) = self.table.object(parent) {
+            let mut st = dir.state.lock();
+            self.drop_listing(&mut st);
+            st.checked = None;
+        }
     }
 
     /// The watches that could vouch for `node` once it is checked, taken
@@ -562,6 +582,23 @@ impl View {
             // has it look the name up again.
             return Err(Errno::ESTALE);
         }
+        self.refuse_another_file(node, &a)?;
+        // The kernel holds another size for the node than the file opened
+        // has (an open carries no attributes, and reads stop at the size the
+        // kernel holds): changed on SOURCE within the window, or, on a file
+        // system that reuses inode numbers at once, another file under the
+        // same number. As for another file: a new node, through ESTALE and
+        // a fresh lookup. (Before, such a read was cut at the old size.)
+        if self.table.shown_size(node).is_some_and(|s| s != a.size) && node != ROOT {
+            // What the view has of the file is old too: settled now, so the
+            // kernel's new lookup gets the size the open found.
+            if let Some(obj) = self.table.object(node) {
+                self.settle(&obj, &a, false);
+            }
+            self.table.unname_node(node);
+            self.count(&self.stats.changes_seen);
+            return Err(Errno::ESTALE);
+        }
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
         self.settle(&obj, &a, false);
         Ok((a, obj))
@@ -570,7 +607,7 @@ impl View {
     /// Revalidates an open file by its descriptor (it may have no path).
     fn attr_of_handle(&self, h: &Handle, own: bool) -> Res<Attr> {
         self.count(&self.stats.source_stats);
-        let a = Attr::from_metadata(&self.file_of(h)?.metadata().map_err(errno)?);
+        let a = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
         if a.dev != h.obj.dev || a.ino != h.obj.ino {
             return Err(Errno::ESTALE);
         }
@@ -727,6 +764,15 @@ impl View {
             (None, Some(_)) if name_fresh => self.attr(node),
             _ => self.stat_node(node, false),
         };
+        let (node, found) = match found {
+            // The name leads to another file than its node's: a new node.
+            Err(e) if e == Errno::ESTALE => {
+                self.table.forget(node, 1);
+                let fresh = self.table.child(parent, name);
+                (fresh, self.stat_node(fresh, false))
+            }
+            r => (node, r),
+        };
         match found {
             Ok((a, _)) => Ok((node, a)),
             Err(e) => {
@@ -745,32 +791,10 @@ impl View {
         self.handles.lock().values().find(|h| h.node == node).cloned()
     }
 
-    /// A handle of `node` showing `obj`; `file` None opens SOURCE lazily.
-    fn add_handle(&self, file: Option<File>, obj: Arc<Object>, node: u64) -> u64 {
+    fn add_handle(&self, file: File, obj: Arc<Object>, node: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        let cell = std::sync::OnceLock::new();
-        if let Some(f) = file {
-            let _ = cell.set(f);
-        }
-        self.handles.lock().insert(fh, Arc::new(Handle { file: cell, obj, node }));
+        self.handles.lock().insert(fh, Arc::new(Handle { file, obj, node }));
         fh
-    }
-
-    /// The handle's SOURCE file, opened now (read-only) if the open was
-    /// lazy. A name that leads to another file by now is ESTALE: a lazy
-    /// handle never reads a file other than the one it showed.
-    fn file_of<'h>(&self, h: &'h Handle) -> Res<&'h File> {
-        if let Some(f) = h.file.get() {
-            return Ok(f);
-        }
-        let at = self.at(h.node)?;
-        let f = File::from(at.open(libc::O_RDONLY | libc::O_NONBLOCK, 0).map_err(errno)?);
-        let a = Attr::from_metadata(&f.metadata().map_err(errno)?);
-        if (a.dev, a.ino) != (h.obj.dev, h.obj.ino) {
-            return Err(Errno::ESTALE);
-        }
-        let _ = h.file.set(f);
-        h.file.get().ok_or(Errno::EIO)
     }
 
     /// Reads `size` bytes at `offset` through the ARC.
@@ -799,7 +823,7 @@ impl View {
                     let mut buf = vec![0u8; rs as usize];
                     let mut got = 0;
                     while got < buf.len() {
-                        match self.file_of(h)?.read_at(&mut buf[got..], idx * rs + got as u64) {
+                        match h.file.read_at(&mut buf[got..], idx * rs + got as u64) {
                             Ok(0) => break,
                             Ok(n) => got += n,
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -948,7 +972,7 @@ impl View {
         self.count(&self.stats.source_writes);
         if let Some(m) = mode {
             match &handle {
-                Some(h) => self.file_of(h)?.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
+                Some(h) => h.file.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
                 None => {
                     let f = self.open_node(node)?;
                     let link = f.metadata().map_err(errno)?.file_type().is_symlink();
@@ -967,7 +991,7 @@ impl View {
             };
             let mut st = obj.state.lock();
             let r = match &handle {
-                Some(h) => self.file_of(h)?.set_len(sz),
+                Some(h) => h.file.set_len(sz),
                 None => self
                     .at(node)?
                     .open(libc::O_WRONLY | libc::O_NONBLOCK, 0)
@@ -1004,6 +1028,7 @@ impl Filesystem for View {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.lookup_node(parent.0, name) {
             Ok((node, a)) => {
+                self.table.showed(node, a.size);
                 reply.entry(&self.ttl(), &FileAttr { ino: INodeNo(node), ..fuse_attr(&a) }, Generation(0));
             }
             Err(e) => reply.error(e),
@@ -1025,7 +1050,10 @@ impl Filesystem for View {
             }),
         };
         match r {
-            Ok(a) => reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) }),
+            Ok(a) => {
+                self.table.showed(ino.0, a.size);
+                reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) })
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1052,7 +1080,10 @@ impl Filesystem for View {
             .refuse_if_read_only()
             .and_then(|()| self.setattr_inner(ino.0, fh, SetAttr { mode, uid, gid, size, atime, mtime }));
         match r {
-            Ok(a) => reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) }),
+            Ok(a) => {
+                self.table.showed(ino.0, a.size);
+                reply.attr(&self.ttl(), &FileAttr { ino, ..fuse_attr(&a) })
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1199,8 +1230,6 @@ impl Filesystem for View {
             let acc = flags.0 & libc::O_ACCMODE;
             if acc != libc::O_RDONLY {
                 self.refuse_if_read_only()?;
-            } else if let Some(fh) = self.open_lazily(ino.0) {
-                return Ok(fh);
             }
             let at = self.at(ino.0)?;
             // O_NONBLOCK: a fifo swapped in for the file does not hang the open.
@@ -1217,11 +1246,11 @@ impl Filesystem for View {
             });
             let file = File::from(file.map_err(errno)?);
             let (_, obj) = self.bind_opened(ino.0, &file)?;
-            let h = Handle { file: std::sync::OnceLock::from(file), obj, node: ino.0 };
+            let h = Handle { file, obj, node: ino.0 };
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
                 self.truncate_handle(&h)?;
             }
-            Ok(self.add_handle(h.file.into_inner(), h.obj, h.node))
+            Ok(self.add_handle(h.file, h.obj, h.node))
         })();
         match r {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
@@ -1262,7 +1291,7 @@ impl Filesystem for View {
             let h = self.handle(fh)?;
             // A change made on SOURCE meanwhile is found before ours is made.
             let before = self.attr_of_handle(&h, false)?;
-            let file = self.file_of(&h)?;
+            let file = &h.file;
             let n = file.write_at(data, offset).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.cache.count_view_source_write(n as u64);
@@ -1280,6 +1309,10 @@ impl Filesystem for View {
             // O_APPEND descriptor writing elsewhere) drops every record.
             let expected = before.size.max(offset + n as u64);
             self.settle(&h.obj, &after, after.size == expected);
+            if after.size == expected {
+                // The kernel sizes the file itself after a write: the same.
+                self.table.showed(h.node, after.size);
+            }
             Ok(n as u32)
         });
         match r {
@@ -1315,7 +1348,7 @@ impl Filesystem for View {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let r = self.handle(fh).and_then(|h| {
-            let f = self.file_of(&h)?;
+            let f = &h.file;
             if datasync { f.sync_data() } else { f.sync_all() }.map_err(errno)
         });
         reply_empty(r, reply);
@@ -1392,6 +1425,9 @@ impl Filesystem for View {
                 }
             };
             let fa = FileAttr { ino: INodeNo(node), ..fuse_attr(&attr) };
+            if i >= 2 {
+                self.table.showed(node, attr.size);
+            }
             if reply.add(INodeNo(node), i as u64 + 1, name, &ttl, &fa, Generation(0)) {
                 if i >= 2 {
                     // Not handed out (the buffer is full): child's reference back.
@@ -1514,10 +1550,11 @@ impl Filesystem for View {
             // What was created is what this handle shows, whatever the
             // name leads to by now.
             let (a, obj) = self.bind_opened(node, &file).inspect_err(|_| self.table.forget(node, 1))?;
-            Ok((node, a, self.add_handle(Some(file), obj, node)))
+            Ok((node, a, self.add_handle(file, obj, node)))
         });
         match r {
             Ok((node, a, fh)) => {
+                self.table.showed(node, a.size);
                 let fa = FileAttr { ino: INodeNo(node), ..fuse_attr(&a) };
                 reply.created(&self.ttl(), &fa, Generation(0), FileHandle(fh), FopenFlags::empty());
             }
@@ -1527,30 +1564,10 @@ impl Filesystem for View {
 }
 
 impl View {
-    /// A read-only open that leaves SOURCE alone: the node's object is a
-    /// regular file inotify vouches for (no event for its name since it was
-    /// checked), so the name still leads to it; SOURCE is opened only if a
-    /// record must be read (`file_of`). The events queued are applied
-    /// first, so this is as current as the open of SOURCE it saves (NFS's
-    /// close-to-open); without a watch the open asks SOURCE.
-    fn open_lazily(&self, node: u64) -> Option<u64> {
-        let obj = self.table.object(node)?;
-        // Every change SOURCE made before this open has cleared its marks.
-        self.watcher.as_ref()?.catch_up();
-        if !self.watched(&obj) {
-            return None;
-        }
-        let (a, obj) = self.attr(node).ok()?;
-        if a.mode & libc::S_IFMT != libc::S_IFREG || !self.watched(&obj) {
-            return None;
-        }
-        self.count(&self.stats.lazy_opens);
-        Some(self.add_handle(None, obj, node))
-    }
-
     fn reply_new_entry(&self, r: Res<(u64, Attr)>, reply: ReplyEntry) {
         match r {
             Ok((node, a)) => {
+                self.table.showed(node, a.size);
                 reply.entry(&self.ttl(), &FileAttr { ino: INodeNo(node), ..fuse_attr(&a) }, Generation(0));
             }
             Err(e) => reply.error(e),
@@ -1562,7 +1579,7 @@ impl View {
         let before = self.attr_of_handle(h, false)?;
         {
             let mut st = h.obj.state.lock();
-            self.file_of(h)?.set_len(0).map_err(errno)?;
+            h.file.set_len(0).map_err(errno)?;
             self.drop_data(&st, 0, before.size / self.cfg.recordsize);
             st.gen += 1;
         }

@@ -50,6 +50,9 @@ struct Node {
     /// When SOURCE last showed `obj` under this name.
     checked: Option<Instant>,
     nlookup: u64,
+    /// The size the kernel was last told for the node (it reads no
+    /// further): an open that finds another size gets a new node.
+    shown_size: Option<u64>,
 }
 
 #[derive(Default)]
@@ -67,9 +70,17 @@ pub struct Table {
 impl Table {
     pub fn new() -> Table {
         let mut inner = Inner { next_node: ROOT + 1, ..Default::default() };
-        inner
-            .nodes
-            .insert(ROOT, Node { parent: ROOT, name: OsString::new(), obj: None, checked: None, nlookup: 1 });
+        inner.nodes.insert(
+            ROOT,
+            Node {
+                parent: ROOT,
+                name: OsString::new(),
+                obj: None,
+                checked: None,
+                nlookup: 1,
+                shown_size: None,
+            },
+        );
         Table { inner: Mutex::new(inner) }
     }
 
@@ -121,9 +132,17 @@ impl Table {
         }
         let id = inner.next_node;
         inner.next_node += 1;
-        inner
-            .nodes
-            .insert(id, Node { parent, name: name.to_os_string(), obj: None, checked: None, nlookup: 1 });
+        inner.nodes.insert(
+            id,
+            Node {
+                parent,
+                name: name.to_os_string(),
+                obj: None,
+                checked: None,
+                nlookup: 1,
+                shown_size: None,
+            },
+        );
         inner.names.insert(key, id);
         id
     }
@@ -133,6 +152,17 @@ impl Table {
         let inner = self.inner.lock();
         let n = inner.nodes.get(&node)?;
         (!n.name.is_empty()).then(|| (n.parent, n.name.clone()))
+    }
+
+    /// The kernel is told `size` for the node (a reply with attributes).
+    pub fn showed(&self, node: u64, size: u64) {
+        if let Some(n) = self.inner.lock().nodes.get_mut(&node) {
+            n.shown_size = Some(size);
+        }
+    }
+
+    pub fn shown_size(&self, node: u64) -> Option<u64> {
+        self.inner.lock().nodes.get(&node)?.shown_size
     }
 
     /// When SOURCE last showed the node's object under its name.
@@ -212,6 +242,18 @@ impl Table {
             if inner.names.get(&key) == Some(&node) {
                 inner.names.remove(&key);
             }
+        }
+    }
+
+    /// The node's name leads to another file now: it keeps what the kernel
+    /// holds but has no path any more, and the next `child` of the name
+    /// makes a new node.
+    pub fn unname_node(&self, node: u64) {
+        let mut inner = self.inner.lock();
+        let Some(n) = inner.nodes.get_mut(&node) else { return };
+        let key = (n.parent, std::mem::take(&mut n.name));
+        if inner.names.get(&key) == Some(&node) {
+            inner.names.remove(&key);
         }
     }
 

@@ -96,12 +96,6 @@ type Touched = (u64, Option<OsString>);
 pub struct Watcher {
     fd: OwnedFd,
     inner: Mutex<Inner>,
-    /// Held while events are read and applied, so `catch_up` returns only
-    /// once every event queued before it was applied, whoever read it.
-    reading: Mutex<()>,
-    /// Kernel invalidations found by `catch_up`, for the event thread to
-    /// send (a request's own thread must not wait on the kernel).
-    pending: Mutex<Vec<Touched>>,
     epoch: AtomicU64,
     stop: AtomicBool,
     /// Events read, for statistics.
@@ -141,8 +135,6 @@ impl Watcher {
             // SAFETY: a descriptor inotify_init1 just returned, owned here only.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             inner: Mutex::new(Inner::default()),
-            reading: Mutex::new(()),
-            pending: Mutex::new(Vec::new()),
             epoch: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             events: AtomicU64::new(0),
@@ -226,7 +218,6 @@ impl Watcher {
     /// Reads and applies the events queued, clearing the marks they touch;
     /// what the kernel must forget goes to `out`.
     fn drain(&self, out: &mut Vec<Touched>) {
-        let _reading = self.reading.lock();
         let mut buf = [0u8; 16 << 10];
         loop {
             // SAFETY: reads into a buffer of the given length.
@@ -249,18 +240,6 @@ impl Watcher {
                 }
                 at += HEAD + len;
             }
-        }
-    }
-
-    /// Applies every event queued by now. A change SOURCE finished before
-    /// this call (fsnotify queues an event before the changing call
-    /// returns) has then cleared its marks: what a mark vouches for right
-    /// after is as current as an `lstat` would be.
-    pub fn catch_up(&self) {
-        let mut out = Vec::new();
-        self.drain(&mut out);
-        if !out.is_empty() {
-            self.pending.lock().extend(out);
         }
     }
 
@@ -315,13 +294,11 @@ impl Watcher {
         let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         let mut out = Vec::new();
         while !self.stop.load(Relaxed) {
-            // SAFETY: one valid pollfd. A short period: what catch_up
-            // found waits for it.
-            let r = unsafe { libc::poll(&mut pfd, 1, 20) };
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, 200) };
             if r > 0 {
                 self.drain(&mut out);
             }
-            out.append(&mut self.pending.lock());
             for (node, name) in out.drain(..) {
                 touched(node, name.as_deref());
             }
