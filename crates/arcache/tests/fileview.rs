@@ -887,6 +887,41 @@ fn sigterm_unmounts_and_an_outside_unmount_stops_the_server() {
 }
 
 #[test]
+fn a_source_that_vanishes_gives_errors_not_hangs_or_old_data_and_the_view_still_stops() {
+    if !fuse_available() {
+        return;
+    }
+    for watch in ["60", "0"] {
+        let dir = new_dir();
+        make_tree(&dir.path().join("src"));
+        let mut v = View::start(&dir, &["--watch-max", watch]);
+        compare_trees(&v.mnt, &v.src);
+        // The whole tree goes (an unmounted share, a removed export).
+        fs::remove_dir_all(&v.src).unwrap();
+        let gone = Instant::now();
+        // Past the window every name fails, whatever was cached; no call
+        // hangs (each is bounded by the test's watchdog).
+        std::thread::sleep(Duration::from_millis(1500));
+        for p in ["a/f4", "a/b/c/deep", "many/file-0001.png", "a/to-f4"] {
+            let r = fs::read(v.mnt.join(p));
+            assert!(r.is_err(), "--watch-max {watch}: {p} still read after SOURCE vanished");
+            assert!(fs::symlink_metadata(v.mnt.join(p)).is_err(), "--watch-max {watch}: {p} still listed");
+        }
+        let left: Vec<_> =
+            fs::read_dir(&v.mnt).map(|d| d.filter_map(Result::ok).collect()).unwrap_or_default();
+        assert!(left.is_empty(), "--watch-max {watch}: the root still lists {}", left.len());
+        assert!(gone.elapsed() < Duration::from_secs(20), "answers took {:?}", gone.elapsed());
+        // Writes fail too, and nothing is made outside SOURCE.
+        assert!(fs::write(v.mnt.join("new"), b"x").is_err());
+        assert!(!dir.path().join("src").exists());
+        v.signal(libc::SIGTERM);
+        let (status, err) = v.wait();
+        assert!(status.success(), "--watch-max {watch}: exit {status}: {err}");
+        assert!(!is_mounted(&v.mnt));
+    }
+}
+
+#[test]
 fn kill_9_leaves_no_dangling_mount() {
     if !fuse_available() {
         return;
