@@ -4,6 +4,7 @@
 //! through the view is made on SOURCE before it is answered; changes made
 //! to SOURCE directly are seen within the revalidate window.
 
+mod direct;
 mod records;
 mod sys;
 mod table;
@@ -65,6 +66,8 @@ pub struct ViewStats {
     pub source_readdirs: AtomicU64,
     pub source_reads: AtomicU64,
     pub source_read_bytes: AtomicU64,
+    /// Of `source_reads`, those done with `O_DIRECT`.
+    pub source_direct_reads: AtomicU64,
     pub source_readlinks: AtomicU64,
     pub source_xattr_reads: AtomicU64,
     pub source_writes: AtomicU64,
@@ -87,6 +90,7 @@ impl ViewStats {
             ("fileview_source_readdirs", l(&self.source_readdirs)),
             ("fileview_source_reads", l(&self.source_reads)),
             ("fileview_source_read_bytes", l(&self.source_read_bytes)),
+            ("fileview_source_direct_reads", l(&self.source_direct_reads)),
             ("fileview_source_readlinks", l(&self.source_readlinks)),
             ("fileview_source_xattr_reads", l(&self.source_xattr_reads)),
             ("fileview_source_writes", l(&self.source_writes)),
@@ -138,6 +142,9 @@ struct SetAttr {
 
 struct Handle {
     file: File,
+    /// The same file reopened with `O_DIRECT` for record reads, at the
+    /// first miss (`None` inside: SOURCE refuses it).
+    direct: std::sync::OnceLock<Option<File>>,
     obj: Arc<Object>,
     /// The node it was opened on.
     node: u64,
@@ -793,7 +800,9 @@ impl View {
 
     fn add_handle(&self, file: File, obj: Arc<Object>, node: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        self.handles.lock().insert(fh, Arc::new(Handle { file, obj, node }));
+        self.handles
+            .lock()
+            .insert(fh, Arc::new(Handle { file, direct: std::sync::OnceLock::new(), obj, node }));
         fh
     }
 
@@ -820,17 +829,8 @@ impl View {
                 Some(r) => r.to_vec().map_err(|_| Errno::EIO)?,
                 None => {
                     let started = Instant::now();
-                    let mut buf = vec![0u8; rs as usize];
-                    let mut got = 0;
-                    while got < buf.len() {
-                        match h.file.read_at(&mut buf[got..], idx * rs + got as u64) {
-                            Ok(0) => break,
-                            Ok(n) => got += n,
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(errno(e)),
-                        }
-                    }
-                    buf.truncate(got);
+                    let buf = read_record(h, idx * rs, rs as usize, &self.stats).map_err(errno)?;
+                    let got = buf.len();
                     self.count(&self.stats.source_reads);
                     self.stats.source_read_bytes.fetch_add(got as u64, Relaxed);
                     self.cache.count_view_source_read(got as u64, started.elapsed().as_nanos() as u64);
@@ -1246,7 +1246,7 @@ impl Filesystem for View {
             });
             let file = File::from(file.map_err(errno)?);
             let (_, obj) = self.bind_opened(ino.0, &file)?;
-            let h = Handle { file, obj, node: ino.0 };
+            let h = Handle { file, direct: std::sync::OnceLock::new(), obj, node: ino.0 };
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
                 self.truncate_handle(&h)?;
             }
@@ -1663,6 +1663,34 @@ impl Mounted {
         }
         r
     }
+}
+
+/// Record `offset..offset + len` of the handle's file from SOURCE: with
+/// `O_DIRECT` where SOURCE takes it (one request for the whole record),
+/// else buffered; fewer bytes only at the end of the file.
+fn read_record(h: &Handle, offset: u64, len: usize, stats: &ViewStats) -> io::Result<Vec<u8>> {
+    if let Some(d) = h.direct.get_or_init(|| direct::reopen_direct(&h.file)) {
+        match direct::read_direct(d, offset, len) {
+            // Refused after all: buffered.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            r => {
+                stats.source_direct_reads.fetch_add(1, Relaxed);
+                return r;
+            }
+        }
+    }
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match h.file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
 }
 
 /// Mounts a view of `cfg.source` at `mountpoint`, its records in `cache`.
