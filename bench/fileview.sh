@@ -72,7 +72,9 @@ truncate -s $(((small * 12 + data * 220) * 1024 + (1 << 30))) "$img"
 mkfs.ext4 -q -F "$img"
 mkdir -p "$work/fill" "$work/slow" "$work/nbdf" "$work/view" "$work/rclone" "$work/bindfs"
 mount -o loop "$img" "$work/fill"
-python3 - "$work/fill" "$small" "$data" <<'EOF'
+# make_tree DIR: the tree, the same bytes every time (a fixed seed).
+make_tree() {
+  python3 - "$1" "$small" "$data" <<'EOF'
 import os, random, sys
 top, small, data = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rnd = random.Random(22)
@@ -85,6 +87,8 @@ def fill(sub, count, dirs, lo, hi):
 fill("small", small, 300, 1024, 8192)
 fill("data", data, 50, 50 * 1024, 200 * 1024)
 EOF
+}
+make_tree "$work/fill"
 umount "$work/fill"
 
 nbdfuse "$work/nbdf" --command nbdkit -s --filter=delay file "$img" rdelay=4ms wdelay=4ms & pids+=($!)
@@ -210,9 +214,11 @@ passes rclone-warm "$work/rclone" warm
 stop_rclone
 
 echo "bench: bindfs over a copy in RAM" >&2
+# Made again in RAM from the same seed: copying it off the slow source
+# would take most of an hour.
 ram=/dev/shm/arcache-fileview-ram
 rm -rf "$ram"
-cp -a "$src/." "$ram"
+make_tree "$ram"
 bindfs "$ram" "$work/bindfs"
 mounts+=("$work/bindfs")
 passes bindfs "$work/bindfs" warm
