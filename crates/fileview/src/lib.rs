@@ -508,12 +508,19 @@ impl View {
                 // The parent's cached listing names the old file too: the
                 // kernel's new lookup must not be answered from it.
                 self.parent_stale(node);
-                self.table.unname_node(node);
-                self.count(&self.stats.changes_seen);
-                Err(Errno::ESTALE)
+                Err(self.retire_node(node))
             }
             _ => Ok(()),
         }
+    }
+
+    /// The node shows what SOURCE no longer has under its name: it loses
+    /// the name (the next lookup makes a new node) and the kernel is told
+    /// ESTALE, which has it look the name up again.
+    fn retire_node(&self, node: u64) -> Errno {
+        self.table.unname_node(node);
+        self.count(&self.stats.changes_seen);
+        Errno::ESTALE
     }
 
     /// The parent of `node` changed on SOURCE (found through the node):
@@ -602,9 +609,7 @@ impl View {
             if let Some(obj) = self.table.object(node) {
                 self.settle(&obj, &a, false);
             }
-            self.table.unname_node(node);
-            self.count(&self.stats.changes_seen);
-            return Err(Errno::ESTALE);
+            return Err(self.retire_node(node));
         }
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
         self.settle(&obj, &a, false);
@@ -670,11 +675,11 @@ impl View {
             // the attributes used above drops them (and this listing is
             // then not kept, its version being another).
             let a = Attr::from_metadata(&dir.metadata().map_err(errno)?);
-            if (a.dev, a.ino) == (obj.dev, obj.ino) {
+            let same = (a.dev, a.ino) == (obj.dev, obj.ino);
+            if same {
                 self.settle(&obj, &a, false);
             }
-            let kept = self.keep_listing(&obj, id, gen, &encoded);
-            if kept && (a.dev, a.ino) == (obj.dev, obj.ino) {
+            if self.keep_listing(&obj, id, gen, &encoded) && same {
                 w.mark(b, None, &obj);
             }
         } else {
@@ -1291,11 +1296,10 @@ impl Filesystem for View {
             let h = self.handle(fh)?;
             // A change made on SOURCE meanwhile is found before ours is made.
             let before = self.attr_of_handle(&h, false)?;
-            let file = &h.file;
-            let n = file.write_at(data, offset).map_err(errno)?;
+            let n = h.file.write_at(data, offset).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.cache.count_view_source_write(n as u64);
-            let after = Attr::from_metadata(&file.metadata().map_err(errno)?);
+            let after = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
             {
                 let mut st = h.obj.state.lock();
                 let rs = self.cfg.recordsize;
@@ -1347,10 +1351,9 @@ impl Filesystem for View {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        let r = self.handle(fh).and_then(|h| {
-            let f = &h.file;
-            if datasync { f.sync_data() } else { f.sync_all() }.map_err(errno)
-        });
+        let r = self
+            .handle(fh)
+            .and_then(|h| if datasync { h.file.sync_data() } else { h.file.sync_all() }.map_err(errno));
         reply_empty(r, reply);
     }
 
@@ -1721,6 +1724,8 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         unsafe { libc::geteuid() == 0 }
     };
     let stats = Arc::new(ViewStats::default());
+    let watcher = if cfg.watch_max.is_zero() { None } else { Watcher::new(root.as_fd()) };
+    let inotify = watcher.clone();
     let view = View {
         cfg: ViewConfig { source: source.clone(), ..cfg.clone() },
         cache,
@@ -1730,21 +1735,16 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         next_fh: AtomicU64::new(1),
         stats: Arc::clone(&stats),
         as_root,
-        watcher: None,
+        watcher,
         root: OwnedFd::from(root),
     };
-    let mut view = view;
-    if !cfg.watch_max.is_zero() {
-        view.watcher = Watcher::new(view.root.as_fd());
-    }
-    let inotify = view.watcher.clone();
     let table = Arc::clone(&view.table);
     // The root is SOURCE itself.
     let root_meta = File::from(view.root.try_clone()?).metadata()?;
     let root_attr = Attr::from_metadata(&root_meta);
     view.table.bind(ROOT, root_attr.dev, root_attr.ino, || view.new_state(&root_attr));
     let sizes = {
-        let t = Arc::clone(&view.table);
+        let t = Arc::clone(&table);
         Arc::new(move || t.sizes()) as Arc<dyn Fn() -> (u64, u64) + Send + Sync>
     };
     let options = vec![

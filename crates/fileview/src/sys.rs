@@ -16,6 +16,15 @@ fn cstr(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// One name in a directory (never empty, never a path) as a C string.
+fn entry_name(name: &OsStr) -> io::Result<CString> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.contains(&b'/') {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    cstr(b)
+}
+
 fn cpath(p: &Path) -> io::Result<CString> {
     cstr(p.as_os_str().as_bytes())
 }
@@ -77,11 +86,7 @@ pub struct At {
 
 impl At {
     pub fn new(dir: OwnedFd, name: &OsStr) -> io::Result<At> {
-        let b = name.as_bytes();
-        if b.is_empty() || b.contains(&b'/') {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        Ok(At { dir, name: cstr(b)? })
+        Ok(At { dir, name: entry_name(name)? })
     }
 
     fn fd(&self) -> libc::c_int {
@@ -259,11 +264,7 @@ pub fn statvfs(fd: BorrowedFd) -> io::Result<libc::statvfs> {
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: a name's own attributes (a
 /// symlink's, never its target's).
 pub fn lstat_at(dir: BorrowedFd, name: &OsStr) -> io::Result<crate::records::Attr> {
-    let b = name.as_bytes();
-    if b.is_empty() || b.contains(&b'/') {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let c = cstr(b)?;
+    let c = entry_name(name)?;
     // SAFETY: fstatat fills the struct it is given.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a valid descriptor, C string and struct.

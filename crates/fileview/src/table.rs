@@ -249,7 +249,10 @@ impl Table {
     /// holds but has no path any more, and the next `child` of the name
     /// makes a new node.
     pub fn unname_node(&self, node: u64) {
-        let mut inner = self.inner.lock();
+        Self::take_name(&mut self.inner.lock(), node);
+    }
+
+    fn take_name(inner: &mut Inner, node: u64) {
         let Some(n) = inner.nodes.get_mut(&node) else { return };
         let key = (n.parent, std::mem::take(&mut n.name));
         if inner.names.get(&key) == Some(&node) {
@@ -261,10 +264,8 @@ impl Table {
     /// kernel holds but has no path any more.
     pub fn unname(&self, parent: u64, name: &OsStr) {
         let mut inner = self.inner.lock();
-        if let Some(node) = inner.names.remove(&(parent, name.to_os_string())) {
-            if let Some(n) = inner.nodes.get_mut(&node) {
-                n.name = OsString::new();
-            }
+        if let Some(node) = inner.names.get(&(parent, name.to_os_string())).copied() {
+            Self::take_name(&mut inner, node);
         }
     }
 

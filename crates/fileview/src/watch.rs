@@ -26,11 +26,12 @@ use tracing::{debug, warn};
 
 use crate::table::Object;
 
-/// What a marked object remembers: which watch vouches for it, in which
-/// epoch (an overflow starts a new one and ends every mark).
+/// What a marked object remembers: the epoch it was marked in (an
+/// overflow starts a new one and ends every mark). Which watch holds it
+/// needs no remembering: every other end of a mark (an event, the watch
+/// going away) clears it on the object itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mark {
-    pub watch: u64,
     pub epoch: u64,
 }
 
@@ -67,7 +68,6 @@ const MASK: u32 = libc::IN_MODIFY
     | libc::IN_ONLYDIR;
 
 struct Dir {
-    serial: u64,
     /// The view's node of the directory when it was last watched or
     /// listed: whose kernel caches an event invalidates.
     node: u64,
@@ -84,7 +84,6 @@ struct Dir {
 struct Inner {
     by_wd: FxHashMap<i32, Dir>,
     by_object: FxHashMap<(u64, u64), i32>,
-    next_serial: u64,
     /// inotify refused a watch (ENOSPC: max_user_watches): said once.
     full_said: bool,
 }
@@ -167,13 +166,9 @@ impl Watcher {
             }
             return None;
         }
-        // The same inode under another (dev, ino) key cannot happen; a wd
-        // already known (a directory reached twice) keeps its state.
-        let serial = inner.next_serial;
-        inner.next_serial += 1;
+        // A wd already known (a directory reached twice) keeps its state.
         inner.by_object.insert((obj.dev, obj.ino), wd);
         let d = inner.by_wd.entry(wd).or_insert(Dir {
-            serial,
             node,
             events: 0,
             own: None,
@@ -211,7 +206,7 @@ impl Watcher {
             }
             None => d.own = Some(Arc::clone(obj)),
         }
-        obj.state.lock().watch = Some(Mark { watch: d.serial, epoch });
+        obj.state.lock().watch = Some(Mark { epoch });
         true
     }
 
