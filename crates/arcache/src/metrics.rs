@@ -29,6 +29,7 @@ pub const GAUGES: &[&str] = &[
     "arc_meta_max",
     "fileview_nodes",
     "fileview_objects",
+    "fileview_watched_dirs",
     "hdr_size",
     "anon_size",
     "mru_size",
