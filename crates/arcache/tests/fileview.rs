@@ -371,6 +371,61 @@ fn with_inotify_a_warm_pass_past_the_window_asks_source_nothing() {
 }
 
 #[test]
+fn a_change_that_sends_no_event_is_seen_within_watch_max() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), vec![b'a'; 4096]).unwrap();
+    let v = View::start(&dir, &["--revalidate", "0.2", "--watch-max", "1.5"]);
+    let mtime = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.mtime(), m.mtime_nsec())
+    };
+    // Listed (the root watched), then checked past the window, so the
+    // file's check rests on its directory's watch.
+    assert_eq!(fs::read_dir(&v.mnt).unwrap().count(), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let old = mtime(&v.mnt.join("f"));
+    // A write through a shared mapping: the file's mtime moves, and
+    // inotify sends no event for it.
+    std::thread::sleep(Duration::from_millis(20));
+    let f = fs::OpenOptions::new().read(true).write(true).open(src.join("f")).unwrap();
+    // SAFETY: a fresh shared mapping of a 4096-byte file, written once and unmapped.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        *(p as *mut u8) = b'b';
+        libc::msync(p, 4096, libc::MS_SYNC);
+        libc::munmap(p, 4096);
+    }
+    let written = Instant::now();
+    let new = mtime(&src.join("f"));
+    assert_ne!(new, old, "the mapped write did not move mtime: the test cannot tell");
+    // Past the 0.2 s window the watch still vouches (no event came)...
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(mtime(&v.mnt.join("f")), old, "rechecked within --watch-max: the watch did not vouch");
+    // ...but no longer than --watch-max.
+    while mtime(&v.mnt.join("f")) != new {
+        assert!(
+            written.elapsed() < Duration::from_secs(4),
+            "a change with no event unseen after --watch-max"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn with_inotify_changes_in_source_are_seen_at_once_and_without_it_only_after_the_window() {
     if !fuse_available() {
         return;
@@ -657,6 +712,13 @@ fn the_view_and_source_changed_at_once_agree_and_no_read_mixes_versions() {
         assert!(
             wrote.iter().all(|&w| w > 20) && read > 50,
             "{args:?}: too little done: {wrote:?} writes, {read} reads"
+        );
+        // The case under test was reached: the view found files replaced
+        // behind it (a node retired, or a version dropped) while serving.
+        let seen = n(&v.stat(), "fileview_changes_seen");
+        assert!(
+            seen > 10,
+            "{args:?}: the view met only {seen} changes made behind it: the race was not reached"
         );
         // Past the window (1 s) and the kernel's lifetimes: the same files.
         std::thread::sleep(Duration::from_millis(1500));

@@ -309,3 +309,81 @@ impl Watcher {
         self.inner.lock().by_wd.len() as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::Fingerprint;
+    use crate::table::ObjState;
+    use std::time::Instant;
+
+    fn object(ino: u64) -> Arc<Object> {
+        let state = ObjState {
+            id: ino,
+            fp: Fingerprint::default(),
+            checked: Some(Instant::now()),
+            gen: 0,
+            dir_chunks: 0,
+            watch: None,
+        };
+        Arc::new(Object { dev: 1, ino, state: Mutex::new(state) })
+    }
+
+    /// A watcher with one watched directory (object 1); its watch.
+    fn watched() -> (Arc<Watcher>, tempfile::TempDir, Arc<Object>, i32) {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = std::fs::File::open(dir.path()).unwrap();
+        let w = Watcher::new(std::os::fd::AsFd::as_fd(&fd)).expect("inotify on a local directory");
+        let d = object(1);
+        let (wd, _) = w.watch_dir(std::os::fd::AsFd::as_fd(&fd), &d, 7).expect("a watch");
+        (w, dir, d, wd)
+    }
+
+    fn marked(w: &Watcher, o: &Object) -> bool {
+        w.valid(o.state.lock().watch)
+    }
+
+    #[test]
+    fn an_event_between_the_check_and_the_mark_refuses_the_mark() {
+        let (w, _dir, d, wd) = watched();
+        let f = object(2);
+        let before = w.before(&d).unwrap();
+        // The check of `f` began; an event for another name came meanwhile.
+        assert_eq!(w.event(wd, libc::IN_MODIFY, OsStr::new("other")), Some(7));
+        assert!(!w.mark(before, Some(OsStr::new("f")), &f), "a mark resting on a stale check");
+        assert!(!marked(&w, &f));
+        let before = w.before(&d).unwrap();
+        assert!(w.mark(before, Some(OsStr::new("f")), &f));
+        assert!(marked(&w, &f));
+    }
+
+    #[test]
+    fn an_event_for_a_name_ends_its_mark_and_its_window_and_leaves_the_rest() {
+        let (w, _dir, d, wd) = watched();
+        let (f, g) = (object(2), object(3));
+        for (name, o) in [("f", &f), ("g", &g)] {
+            assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new(name)), o));
+        }
+        assert!(w.mark(w.before(&d).unwrap(), None, &d));
+        w.event(wd, libc::IN_MODIFY, OsStr::new("f"));
+        assert!(!marked(&w, &f) && f.state.lock().checked.is_none(), "f's mark and window end");
+        assert!(marked(&w, &g), "another name's mark stays");
+        assert!(marked(&w, &d), "a write to a file leaves its directory's entries be");
+        w.event(wd, libc::IN_CREATE, OsStr::new("new"));
+        assert!(!marked(&w, &d) && d.state.lock().checked.is_none(), "a new entry ends the directory's");
+        assert!(marked(&w, &g));
+    }
+
+    #[test]
+    fn an_overflow_ends_every_mark_and_a_watch_that_goes_ends_its_own() {
+        let (w, _dir, d, wd) = watched();
+        let f = object(2);
+        assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new("f")), &f));
+        w.event(-1, libc::IN_Q_OVERFLOW, OsStr::new(""));
+        assert!(!marked(&w, &f), "events were lost: the mark cannot stand");
+        assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new("f")), &f), "marked again in the new epoch");
+        w.event(wd, libc::IN_IGNORED, OsStr::new(""));
+        assert!(!marked(&w, &f), "the watch went away");
+        assert!(w.before(&d).is_none(), "and is forgotten");
+    }
+}
