@@ -1126,7 +1126,12 @@ fn symlinks_swapped_into_source_never_lead_the_view_outside() {
     assert!(fs::write(m.join("planted"), b"created through a link").is_err(), "created through planted");
     let w = fs::OpenOptions::new().write(true).truncate(true).open(m.join("f"));
     assert!(w.and_then(|mut f| f.write_all(b"written through a link")).is_err(), "wrote through f");
-    let _ = fs::set_permissions(m.join("f"), fs::Permissions::from_mode(0o600));
+    // Not following the last name: once the view answers ESTALE for the
+    // old `f`, the kernel looks it up again and a following chmod would
+    // then follow the link itself, on the client side.
+    let c = CString::new(m.join("f").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; the result is not needed (EOPNOTSUPP on a link).
+    unsafe { libc::fchmodat(libc::AT_FDCWD, c.as_ptr(), 0o600, libc::AT_SYMLINK_NOFOLLOW) };
     assert!(fs::remove_file(m.join("d/shadow")).is_err(), "unlinked through the swapped directory");
     let _ = fs::set_permissions(m.join("d/shadow"), fs::Permissions::from_mode(0o600));
     assert!(fs::write(m.join("d/shadow"), b"written through d").is_err(), "wrote through d");
