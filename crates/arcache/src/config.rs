@@ -217,6 +217,8 @@ pub struct ServeSettings {
     pub max_conn_bytes: u64,
     /// How long a client may leave a reply untaken (`None`: forever).
     pub reply_timeout: Option<std::time::Duration>,
+    /// The file view's entry for the L2 export table (`arcache mount`).
+    pub view: Option<arcache_l2::ExportDesc>,
 }
 
 impl ServeSettings {

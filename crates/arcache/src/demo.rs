@@ -260,6 +260,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         max_connections: ServerConfig::default().max_connections,
         max_conn_bytes: ServerConfig::default().max_conn_bytes,
         reply_timeout: ServerConfig::default().reply_timeout,
+        view: None,
     };
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {

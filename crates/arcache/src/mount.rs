@@ -25,7 +25,8 @@ pub const VIEW_RECORDSIZE: u64 = 128 << 10;
 #[derive(Debug, Args, Clone)]
 #[command(after_help = "The other options are serve's: the ARC's (--arc-max, --l2, --set, --config, \
 --control, --metrics, ...) and NBD exports to serve beside the view. For the view, --read-only refuses \
-every change with EROFS, and --recordsize is its file-data record (default 128K). SIGTERM, SIGINT or \
+every change with EROFS, --recordsize is its file-data record (default 128K), and --secondarycache \
+takes all (default), metadata or none for the view's records. SIGTERM, SIGINT or \
 `fusermount3 -u MOUNTPOINT` unmount and stop; see docs/fileview.md.")]
 pub struct MountArgs {
     /// The directory to show (a slow disk, an NFS or SMB mount, ...).
@@ -60,7 +61,7 @@ pub struct MountArgs {
 }
 
 pub fn run(args: &MountArgs) -> Result<()> {
-    let settings = serve::resolve_for_view(&args.serve)?;
+    let mut settings = serve::resolve_for_view(&args.serve)?;
     // read_only and recordsize as serve takes them: the flag, else the
     // config file's, else the view's default.
     let file = match &args.serve.config {
@@ -73,6 +74,13 @@ pub fn run(args: &MountArgs) -> Result<()> {
         (None, None) => VIEW_RECORDSIZE,
     };
     let read_only = args.serve.read_only || file.read_only.unwrap_or(false);
+    // ZFS's `secondarycache` of a dataset: the view has metadata.
+    let view_l2 = match args.serve.secondarycache.as_deref().or(file.secondarycache.as_deref()) {
+        None | Some("all") => arcache_engine::ViewL2::All,
+        Some("metadata") => arcache_engine::ViewL2::Metadata,
+        Some("none") => arcache_engine::ViewL2::None,
+        Some(other) => bail!("bad secondarycache {other:?}: use all, metadata or none"),
+    };
     if !args.revalidate.is_finite() || args.revalidate < 0.0 {
         bail!("--revalidate takes seconds, 0 or more");
     }
@@ -85,6 +93,15 @@ pub fn run(args: &MountArgs) -> Result<()> {
     if !args.mountpoint.is_dir() {
         bail!("MOUNTPOINT {} is not a directory", args.mountpoint.display());
     }
+    let (name, identity) = arcache_fileview::l2_identity(&args.source)
+        .with_context(|| format!("reading SOURCE {}", args.source.display()))?;
+    settings.view = Some(arcache_l2::ExportDesc {
+        id: arcache_l2::VIEW_EXPORT_ID,
+        name,
+        recordsize: recordsize as u32,
+        size: 0,
+        identity,
+    });
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
@@ -92,6 +109,7 @@ pub fn run(args: &MountArgs) -> Result<()> {
     let watch = startup::Watch::start(Arc::clone(&stop));
     let running = serve::start(&settings, ServerConfig::default(), true)?;
     watch.finish();
+    running.cache.set_view_secondarycache(view_l2);
     let cfg = ViewConfig {
         source: args.source.clone(),
         recordsize,

@@ -236,9 +236,11 @@ fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> R
     };
     check_recordsize(default_rs)?;
     let all_ro = args.read_only || file.read_only.unwrap_or(false);
+    // The view takes `metadata` too (mount.rs); exports beside it then
+    // keep all.
     let all_secondary = match (&args.secondarycache, &file.secondarycache) {
-        (Some(v), _) | (None, Some(v)) => parse_secondarycache(v)?,
-        (None, None) => true,
+        (Some(v), _) | (None, Some(v)) if need_exports || v != "metadata" => parse_secondarycache(v)?,
+        _ => true,
     };
     let direct = args.direct || file.direct.unwrap_or(false);
     let mut exports: BTreeMap<String, ExportSpec> = BTreeMap::new();
@@ -345,6 +347,7 @@ fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> R
             Some(secs) => Some(std::time::Duration::from_secs(secs)),
             None => nbd_defaults.reply_timeout,
         },
+        view: None,
     })
 }
 
@@ -779,12 +782,13 @@ pub fn start_on(
 ) -> Result<Running> {
     let t = settings.tunables.clone();
     let descs = export_descs(settings, &devices)?;
+    let l2_descs: Vec<ExportDesc> = descs.iter().cloned().chain(settings.view.clone()).collect();
     let persist = PersistOptions {
         rebuild_enabled: t.value("l2arc_rebuild_enabled") != 0,
         min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
     };
     startup::stage("opening the L2 devices");
-    let l2 = open_l2(&settings.l2, &descs, &persist)?;
+    let l2 = open_l2(&settings.l2, &l2_descs, &persist)?;
     // One ring for every device read that can skip a worker thread: L2
     // copies, and records of backing stores opened O_DIRECT.
     let ring = match blockdev::uring::Uring::start("io-ring") {

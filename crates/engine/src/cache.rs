@@ -5,7 +5,7 @@
 //! Lock order: the ARC lock, then the L2 index lock. Record locks (in
 //! `Volume`) come before both.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -141,12 +141,22 @@ pub struct FeedRules {
     pub include_prefetch: bool,
 }
 
+/// Which of the file view's records may go to L2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewL2 {
+    None = 0,
+    Metadata = 1,
+    All = 2,
+}
+
 pub struct Cache {
     state: Mutex<State>,
     epoch: Instant,
     l2: Option<Arc<L2Arc>>,
     /// Per export: may its records go to L2 (`secondarycache=all`)?
     secondary: RwLock<Vec<bool>>,
+    /// The file view's `secondarycache`: [`ViewL2`] as a number.
+    view_secondary: AtomicU8,
     compress: AtomicBool,
     partial_reads: AtomicBool,
     pub(crate) counters: Counters,
@@ -187,6 +197,7 @@ impl Cache {
             epoch: Instant::now(),
             l2,
             secondary: RwLock::new(vec![true; MAX_EXPORTS]),
+            view_secondary: AtomicU8::new(ViewL2::All as u8),
             compress: AtomicBool::new(cfg.compress),
             partial_reads: AtomicBool::new(true),
             counters: Counters::default(),
@@ -254,8 +265,25 @@ impl Cache {
         }
     }
 
+    /// `secondarycache` of the file view's records (ZFS's
+    /// `all|metadata|none` for a dataset).
+    pub fn set_view_secondarycache(&self, level: ViewL2) {
+        self.view_secondary.store(level as u8, Relaxed);
+    }
+
     fn l2_allowed(&self, key: Key) -> bool {
-        self.secondary.read().get(usize::from(arc_policy::key::export(key))).copied().unwrap_or(false)
+        self.l2_allowed_in(&self.secondary.read(), key)
+    }
+
+    fn l2_allowed_in(&self, secondary: &[bool], key: Key) -> bool {
+        if arc_policy::key::view::is_view(key) {
+            return match self.view_secondary.load(Relaxed) {
+                x if x == ViewL2::All as u8 => true,
+                x if x == ViewL2::Metadata as u8 => arc_policy::key::view::is_metadata(key),
+                _ => false,
+            };
+        }
+        secondary.get(usize::from(arc_policy::key::export(key))).copied().unwrap_or(false)
     }
 
     fn access(&self, prefetch: bool) -> Access {
@@ -450,13 +478,15 @@ impl Cache {
 
     /// A demand read of one view record: a hit is recorded by the policy
     /// and counted, a miss counted, as metadata or data by the key's kind.
+    /// A record only on L2 is read from there (and cached again), counted
+    /// as an ARC miss and an L2 hit, as ZFS counts it.
     pub fn view_lookup(&self, key: Key) -> Option<RecordData> {
-        let found = match self.lookup(key, false) {
-            Looked::Hit(rec) => Some(rec),
-            Looked::Ghost | Looked::Cold => None,
+        let (found, hit) = match self.lookup(key, false) {
+            Looked::Hit(rec) => (Some(rec), true),
+            Looked::Ghost | Looked::Cold => (self.view_from_l2(key), false),
         };
         let c = &self.counters;
-        let counter = match (arc_policy::key::view::is_metadata(key), found.is_some()) {
+        let counter = match (arc_policy::key::view::is_metadata(key), hit) {
             (true, true) => &c.demand_metadata_hits,
             (true, false) => &c.demand_metadata_misses,
             (false, true) => &c.demand_hits,
@@ -466,14 +496,50 @@ impl Cache {
         found
     }
 
+    /// The L2 copy of a view record, verified by the L2's checksum and
+    /// cached in RAM again. View records are kept uncompressed at the
+    /// record level (their envelope compresses), so a copy says its size.
+    fn view_from_l2(&self, key: Key) -> Option<RecordData> {
+        let l2 = self.l2.as_ref()?;
+        let c = &self.counters;
+        let Some(ptr) = l2.lookup(key) else {
+            c.l2_misses.fetch_add(1, Relaxed);
+            return None;
+        };
+        let rec = match l2.read(key, ptr) {
+            Ok(bytes) if !ptr.flags().compressed => {
+                let len = bytes.len() as u32;
+                Record::from_stored(bytes, len, false).ok()
+            }
+            _ => None,
+        };
+        let Some(rec) = rec else {
+            l2.invalidate(key);
+            c.l2_misses.fetch_add(1, Relaxed);
+            return None;
+        };
+        c.l2_hits.fetch_add(1, Relaxed);
+        let rec: RecordData = Arc::new(rec);
+        self.insert_read(key, Arc::clone(&rec), false);
+        Some(rec)
+    }
+
     /// The cached copy of a view record, counting nothing.
     pub fn view_peek(&self, key: Key) -> Option<RecordData> {
         self.peek(key)
     }
 
-    /// Caches a view record read from its source.
+    /// Caches a view record read from its source. Any L2 copy of the key
+    /// goes: the view may put other bytes under a key it changed itself
+    /// (a listing read again after a change made through the view), and an
+    /// older copy must not come back once this one leaves RAM. Not made
+    /// durable: after a restart the view never asks for that key again (a
+    /// changed file has another ctime, hence another object number).
     pub fn view_insert(&self, key: Key, rec: RecordData) {
         debug_assert!(arc_policy::key::view::is_view(key));
+        if let Some(l2) = &self.l2 {
+            l2.invalidate(key);
+        }
         self.insert_read(key, rec, false);
     }
 
@@ -489,6 +555,9 @@ impl Cache {
     pub fn view_insert_prefetch(&self, key: Key, rec: RecordData) {
         debug_assert!(arc_policy::key::view::is_view(key));
         self.counters.prefetch_metadata_misses.fetch_add(1, Relaxed);
+        if let Some(l2) = &self.l2 {
+            l2.invalidate(key);
+        }
         self.insert_read(key, rec, true);
     }
 
@@ -532,8 +601,7 @@ impl Cache {
                 if taken >= rules.budget {
                     return false;
                 }
-                let allowed =
-                    secondary.get(usize::from(arc_policy::key::export(key))).copied().unwrap_or(false);
+                let allowed = self.l2_allowed_in(&secondary, key);
                 if !allowed || (prefetch && !rules.include_prefetch) {
                     return true;
                 }

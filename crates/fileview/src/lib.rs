@@ -5,6 +5,7 @@
 //! to SOURCE directly are seen within the revalidate window.
 
 mod direct;
+mod envelope;
 mod records;
 mod sys;
 mod table;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_policy::key::view::{self as vkey, Kind};
-use arcache_engine::{Cache, Record};
+use arcache_engine::Cache;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
@@ -33,6 +34,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
+use envelope::Version;
 pub use records::{Attr, DirEntry, Fingerprint};
 use sys::At;
 use table::{ObjState, Object, Table, ROOT};
@@ -77,6 +79,9 @@ pub struct ViewStats {
     /// Directories of SOURCE under an inotify watch, and events read.
     pub watched_dirs: AtomicU64,
     pub inotify_events: AtomicU64,
+    /// Records whose envelope named another file version than their key's
+    /// object (a number collision): dropped and read again.
+    pub envelope_mismatches: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -98,18 +103,22 @@ impl ViewStats {
             ("fileview_changes_seen", l(&self.changes_seen)),
             ("fileview_watched_dirs", l(&self.watched_dirs)),
             ("fileview_inotify_events", l(&self.inotify_events)),
+            ("fileview_envelope_mismatches", l(&self.envelope_mismatches)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
     }
 }
 
-/// Object numbers, unique across every view of the process (they share
-/// one cache).
-static NEXT_OBJECT: AtomicU64 = AtomicU64::new(1);
+/// The version of `a` as a new object would take it (its number and
+/// envelope; `docs/fileview.md`, section 5).
+fn version_of(a: &Attr) -> Version {
+    Version { dev: a.dev, born: a.fingerprint() }
+}
 
-fn next_object() -> u64 {
-    NEXT_OBJECT.fetch_add(1, Relaxed) & vkey::MAX_OBJECT
+/// The version an object's records are kept under now.
+fn version(obj: &Object, st: &ObjState) -> Version {
+    Version { dev: obj.dev, born: st.born }
 }
 
 /// The metadata prefetch of a listing: how many entries at most, and how
@@ -354,7 +363,45 @@ impl View {
     }
 
     fn new_state(&self, a: &Attr) -> ObjState {
-        ObjState { id: next_object(), fp: a.fingerprint(), checked: None, gen: 0, dir_chunks: 0, watch: None }
+        let v = version_of(a);
+        ObjState {
+            id: v.number(),
+            born: v.born,
+            fp: a.fingerprint(),
+            checked: None,
+            gen: 0,
+            dir_chunks: 0,
+            watch: None,
+        }
+    }
+
+    /// Record `index` of `kind` of the version `v` (numbered `id`) from the
+    /// ARC or L2, as a demand read. One whose envelope names another
+    /// version (a number collision) is dropped and missed.
+    fn get(&self, kind: Kind, v: &Version, id: u64, index: u64) -> Option<Vec<u8>> {
+        let k = key(kind, id, index);
+        let rec = self.cache.view_lookup(k)?;
+        let payload = if rec.is_compressed() {
+            rec.to_vec().ok().and_then(|b| envelope::open(&b, kind, v, index))
+        } else {
+            envelope::open(rec.stored(), kind, v, index)
+        };
+        if payload.is_none() {
+            self.count(&self.stats.envelope_mismatches);
+            self.cache.view_invalidate(k);
+        }
+        payload
+    }
+
+    /// Caches `payload` as record `index` of `kind` of the version `v`.
+    fn put(&self, kind: Kind, v: &Version, id: u64, index: u64, payload: &[u8], prefetch: bool) {
+        let compress = self.cache.compress_enabled() && kind != Kind::Attr;
+        let rec = Arc::new(envelope::seal(kind, v, index, payload, compress));
+        if prefetch {
+            self.cache.view_insert_prefetch(key(kind, id, index), rec);
+        } else {
+            self.cache.view_insert(key(kind, id, index), rec);
+        }
     }
 
     /// Drops data records `from..=to` of the version `st` names.
@@ -364,8 +411,12 @@ impl View {
         }
     }
 
+    /// Drops the cached listing. Chunk 0 goes even when the object knows of
+    /// no chunks: a listing restored from L2 and not read yet in this run
+    /// is found through chunk 0 (`cached_listing`), which must not find the
+    /// version from before the change.
     fn drop_listing(&self, st: &mut ObjState) {
-        for i in 0..st.dir_chunks {
+        for i in 0..st.dir_chunks.max(1) {
             self.cache.view_invalidate(key(Kind::DirChunk, st.id, i));
         }
         st.dir_chunks = 0;
@@ -400,17 +451,28 @@ impl View {
             } else {
                 self.count(&self.stats.changes_seen);
                 self.drop_all(&mut st);
-                st.id = next_object();
+                let v = version_of(a);
+                (st.id, st.born) = (v.number(), v.born);
             }
         }
         st.fp = a.fingerprint();
         st.checked = Some(Instant::now());
-        let rec = Arc::new(Record::new(&a.encode(), false));
-        if prefetch {
-            self.cache.view_insert_prefetch(key(Kind::Attr, st.id, 0), rec);
-        } else {
-            self.cache.view_insert(key(Kind::Attr, st.id, 0), rec);
+        let v = version(obj, &st);
+        let encoded = a.encode();
+        if !prefetch && self.cached_as(Kind::Attr, &v, st.id, &encoded) {
+            // Unchanged: not put again, which would drop its L2 copy and
+            // have the feed write it once more at every revalidation.
+            return;
         }
+        self.put(Kind::Attr, &v, st.id, 0, &encoded, prefetch);
+    }
+
+    /// Whether RAM holds record 0 of `kind` of `v` with this payload
+    /// (counting nothing).
+    fn cached_as(&self, kind: Kind, v: &Version, id: u64, payload: &[u8]) -> bool {
+        self.cache.view_peek(key(kind, id, 0)).is_some_and(|r| {
+            !r.is_compressed() && envelope::open(r.stored(), kind, v, 0).as_deref() == Some(payload)
+        })
     }
 
     /// The metadata prefetch of a listing just read from SOURCE: the
@@ -448,6 +510,23 @@ impl View {
         });
     }
 
+    /// The metadata prefetch for a listing that came from the ARC or L2,
+    /// when some of its entries are not fresh (after a restart none are:
+    /// objects are not persisted, each is checked against SOURCE first).
+    fn prefetch_cached(&self, node: u64, dobj: &Object, entries: &[DirEntry]) {
+        let stale = entries
+            .iter()
+            .take(PREFETCH_MAX)
+            .any(|e| !self.table.known_object(dobj.dev, e.ino).is_some_and(|o| self.fresh(&o.state.lock())));
+        if !stale {
+            return;
+        }
+        let Some(rel) = self.table.path(node) else { return };
+        if let Ok(dir) = self.open_dir(&rel, libc::O_RDONLY) {
+            self.prefetch_attrs(dir.as_fd(), dobj, entries);
+        }
+    }
+
     fn prefetch_one(&self, dir: BorrowedFd, e: &DirEntry, before: Option<watch::Before>) {
         let name = OsStr::from_bytes(&e.name);
         let Ok(a) = sys::lstat_at(dir, name) else { return };
@@ -455,6 +534,11 @@ impl View {
         if a.ino != e.ino {
             // Replaced since the listing: left to the lookup.
             return;
+        }
+        // A known object checked again (a listing from the ARC whose
+        // entries' window ran out) is a revalidation, as a lookup's is.
+        if self.table.known_object(a.dev, a.ino).is_some() {
+            self.count(&self.stats.revalidations);
         }
         let obj = self.table.object_for(a.dev, a.ino, || self.new_state(&a));
         self.settle_as(&obj, &a, false, true);
@@ -568,15 +652,13 @@ impl View {
     /// from SOURCE (revalidating it).
     fn attr(&self, node: u64) -> Res<(Attr, Arc<Object>)> {
         if let Some(obj) = self.table.object(node) {
-            let (id, fresh) = {
+            let (id, v, fresh) = {
                 let st = obj.state.lock();
-                (st.id, self.fresh(&st))
+                (st.id, version(&obj, &st), self.fresh(&st))
             };
             if fresh {
-                if let Some(rec) = self.cache.view_lookup(key(Kind::Attr, id, 0)) {
-                    if let Some(a) = rec.to_vec().ok().and_then(|b| Attr::decode(&b, obj.dev)) {
-                        return Ok((a, obj));
-                    }
+                if let Some(a) = self.get(Kind::Attr, &v, id, 0).and_then(|b| Attr::decode(&b, obj.dev)) {
+                    return Ok((a, obj));
                 }
             }
         }
@@ -627,12 +709,40 @@ impl View {
         Ok(a)
     }
 
-    /// The listing of object `id` if all its `chunks` are in the ARC.
-    fn cached_listing(&self, id: u64, chunks: u64) -> Option<Vec<DirEntry>> {
+    /// The cached listing of a directory if all its chunks are in the ARC
+    /// or on L2. The chunk count is the object's, or, when it has none yet
+    /// (a listing restored from L2 after a restart), found by reading
+    /// chunks until the listing's total is reached, and then kept.
+    fn cached_listing(&self, obj: &Object) -> Option<Vec<DirEntry>> {
+        let (id, v, chunks, gen) = {
+            let st = obj.state.lock();
+            (st.id, version(obj, &st), st.dir_chunks, st.gen)
+        };
         let mut out = Vec::new();
-        for i in 0..chunks {
-            let b = self.cache.view_lookup(key(Kind::DirChunk, id, i))?.to_vec().ok()?;
-            records::decode_chunk(&b, &mut out)?;
+        let mut read = 0;
+        loop {
+            if chunks > 0 && read == chunks {
+                break;
+            }
+            let b = self.get(Kind::DirChunk, &v, id, read)?;
+            let before = out.len();
+            let total = records::decode_chunk(&b, &mut out)? as usize;
+            read += 1;
+            if out.len() >= total {
+                if out.len() > total || (chunks > 0 && read != chunks) {
+                    return None;
+                }
+                break;
+            }
+            if out.len() == before || read > vkey::MAX_INDEX {
+                return None;
+            }
+        }
+        if chunks == 0 {
+            let mut st = obj.state.lock();
+            if st.id == id && st.gen == gen {
+                st.dir_chunks = read;
+            }
         }
         Some(out)
     }
@@ -643,17 +753,13 @@ impl View {
         if !a.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        let (id, chunks, gen) = {
+        let (id, gen) = {
             let st = obj.state.lock();
-            (st.id, st.dir_chunks, st.gen)
+            (st.id, st.gen)
         };
-        if chunks > 0 {
-            if let Some(out) = self.cached_listing(id, chunks) {
-                return Ok(out);
-            }
-        } else {
-            // Counted as the miss of the listing's first chunk.
-            self.cache.view_lookup(key(Kind::DirChunk, id, 0));
+        if let Some(out) = self.cached_listing(&obj) {
+            self.prefetch_cached(node, &obj, &out);
+            return Ok(out);
         }
         let rel = self.table.path(node).ok_or(Errno::ENOENT)?;
         let dir = self.open_dir(&rel, libc::O_RDONLY)?;
@@ -696,11 +802,9 @@ impl View {
         if st.gen != gen || st.id != id {
             return false;
         }
+        let v = version(obj, &st);
         for (i, c) in encoded.iter().enumerate() {
-            self.cache.view_insert(
-                key(Kind::DirChunk, id, i as u64),
-                Arc::new(Record::new(c, self.cache.compress_enabled())),
-            );
+            self.put(Kind::DirChunk, &v, id, i as u64, c, false);
         }
         st.dir_chunks = encoded.len() as u64;
         true
@@ -746,12 +850,9 @@ impl View {
             return Err(Errno::ENOTDIR);
         }
         // A name a cached listing lacks is answered without SOURCE.
-        let (id, chunks) = {
-            let st = pobj.state.lock();
-            (st.id, st.dir_chunks)
-        };
+        let chunks = pobj.state.lock().dir_chunks;
         let mut listed_ino = None;
-        if let Some(entries) = (chunks > 0).then(|| self.cached_listing(id, chunks)).flatten() {
+        if let Some(entries) = (chunks > 0).then(|| self.cached_listing(&pobj)).flatten() {
             match entries.iter().find(|e| e.name == name.as_bytes()) {
                 Some(e) => listed_ino = Some(e.ino),
                 None => return Err(Errno::ENOENT),
@@ -818,9 +919,9 @@ impl View {
             self.attr_of_handle(h, false)?;
         }
         let rs = self.cfg.recordsize;
-        let (id, gen) = {
+        let (id, v, gen) = {
             let st = h.obj.state.lock();
-            (st.id, st.gen)
+            (st.id, version(&h.obj, &st), st.gen)
         };
         let end = offset.saturating_add(u64::from(size));
         let mut out = Vec::with_capacity(size as usize);
@@ -828,10 +929,9 @@ impl View {
         while at < end {
             let idx = at / rs;
             let within = (at - idx * rs) as usize;
-            let rec =
-                if idx > vkey::MAX_INDEX { None } else { self.cache.view_lookup(key(Kind::Data, id, idx)) };
+            let rec = if idx > vkey::MAX_INDEX { None } else { self.get(Kind::Data, &v, id, idx) };
             let bytes = match rec {
-                Some(r) => r.to_vec().map_err(|_| Errno::EIO)?,
+                Some(b) => b,
                 None => {
                     let started = Instant::now();
                     let buf = read_record(h, idx * rs, rs as usize, &self.stats).map_err(errno)?;
@@ -842,8 +942,7 @@ impl View {
                     if idx <= vkey::MAX_INDEX {
                         let st = h.obj.state.lock();
                         if st.gen == gen && st.id == id {
-                            let rec = Record::new(&buf, self.cache.compress_enabled());
-                            self.cache.view_insert(key(Kind::Data, id, idx), Arc::new(rec));
+                            self.put(Kind::Data, &v, id, idx, &buf, false);
                         }
                     }
                     buf
@@ -901,22 +1000,19 @@ impl View {
 
     fn xattrs(&self, node: u64) -> Res<Vec<(Vec<u8>, Vec<u8>)>> {
         let (_, obj) = self.attr(node)?;
-        let (id, gen) = {
+        let (id, v, gen) = {
             let st = obj.state.lock();
-            (st.id, st.gen)
+            (st.id, version(&obj, &st), st.gen)
         };
-        if let Some(r) = self.cache.view_lookup(key(Kind::Xattrs, id, 0)) {
-            if let Some(list) = r.to_vec().ok().and_then(|b| records::decode_xattrs(&b)) {
-                return Ok(list);
-            }
+        if let Some(list) = self.get(Kind::Xattrs, &v, id, 0).and_then(|b| records::decode_xattrs(&b)) {
+            return Ok(list);
         }
         let f = self.open_node(node)?;
         self.count(&self.stats.source_xattr_reads);
         let list = sys::all_xattrs(f.as_fd()).map_err(errno)?;
         let st = obj.state.lock();
         if st.gen == gen && st.id == id {
-            let rec = Record::new(&records::encode_xattrs(&list), self.cache.compress_enabled());
-            self.cache.view_insert(key(Kind::Xattrs, id, 0), Arc::new(rec));
+            self.put(Kind::Xattrs, &v, id, 0, &records::encode_xattrs(&list), false);
         }
         Ok(list)
     }
@@ -1096,19 +1192,19 @@ impl Filesystem for View {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let r = (|| {
             let (_, obj) = self.attr(ino.0)?;
-            let (id, gen) = {
+            let (id, v, gen) = {
                 let st = obj.state.lock();
-                (st.id, st.gen)
+                (st.id, version(&obj, &st), st.gen)
             };
-            if let Some(rec) = self.cache.view_lookup(key(Kind::Symlink, id, 0)) {
-                return rec.to_vec().map_err(|_| Errno::EIO);
+            if let Some(target) = self.get(Kind::Symlink, &v, id, 0) {
+                return Ok(target);
             }
             let f = self.open_node(ino.0)?;
             self.count(&self.stats.source_readlinks);
             let target = sys::readlink(f.as_fd()).map_err(errno)?;
             let st = obj.state.lock();
             if st.gen == gen && st.id == id {
-                self.cache.view_insert(key(Kind::Symlink, id, 0), Arc::new(Record::new(&target, false)));
+                self.put(Kind::Symlink, &v, id, 0, &target, false);
             }
             Ok(target)
         })();
@@ -1697,6 +1793,19 @@ fn read_record(h: &Handle, offset: u64, len: usize, stats: &ViewStats) -> io::Re
 }
 
 /// Mounts a view of `cfg.source` at `mountpoint`, its records in `cache`.
+/// The identity of the view of `source` for the L2 export table
+/// (docs/format.md, export kind 1): its records on an L2 device are
+/// restored only into a view of the same directory with the same
+/// recordsize. (name, identity.)
+pub fn l2_identity(source: &Path) -> io::Result<(String, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::fs::canonicalize(source)?;
+    let m = std::fs::metadata(&path)?;
+    let text = format!("view:{}:{}:{}", path.display(), m.dev(), m.ino());
+    let name = format!("view:{}", path.display());
+    Ok((name, xxhash_rust::xxh3::xxh3_64(text.as_bytes())))
+}
+
 pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Result<Mounted> {
     let source = std::fs::canonicalize(&cfg.source)?;
     if !source.is_dir() {

@@ -19,8 +19,15 @@ pub const ROOT: u64 = 1;
 /// What the cache knows of one source file.
 #[derive(Debug)]
 pub struct ObjState {
-    /// The object number its records are keyed by; a new one per version.
+    /// The object number its records are keyed by: the hash of `born`
+    /// (and the file's dev and inode), a new one per version.
     pub id: u64,
+    /// The fingerprint the number was made from: what SOURCE showed when
+    /// the view took this version. Changes made through the view keep it
+    /// (their records are brought up to date), changes made elsewhere
+    /// replace it.
+    pub born: Fingerprint,
+    /// What SOURCE showed at the last check.
     pub fp: Fingerprint,
     /// When it was last compared with SOURCE (`None`: must be now).
     pub checked: Option<Instant>,
@@ -336,7 +343,7 @@ mod tests {
         let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
         let fp = Fingerprint::default();
-        let state = || ObjState { id: 7, fp, checked: None, gen: 0, dir_chunks: 0, watch: None };
+        let state = || ObjState { id: 7, born: fp, fp, checked: None, gen: 0, dir_chunks: 0, watch: None };
         let obj = t.bind(x, 1, 42, state);
         t.forget(x, 1);
         assert!(!t.exists(x));

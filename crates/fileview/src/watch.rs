@@ -320,6 +320,7 @@ mod tests {
     fn object(ino: u64) -> Arc<Object> {
         let state = ObjState {
             id: ino,
+            born: Fingerprint::default(),
             fp: Fingerprint::default(),
             checked: Some(Instant::now()),
             gen: 0,

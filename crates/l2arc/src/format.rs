@@ -119,10 +119,17 @@ impl LogPtr {
     }
 }
 
+/// An export table entry of an NBD export's backing store.
+pub const EXPORT_VOLUME: u16 = 0;
+/// An export table entry of a file view: its entries carry whole view keys.
+pub const EXPORT_VIEW: u16 = 1;
+
 /// The identity of a backing store, as recorded in a device header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportId {
     pub tag: u16,
+    /// [`EXPORT_VOLUME`] or [`EXPORT_VIEW`].
+    pub kind: u16,
     pub recordsize: u32,
     pub size: u64,
     pub identity: u64,
@@ -133,7 +140,10 @@ impl ExportId {
     /// Same backing store with the same record geometry (the tag and name
     /// do not count).
     pub fn same_store(&self, other: &ExportId) -> bool {
-        self.recordsize == other.recordsize && self.size == other.size && self.identity == other.identity
+        self.kind == other.kind
+            && self.recordsize == other.recordsize
+            && self.size == other.size
+            && self.identity == other.identity
     }
     pub fn records(&self) -> u64 {
         if self.recordsize == 0 {
@@ -198,6 +208,7 @@ impl Header {
         for (i, e) in self.exports.iter().enumerate() {
             let at = EXPORTS_AT + i * EXPORT_ENTRY;
             put_u16(&mut b, at, e.tag);
+            put_u16(&mut b, at + 2, e.kind);
             put_u32(&mut b, at + 4, e.recordsize);
             put_u64(&mut b, at + 8, e.size);
             put_u64(&mut b, at + 16, e.identity);
@@ -247,6 +258,7 @@ impl Header {
                 let len = raw.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
                 ExportId {
                     tag: get_u16(b, at),
+                    kind: get_u16(b, at + 2),
                     recordsize: get_u32(b, at + 4),
                     size: get_u64(b, at + 8),
                     identity: get_u64(b, at + 16),
@@ -506,6 +518,7 @@ mod tests {
             lb_asize: 9 * 4096,
             last_tag: 1,
             exports: vec![ExportId {
+                kind: EXPORT_VOLUME,
                 tag: 1,
                 recordsize: 131072,
                 size: 1 << 40,

@@ -24,7 +24,7 @@ use tracing::warn;
 
 pub use device::{L2Device, ALIGN, HEADER_RESERVED};
 pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
-pub use persist::{forget, read_header, ExportDesc, HeaderRead, PersistOptions};
+pub use persist::{forget, read_header, ExportDesc, HeaderRead, PersistOptions, VIEW_EXPORT_ID};
 pub use rebuild::RebuildProgress;
 pub use rebuild::{pointer_ok, read_block, walk, PersistStats, WalkEnd};
 
@@ -161,6 +161,8 @@ pub struct L2Arc {
     meta: Mutex<Meta>,
     pub stats: L2Stats,
     exports: Vec<Option<ExportMap>>,
+    /// The file view's export, whose keys are not split (docs/format.md).
+    view: Option<ExportMap>,
     persist: Vec<Mutex<Option<DevPersist>>>,
     // What writers, the feed, a rebuild and a commit hand each other
     // outside the persist lock (how far each log is durable, whether it
@@ -255,16 +257,27 @@ fn split_key(key: u64) -> (usize, u64) {
     (usize::from(arc_policy::key::export(key)), arc_policy::key::record(key))
 }
 
+/// What a log entry names a key by: a volume's record index, or a view's
+/// whole key.
+fn entry_record(key: u64) -> u64 {
+    if arc_policy::key::view::is_view(key) {
+        key
+    } else {
+        split_key(key).1
+    }
+}
+
 impl L2Arc {
     /// L2 devices without persistence: nothing is restored at start and
     /// nothing is logged (tests, and devices below the persistence size).
     pub fn new(devices: Vec<L2Device>) -> Result<L2Arc, String> {
-        Self::assemble(devices, Vec::new(), Vec::new())
+        Self::assemble(devices, Vec::new(), None, Vec::new())
     }
 
     fn assemble(
         devices: Vec<L2Device>,
         exports: Vec<Option<ExportMap>>,
+        view: Option<ExportMap>,
         persist: Vec<Option<DevPersist>>,
     ) -> Result<L2Arc, String> {
         if devices.len() > MAX_DEVICES {
@@ -288,6 +301,7 @@ impl L2Arc {
             }),
             stats: L2Stats::default(),
             exports,
+            view,
             persist: persist.into_iter().map(Mutex::new).collect(),
             committed: (0..n).map(|_| sync_atomic::AtomicU64::new(0)).collect(),
             rebuilding: (0..n).map(|_| sync_atomic::AtomicBool::new(false)).collect(),
@@ -308,10 +322,17 @@ impl L2Arc {
     }
 
     fn payload_seed(&self, key: u64) -> u64 {
-        let (export, record) = split_key(key);
-        let identity =
-            self.exports.get(export).and_then(|e| e.as_ref()).map_or(export as u64, |e| e.identity);
-        format::payload_seed(identity, record)
+        let (export, _) = split_key(key);
+        let identity = self.export_map(key).map_or(export as u64, |e| e.identity);
+        format::payload_seed(identity, entry_record(key))
+    }
+
+    /// The export `key` belongs to, if it is configured.
+    fn export_map(&self, key: u64) -> Option<&ExportMap> {
+        if arc_policy::key::view::is_view(key) {
+            return self.view.as_ref();
+        }
+        self.exports.get(split_key(key).0).and_then(|e| e.as_ref())
     }
 
     /// Whether `verified` bytes read for `part` of `ptr` are the record's.
@@ -326,8 +347,7 @@ impl L2Arc {
     }
 
     fn tag(&self, dev: usize, key: u64) -> u16 {
-        let (export, _) = split_key(key);
-        self.exports.get(export).and_then(|e| e.as_ref()).map_or(0, |e| e.tags[dev])
+        self.export_map(key).map_or(0, |e| e.tags[dev])
     }
 
     /// Whether the device keeps a log. An atomic, not the persist lock:
@@ -421,7 +441,7 @@ impl L2Arc {
             lshift: 0,
             tag,
             blob_sectors: 0,
-            record: split_key(key).1,
+            record: entry_record(key),
             lpos_or_count: 1,
             cksum: 0,
         });
@@ -857,7 +877,7 @@ impl L2Arc {
                     let log = &mut m.logs[dev_idx];
                     log.entries.push(cached_entry(
                         tag,
-                        split_key(key).1,
+                        entry_record(key),
                         res.lpos + rel,
                         blob_len,
                         flags,

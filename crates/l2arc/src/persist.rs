@@ -17,13 +17,29 @@ use crate::{EntryKind, ExportMap, L2Arc, L2Device, Ticket, ALIGN, MAX_DEVICES};
 /// store.
 #[derive(Debug, Clone)]
 pub struct ExportDesc {
-    /// The engine's export id (the high bits of its keys).
+    /// The engine's export id (the high bits of its keys), or
+    /// [`VIEW_EXPORT_ID`] for the file view, whose keys are whole
+    /// `arc_policy::key::view` keys.
     pub id: u16,
     pub name: String,
     pub recordsize: u32,
     pub size: u64,
     /// A fingerprint of the backing store (see docs/format.md).
     pub identity: u64,
+}
+
+/// The id of the file view's export (`arcache mount`): no volume has it
+/// (volume ids are below `arc_policy::key::MAX_EXPORTS`).
+pub const VIEW_EXPORT_ID: u16 = u16::MAX;
+
+impl ExportDesc {
+    fn kind(&self) -> u16 {
+        if self.id == VIEW_EXPORT_ID {
+            format::EXPORT_VIEW
+        } else {
+            format::EXPORT_VOLUME
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -142,14 +158,24 @@ impl L2Arc {
         if devices.len() > MAX_DEVICES {
             return Err(format!("at most {MAX_DEVICES} L2 devices"));
         }
-        let max_id = exports.iter().map(|e| e.id as usize + 1).max().unwrap_or(0);
+        let volumes = || exports.iter().filter(|e| e.id != VIEW_EXPORT_ID);
+        let max_id = volumes().map(|e| e.id as usize + 1).max().unwrap_or(0);
         let mut maps: Vec<Option<ExportMap>> = vec![None; max_id];
+        let mut view = None;
         for e in exports {
-            maps[e.id as usize] = Some(ExportMap {
+            let map = ExportMap {
                 identity: e.identity,
-                records: e.size.div_ceil(u64::from(e.recordsize.max(1))),
+                records: if e.id == VIEW_EXPORT_ID {
+                    u64::MAX
+                } else {
+                    e.size.div_ceil(u64::from(e.recordsize.max(1)))
+                },
                 tags: [0; MAX_DEVICES],
-            });
+            };
+            match e.id {
+                VIEW_EXPORT_ID => view = Some(map),
+                id => maps[id as usize] = Some(map),
+            }
         }
         let stats = crate::L2Stats::default();
         let mut persist = Vec::with_capacity(devices.len());
@@ -160,7 +186,9 @@ impl L2Arc {
                 for e in exports {
                     let tag =
                         p.hdr.exports.iter().find(|x| x.name == e.name && matches(x, e)).map_or(0, |x| x.tag);
-                    if let Some(m) = maps[e.id as usize].as_mut() {
+                    let map =
+                        if e.id == VIEW_EXPORT_ID { view.as_mut() } else { maps[e.id as usize].as_mut() };
+                    if let Some(m) = map {
                         m.tags[d] = tag;
                     }
                 }
@@ -168,7 +196,7 @@ impl L2Arc {
             persist.push(p);
             rebuild.push(needs_rebuild);
         }
-        let l2 = Self::assemble(devices, maps, persist)?;
+        let l2 = Self::assemble(devices, maps, view, persist)?;
         for (d, r) in rebuild.into_iter().enumerate() {
             l2.rebuilding[d].store(r, Relaxed);
         }
@@ -368,7 +396,7 @@ impl L2Arc {
 }
 
 fn matches(x: &ExportId, e: &ExportDesc) -> bool {
-    x.recordsize == e.recordsize && x.size == e.size && x.identity == e.identity
+    x.kind == e.kind() && x.recordsize == e.recordsize && x.size == e.size && x.identity == e.identity
 }
 
 /// Opens one device; returns its persistent state (None when it keeps no
@@ -490,6 +518,7 @@ fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), Strin
         hdr.last_tag = tag;
         hdr.exports.push(ExportId {
             tag,
+            kind: e.kind(),
             recordsize: e.recordsize,
             size: e.size,
             identity: e.identity,

@@ -202,6 +202,10 @@ pub fn walk(
 
 /// Whether a CACHED entry above the evict floor describes a copy that can
 /// be there: inside the export, the device and before its own block.
+/// The engine id the rebuild gives the file view's export (no volume has
+/// one this large).
+const VIEW: u64 = u64::MAX;
+
 fn entry_ok(e: &Entry, blk: &LogBlock, h: &Header, records: u64) -> bool {
     let len = u64::from(e.blob_sectors) * SECTOR;
     e.kind == EntryKind::Cached
@@ -256,11 +260,13 @@ impl L2Arc {
         progress.running.store(true, Relaxed);
         info!("L2 device {}: rebuilding from log block {} back", dev.path, h.newest[0].seq);
         // Export tag -> (engine export id, record count) on this device.
+        let view = self.view.as_ref().map(|m| (m.tags[d], VIEW, m.records));
         let exports: Vec<(u16, u64, u64)> = self
             .exports
             .iter()
             .enumerate()
             .filter_map(|(id, m)| m.as_ref().map(|m| (m.tags[d], id as u64, m.records)))
+            .chain(view)
             .filter(|(tag, _, _)| *tag != 0)
             .collect();
         let mut seen = Seen::default();
@@ -360,7 +366,16 @@ impl L2Arc {
                 invalid += 1;
                 continue;
             };
-            let key = (id << arc_policy::key::RECORD_BITS) | e.record.min(arc_policy::key::MAX_RECORD);
+            let key = if id == VIEW {
+                // A view's entries carry whole view keys.
+                if !arc_policy::key::view::is_view(e.record) {
+                    invalid += 1;
+                    continue;
+                }
+                e.record
+            } else {
+                (id << arc_policy::key::RECORD_BITS) | e.record.min(arc_policy::key::MAX_RECORD)
+            };
             if e.kind == EntryKind::Invalidate {
                 let count = e.lpos_or_count.min(records.saturating_sub(e.record)).min(1 << 16);
                 for r in 0..count {

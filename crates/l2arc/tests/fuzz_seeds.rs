@@ -23,6 +23,7 @@ fn corpus() -> PathBuf {
 
 fn header() -> Header {
     let export = |tag: u16, name: &str| ExportId {
+        kind: 0,
         tag,
         recordsize: 16384,
         size: 1 << 34,
