@@ -55,6 +55,15 @@ pub struct MountArgs {
     /// user needs user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     pub allow_other: bool,
+    /// Have the kernel drop its page cache of a file at every open, even
+    /// when the file is unchanged (by default it keeps it: FOPEN_KEEP_CACHE
+    /// while the version opened is the one it opened last).
+    #[arg(long)]
+    pub no_keep_cache: bool,
+    /// Answer listings without their entries' attributes (by default the
+    /// kernel gets them with the listing: readdirplus).
+    #[arg(long)]
+    pub no_readdirplus: bool,
     /// The settings `serve` takes (see after_help).
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -118,6 +127,8 @@ pub fn run(args: &MountArgs) -> Result<()> {
         threads: args.fuse_threads,
         allow_other: args.allow_other,
         watch_max: Duration::from_secs_f64(args.watch_max),
+        keep_cache: !args.no_keep_cache,
+        readdirplus: !args.no_readdirplus,
     };
     let view = match arcache_fileview::mount(cfg, Arc::clone(&running.cache), &args.mountpoint) {
         Ok(v) => v,

@@ -1470,3 +1470,47 @@ fn after_a_restart_listings_and_data_come_from_l2_and_what_changed_meanwhile_fro
         }
     }
 }
+
+/// Issue 22's kernel-side caching: an unchanged file is read again from
+/// the kernel's page cache (`keep_cache`), without a request to the view;
+/// a file changed on SOURCE is never read from the kernel's old pages;
+/// `--no-keep-cache` has every open drop them.
+#[test]
+fn an_unchanged_file_is_read_again_from_the_kernels_cache_and_a_changed_one_never_is() {
+    if !fuse_available() {
+        return;
+    }
+    for keep in [true, false] {
+        let dir = new_dir();
+        let src = dir.path().join("src");
+        fs::create_dir_all(&src).unwrap();
+        common::random_file(&src.join("k"), 300_000, 5);
+        // A window longer than the test and no inotify: only the open's
+        // own check of SOURCE can see the change below (the kernel asks
+        // for no attributes within the window, so it cannot drop its
+        // pages on seeing a new mtime).
+        let mut args = vec!["--revalidate", "60", "--watch-max", "0"];
+        if !keep {
+            args.push("--no-keep-cache");
+        }
+        let v = View::start(&dir, &args);
+        let want = fs::read(src.join("k")).unwrap();
+        assert!(fs::read(v.mnt.join("k")).unwrap() == want);
+        let before = v.stat();
+        assert!(fs::read(v.mnt.join("k")).unwrap() == want);
+        let after = v.stat();
+        let asked = |s: &serde_json::Value| n(s, "demand_data_hits") + n(s, "demand_data_misses");
+        let rise = asked(&after) - asked(&before);
+        let kept = n(&after, "fileview_kept_caches") - n(&before, "fileview_kept_caches");
+        if keep {
+            assert_eq!((rise, kept), (0, 1), "keep_cache: the second read asked the view for {rise} records");
+        } else {
+            assert!(rise >= 3 && kept == 0, "--no-keep-cache: the second read asked for {rise} records");
+        }
+        // Rewritten on SOURCE with the same size: the kernel's pages go.
+        let mut new = want.clone();
+        new.iter_mut().step_by(1000).for_each(|b| *b = !*b);
+        fs::write(src.join("k"), &new).unwrap();
+        assert!(fs::read(v.mnt.join("k")).unwrap() == new, "keep {keep}: old bytes after a change");
+    }
+}

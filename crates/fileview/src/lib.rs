@@ -58,6 +58,11 @@ pub struct ViewConfig {
     /// before it is checked anyway (mmap writes and changes through
     /// another mount of the same disk send no event). Zero: no inotify.
     pub watch_max: Duration,
+    /// Let the kernel keep its page cache of a file across opens while the
+    /// file is unchanged (`FOPEN_KEEP_CACHE`).
+    pub keep_cache: bool,
+    /// Answer listings with their entries' attributes (`readdirplus`).
+    pub readdirplus: bool,
 }
 
 /// What the view did to SOURCE and found there (`stat --json`'s
@@ -82,6 +87,8 @@ pub struct ViewStats {
     /// Records whose envelope named another file version than their key's
     /// object (a number collision): dropped and read again.
     pub envelope_mismatches: AtomicU64,
+    /// Opens that let the kernel keep its cached pages (`keep_cache`).
+    pub kept_caches: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -104,6 +111,7 @@ impl ViewStats {
             ("fileview_watched_dirs", l(&self.watched_dirs)),
             ("fileview_inotify_events", l(&self.inotify_events)),
             ("fileview_envelope_mismatches", l(&self.envelope_mismatches)),
+            ("fileview_kept_caches", l(&self.kept_caches)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
@@ -1115,8 +1123,12 @@ impl View {
 
 impl Filesystem for View {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
+        let plus = if self.cfg.readdirplus {
+            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO
+        } else {
+            InitFlags::empty()
+        };
+        let wanted = plus
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_PARALLEL_DIROPS;
@@ -1346,15 +1358,27 @@ impl Filesystem for View {
                 }
             });
             let file = File::from(file.map_err(errno)?);
-            let (_, obj) = self.bind_opened(ino.0, &file)?;
+            let (a, obj) = self.bind_opened(ino.0, &file)?;
             let h = Handle { file, direct: std::sync::OnceLock::new(), obj, node: ino.0 };
-            if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
+            let truncate = flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
+            // The kernel's pages of the node are kept only if it last opened
+            // the very version the open found (close-to-open, as NFS): a
+            // change by anyone, the view's own writes included, drops them.
+            let same = self.table.opened_as(ino.0, a.fingerprint());
+            let keep = self.cfg.keep_cache && same && !truncate;
+            if truncate {
                 self.truncate_handle(&h)?;
             }
-            Ok(self.add_handle(h.file, h.obj, h.node))
+            Ok((self.add_handle(h.file, h.obj, h.node), keep))
         })();
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok((fh, keep)) => {
+                if keep {
+                    self.count(&self.stats.kept_caches);
+                }
+                let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                reply.opened(FileHandle(fh), flags)
+            }
             Err(e) => reply.error(e),
         }
     }

@@ -60,6 +60,9 @@ struct Node {
     /// The size the kernel was last told for the node (it reads no
     /// further): an open that finds another size gets a new node.
     shown_size: Option<u64>,
+    /// The version of the file when the kernel last opened the node: its
+    /// page cache of the node holds no other (`keep_cache`).
+    opened: Option<Fingerprint>,
 }
 
 #[derive(Default)]
@@ -86,6 +89,7 @@ impl Table {
                 checked: None,
                 nlookup: 1,
                 shown_size: None,
+                opened: None,
             },
         );
         Table { inner: Mutex::new(inner) }
@@ -148,6 +152,7 @@ impl Table {
                 checked: None,
                 nlookup: 1,
                 shown_size: None,
+                opened: None,
             },
         );
         inner.names.insert(key, id);
@@ -166,6 +171,15 @@ impl Table {
         if let Some(n) = self.inner.lock().nodes.get_mut(&node) {
             n.shown_size = Some(size);
         }
+    }
+
+    /// Records that the kernel opens the node as the version `fp`; whether
+    /// it opened it last as the same version (its cached pages, if any,
+    /// are then this version's).
+    pub fn opened_as(&self, node: u64, fp: Fingerprint) -> bool {
+        let mut inner = self.inner.lock();
+        let Some(n) = inner.nodes.get_mut(&node) else { return false };
+        n.opened.replace(fp) == Some(fp)
     }
 
     pub fn shown_size(&self, node: u64) -> Option<u64> {
