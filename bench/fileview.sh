@@ -14,6 +14,8 @@
 # Passes, each timed:
 #   rsync   `rsync -a --dry-run` of the small-file tree into an empty dir
 #   find    `find -ls` of the small-file tree
+#   rsync-in `rsync -a` of one small-file directory to a new one beside it,
+#           inside the mount (issue 22's "rsync between two directories")
 #   cp      `cp -r` of the data set to tmpfs (reading, not writing, is
 #           measured), in MB/s. Cold, the source reads about 1 MB/s (every
 #           4K block 4 ms), so a cold cp of the whole set would take most of
@@ -115,6 +117,13 @@ timed() {
 }
 rsync_pass() { rm -rf "$work/dst" && mkdir "$work/dst" && rsync -a --dry-run "$1/small/" "$work/dst/"; }
 find_pass() { find "$1/small" -ls; }
+# An rsync between two directories inside the tree (reads the files of one
+# small-file directory, writes them beside it); the copy is removed after.
+rsync_in_pass() { rsync -a "$1/small/d000/" "$1/small-copy/"; }
+rsync_in() { # PREFIX DIR
+  timed "$1-rsync-in" rsync_in_pass "$2"
+  rm -rf "$2/small-copy"
+}
 cpdst=/dev/shm/arcache-fileview-cp
 # cp_pass DIR DIRS...: copies DIR/data/DIRS to tmpfs.
 cp_pass() {
@@ -139,6 +148,7 @@ warmup() { (cd "$1/data" && find . -type f -print0 | xargs -0 -n 20 -P 16 cat >/
 passes() { # PREFIX DIR cold|warm
   timed "$1-rsync" rsync_pass "$2"
   timed "$1-find" find_pass "$2"
+  rsync_in "$1" "$2"
   if [ "$3" = cold ]; then
     cp_rate "$1" "$2" "$sample"
   else
@@ -159,6 +169,27 @@ start_arcache() { # [fresh]: with a new, empty L2 file
   for _ in $(seq 400); do [ -S "$ctl" ] && mountpoint -q "$work/view" && return 0; sleep 0.05; done
   cat "$work/arcache.log" >&2; echo "bench: arcache mount did not come up" >&2; exit 1
 }
+# Waits for the L2 rebuild of a restarted server; its time goes to t[NAME].
+wait_rebuild() {
+  for _ in $(seq 1200); do [ "$(stat_field l2_rebuild_running)" = 0 ] && break; sleep 0.1; done
+  t[$1]=$(stat_field l2_rebuild_ms)
+}
+# Waits until the L2 feed has written what it will (its size still for
+# 5 s, its log committed; at most 10 minutes).
+wait_feed() {
+  local last=-1 still=0 now
+  for _ in $(seq 600); do
+    now=$(stat_field l2_size)
+    if [ "$now" = "$last" ] && [ "$(stat_field l2_log_uncommitted_bytes)" = 0 ]; then
+      still=$((still + 1))
+      [ "$still" -ge 5 ] && return 0
+    else
+      still=0
+    fi
+    last=$now
+    sleep 1
+  done
+}
 stop_arcache() {
   kill -TERM "$arcache_pid"
   wait "$arcache_pid" || { cat "$work/arcache.log" >&2; echo "bench: arcache mount failed" >&2; exit 1; }
@@ -178,20 +209,29 @@ echo "bench: arcache mount, cold (a new server with an empty L2 for each pass)" 
 start_arcache fresh; meta arc-cold-rsync timed arc-cold-rsync rsync_pass "$work/view"; stop_arcache
 start_arcache fresh; meta arc-cold-find timed arc-cold-find find_pass "$work/view"; stop_arcache
 start_arcache fresh; cp_rate arc-cold "$work/view" "$sample"; stop_arcache
+start_arcache fresh; rsync_in arc-cold "$work/view"; stop_arcache
 echo "bench: arcache mount, warm" >&2
 start_arcache fresh
 rsync_pass "$work/view" >/dev/null
 find_pass "$work/view" >/dev/null
 timed arc-warmup warmup "$work/view"
+rsync_in arc-first "$work/view"
 meta arc-warm-rsync timed arc-warm-rsync rsync_pass "$work/view"
 meta arc-warm-find timed arc-warm-find find_pass "$work/view"
 cp_rate arc-warm "$work/view" 50
+rsync_in arc-warm "$work/view"
 t[arc-meta-used]=$(stat_field arc_meta_used)
+wait_feed
 t[arc-l2-size]=$(stat_field l2_size)
 echo "bench: arcache mount, after a restart (the same L2; restarted before each pass)" >&2
-stop_arcache; start_arcache; meta arc-restart-rsync timed arc-restart-rsync rsync_pass "$work/view"
-stop_arcache; start_arcache; meta arc-restart-find timed arc-restart-find find_pass "$work/view"
-stop_arcache; start_arcache; cp_rate arc-restart "$work/view" "$sample"
+stop_arcache; start_arcache; wait_rebuild arc-rebuild-ms
+meta arc-restart-rsync timed arc-restart-rsync rsync_pass "$work/view"
+stop_arcache; start_arcache; wait_rebuild arc-rebuild-ms-2
+meta arc-restart-find timed arc-restart-find find_pass "$work/view"
+stop_arcache; start_arcache; wait_rebuild arc-rebuild-ms-3
+cp_rate arc-restart "$work/view" "$sample"
+stop_arcache; start_arcache; wait_rebuild arc-rebuild-ms-4
+rsync_in arc-restart "$work/view"
 stop_arcache
 
 echo "bench: rclone mount --vfs-cache-mode full" >&2
@@ -210,6 +250,7 @@ start_rclone fresh
 rsync_pass "$work/rclone" >/dev/null
 find_pass "$work/rclone" >/dev/null
 timed rclone-warmup warmup "$work/rclone"
+rsync_in rclone-first "$work/rclone"
 passes rclone-warm "$work/rclone" warm
 stop_rclone
 
@@ -238,7 +279,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   echo "| pass | source cold | arcache cold | arcache warm | arcache after restart | rclone cold | rclone warm | bindfs over RAM |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-  for p in rsync find cp; do
+  for p in rsync find rsync-in cp; do
     [ "$p" = cp ] && echo "| warm-up: every data file read, 16 at once (s) | | | ${t[arc-warmup]} | | | ${t[rclone-warmup]} | |"
     echo "| $p | ${t[source-$p]} | ${t[arc-cold-$p]} | ${t[arc-warm-$p]} | ${t[arc-restart-$p]} | ${t[rclone-cold-$p]} | ${t[rclone-warm-$p]} | ${t[bindfs-$p]} |"
   done
@@ -247,7 +288,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   echo "| pass | warm vs source cold | warm vs rclone warm | warm vs bindfs over RAM | after restart vs source cold |"
   echo "|---|---:|---:|---:|---:|"
-  for p in rsync find; do
+  for p in rsync find rsync-in; do
     echo "| $p | $(ratio "${t[source-$p]}" "${t[arc-warm-$p]}") | $(ratio "${t[rclone-warm-$p]}" "${t[arc-warm-$p]}") | $(ratio "${t[bindfs-$p]}" "${t[arc-warm-$p]}") | $(ratio "${t[source-$p]}" "${t[arc-restart-$p]}") |"
   done
   echo "| cp (MB/s) | $(ratio "${t[arc-warm-cp]}" "${t[source-cp]}") | $(ratio "${t[arc-warm-cp]}" "${t[rclone-warm-cp]}") | $(ratio "${t[arc-warm-cp]}" "${t[bindfs-cp]}") | $(ratio "${t[arc-restart-cp]}" "${t[source-cp]}") |"
@@ -260,10 +301,12 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| $p | ${t[arc-cold-$p-meta]} | ${t[arc-warm-$p-meta]} | ${t[arc-restart-$p-meta]} |"
   done
   echo
-  echo "After the warm passes: arc_meta_used ${t[arc-meta-used]} bytes, l2_size ${t[arc-l2-size]} bytes."
+  echo "After the warm passes: arc_meta_used ${t[arc-meta-used]} bytes; l2_size ${t[arc-l2-size]} bytes once the L2 feed had settled (its size still for 5 s, its log committed)."
+  echo "L2 rebuild after each restart, before the pass: ${t[arc-rebuild-ms]}, ${t[arc-rebuild-ms-2]}, ${t[arc-rebuild-ms-3]}, ${t[arc-rebuild-ms-4]} ms."
   echo
   echo "Cold columns: a new server (arcache: an empty L2; rclone: an empty cache directory) for each pass."
   echo "Warm columns: one server that has done every pass once and read every data file (the warm-up row)."
-  echo "After restart: arcache stopped (SIGTERM) and started again on the same L2 file before each pass."
+  echo "After restart: arcache stopped (SIGTERM) and started again on the same L2 file before each pass; the pass starts once the L2 rebuild (restoring the index of what the L2 holds) has ended. Every file is checked against the source (one lstat) before its restored records are used."
+  echo "rsync-in: \`rsync -a\` of one directory of the small-file tree (333 files at full size) to a new directory beside it, inside the mount (reads there, writes through to the source); the copy is removed after each pass. The warm column's server had done it once before."
 } >"$result"
 cat "$result"

@@ -94,6 +94,24 @@ impl Filed<State> for Entry {
 /// The fewest records MRU's target leaves room for, whatever the fraction.
 const MIN_MRU_RECORDS: f64 = 16.0;
 
+/// 1.0 in the 2^32 fixed point of arcstats' fractions.
+const ONE: u64 = 1 << 32;
+
+/// `zfs_arc_meta_balance`'s default (OpenZFS 2.2).
+pub const META_BALANCE_DEFAULT: u64 = 500;
+
+fn is_meta(key: Key) -> bool {
+    crate::key::view::is_metadata(key)
+}
+
+/// What one eviction pass still passes over at the eviction ends.
+struct Honor {
+    prefetch: bool,
+    meta: bool,
+    skipped: u32,
+    meta_rotated: u32,
+}
+
 pub struct AdaptiveArc {
     cfg: ZfsArcConfig,
     c: u64,
@@ -113,6 +131,17 @@ pub struct AdaptiveArc {
     /// The key of the last non-hit lookup: its insert replays it in the
     /// copies, where its size is known.
     pending: Option<Key>,
+    /// Resident bytes of metadata (the file view's attributes, listings,
+    /// symlinks, xattrs; volumes have none).
+    meta_size: u64,
+    /// Metadata's share of the cache (arcstats `meta`, 2^32 = all), as in
+    /// OpenZFS 2.2: metadata below it is passed over at the eviction ends.
+    /// Starts at a quarter; ghost hits move it, metadata ones up, data ones
+    /// down weighted by `100 / meta_balance`.
+    meta: u64,
+    meta_balance: u64,
+    /// Ghost-hit bytes since the last eviction pass: [data, metadata].
+    ghost_hit_bytes: [u64; 2],
 }
 
 impl AdaptiveArc {
@@ -134,14 +163,39 @@ impl AdaptiveArc {
             selector: None,
             inserts: 0,
             pending: None,
+            meta_size: 0,
+            meta: ONE / 4,
+            meta_balance: META_BALANCE_DEFAULT,
+            ghost_hit_bytes: [0; 2],
         }
+    }
+
+    /// Forgets entry `idx`, keeping the metadata count.
+    fn forget(&mut self, idx: u32) {
+        let e = self.q.slab.get(idx);
+        if matches!(e.state, State::Mru | State::Mfu) && is_meta(e.key) {
+            self.meta_size -= e.size;
+        }
+        self.q.drop_entry(idx);
+    }
+
+    /// Whether metadata at an eviction end is kept: below its share.
+    fn meta_protected(&self) -> bool {
+        (self.meta_size as u128) < (self.c as u128 * self.meta as u128) >> 32
+    }
+
+    /// Moves metadata's share by the ghost hits since the last pass.
+    fn adapt_meta(&mut self) {
+        let [data, meta] = std::mem::take(&mut self.ghost_hit_bytes);
+        let total = self.q.sizes[State::MruGhost as usize] + self.q.sizes[State::MfuGhost as usize];
+        self.meta = crate::zfs::adjust_fraction_balanced(self.meta, total, meta, data, self.meta_balance);
     }
 
     /// Forgets every entry whose key fails `keep` (a lower sampling rate).
     pub(crate) fn retain_keys(&mut self, keep: impl Fn(Key) -> bool) {
         let gone: Vec<u32> = self.q.index.iter().filter(|(&k, _)| !keep(k)).map(|(_, &i)| i).collect();
         for idx in gone {
-            self.q.drop_entry(idx);
+            self.forget(idx);
         }
     }
 
@@ -189,18 +243,38 @@ impl AdaptiveArc {
     /// feed reads the eviction ends in order and must find there what
     /// leaves next. Returns the bytes freed, or None when the list had
     /// nothing to give.
-    fn step(&mut self, from: State, honor: &mut bool, skipped: &mut u32, out: &mut Vec<Key>) -> Option<u64> {
+    fn step(&mut self, from: State, honor: &mut Honor, out: &mut Vec<Key>) -> Option<u64> {
         let mut cur = self.q.lists[from as usize].tail();
+        let protect_meta = honor.meta && self.meta_protected();
+        // Each entry of the list is moved at most once per pass.
+        let rotations = self.q.lists[from as usize].len() as u32;
         while let Some(idx) = cur {
-            if !(*honor && self.young_prefetch(self.q.slab.get(idx))) {
+            let e = self.q.slab.get(idx);
+            if protect_meta && is_meta(e.key) && honor.meta_rotated < rotations {
+                // Below its share, metadata goes round again (a re-used
+                // entry to MFU, as below): moved, not passed over in
+                // place, so the next eviction does not walk it again.
+                honor.meta_rotated += 1;
+                let freq = e.freq;
+                cur = self.q.slab.prev_of(idx);
+                self.q.unlink(idx);
+                if freq > 0 {
+                    self.q.slab.get_mut(idx).freq = if from == State::Mru { 0 } else { freq - 1 };
+                    self.q.push(idx, State::Mfu);
+                } else {
+                    self.q.push(idx, from);
+                }
+                continue;
+            }
+            if !(honor.prefetch && self.young_prefetch(e)) {
                 break;
             }
             self.stats.evict_skip += 1;
-            *skipped += 1;
+            honor.skipped += 1;
             // Past a bound, RAM wins over prefetch lifetimes: a list full
             // of young prefetches must not make every insert walk it whole.
-            if *skipped >= 64 {
-                *honor = false;
+            if honor.skipped >= 64 {
+                honor.prefetch = false;
             }
             cur = self.q.slab.prev_of(idx);
         }
@@ -216,27 +290,32 @@ impl AdaptiveArc {
         }
         out.push(key);
         self.stats.evicted += 1;
+        if is_meta(key) {
+            self.meta_size -= size;
+        }
         let ghost = if from == State::Mru { State::MruGhost } else { State::MfuGhost };
         self.q.push(idx, ghost);
         Some(size)
     }
 
     fn evict(&mut self, out: &mut Vec<Key>) {
-        let mut skipped = 0u32;
-        let mut honor = true;
+        if self.resident() <= self.c {
+            return;
+        }
+        self.adapt_meta();
+        let mut honor = Honor { prefetch: true, meta: true, skipped: 0, meta_rotated: 0 };
         while self.resident() > self.c {
             let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
             let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
             let first = if mru_over || mfu_empty { State::Mru } else { State::Mfu };
             let other = if first == State::Mru { State::Mfu } else { State::Mru };
-            if self.step(first, &mut honor, &mut skipped, out).is_none()
-                && self.step(other, &mut honor, &mut skipped, out).is_none()
-            {
-                if !honor {
+            if self.step(first, &mut honor, out).is_none() && self.step(other, &mut honor, out).is_none() {
+                if !honor.prefetch && !honor.meta {
                     break;
                 }
-                // Only young prefetches left: RAM wins.
-                honor = false;
+                // Only young prefetches and protected metadata left: RAM wins.
+                honor.prefetch = false;
+                honor.meta = false;
             }
         }
     }
@@ -246,7 +325,7 @@ impl AdaptiveArc {
         for ghost in [State::MruGhost, State::MfuGhost] {
             while self.q.sizes[ghost as usize] > c {
                 let Some(t) = self.q.lists[ghost as usize].tail() else { break };
-                self.q.drop_entry(t);
+                self.forget(t);
                 self.stats.deleted += 1;
             }
         }
@@ -255,7 +334,7 @@ impl AdaptiveArc {
                 .tail()
                 .or(self.q.lists[State::MruGhost as usize].tail());
             let Some(t) = t else { break };
-            self.q.drop_entry(t);
+            self.forget(t);
             self.stats.deleted += 1;
         }
     }
@@ -322,11 +401,13 @@ impl Policy for AdaptiveArc {
                 }
             }
             State::MruGhost => {
+                self.ghost_hit_bytes[usize::from(is_meta(key))] += resident_size;
                 self.stats.misses += 1;
                 self.stats.mru_ghost_hits += 1;
                 Lookup::GhostHit(ListKind::Mru)
             }
             State::MfuGhost => {
+                self.ghost_hit_bytes[usize::from(is_meta(key))] += resident_size;
                 self.stats.misses += 1;
                 self.stats.mfu_ghost_hits += 1;
                 Lookup::GhostHit(ListKind::Mfu)
@@ -356,7 +437,7 @@ impl Policy for AdaptiveArc {
                 }
                 resident => to = resident,
             }
-            self.q.drop_entry(idx);
+            self.forget(idx);
         }
         let idx = self.q.slab.alloc(Entry {
             key,
@@ -369,6 +450,9 @@ impl Policy for AdaptiveArc {
         });
         self.q.push(idx, to);
         self.q.index.insert(key, idx);
+        if is_meta(key) {
+            self.meta_size += size;
+        }
         self.inserts = self.inserts.wrapping_add(1);
         self.grow(size);
         self.evict(evicted);
@@ -380,7 +464,7 @@ impl Policy for AdaptiveArc {
             return false;
         };
         let resident = matches!(self.q.slab.get(idx).state, State::Mru | State::Mfu);
-        self.q.drop_entry(idx);
+        self.forget(idx);
         resident
     }
 
@@ -409,6 +493,10 @@ impl Policy for AdaptiveArc {
         }
     }
 
+    fn set_meta_balance(&mut self, balance: u64) {
+        self.meta_balance = balance.max(1);
+    }
+
     fn stats(&self) -> PolicyStats {
         let mut s = self.stats;
         s.c = self.c;
@@ -421,6 +509,7 @@ impl Policy for AdaptiveArc {
         s.size = self.resident();
         s.entries = (self.q.lists[0].len() + self.q.lists[1].len()) as u64;
         s.pd = if self.c == 0 { 0 } else { (self.p / self.c as f64 * 4_294_967_296.0) as u64 };
+        s.meta = self.meta;
         s
     }
 
@@ -459,6 +548,18 @@ impl Policy for AdaptiveArc {
         }
         if listed != self.q.index.len() {
             return Err("index and lists disagree".into());
+        }
+        let meta: u64 = [State::Mru, State::Mfu]
+            .iter()
+            .flat_map(|&l| self.q.slab.iter(&self.q.lists[l as usize]))
+            .filter(|(_, e)| is_meta(e.key))
+            .map(|(_, e)| e.size)
+            .sum();
+        if meta != self.meta_size || self.meta > ONE {
+            return Err(format!(
+                "metadata {} but entries sum to {meta} (meta {})",
+                self.meta_size, self.meta
+            ));
         }
         let [mru, mfu, mru_g, mfu_g] = self.q.sizes;
         if mru + mfu > c && self.q.lists[0].len() + self.q.lists[1].len() > 1 {

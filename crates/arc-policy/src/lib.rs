@@ -25,7 +25,7 @@ mod slab;
 mod twoq;
 mod zfs;
 
-pub use adaptive::AdaptiveArc;
+pub use adaptive::{AdaptiveArc, META_BALANCE_DEFAULT};
 pub use blocks::InBlocks;
 pub use lru::Lru;
 pub use paper::PaperArc;
@@ -98,7 +98,7 @@ pub mod key {
         /// Attributes, listings, symlink targets and xattrs: the records
         /// counted as metadata.
         pub const fn is_metadata(key: Key) -> bool {
-            is_view(key) && (key >> 60) & 7 != Kind::Data as u64
+            is_view(key) && (key >> 60) & 7 < Kind::Data as u64
         }
 
         pub const fn object(key: Key) -> u64 {
@@ -206,6 +206,9 @@ pub struct PolicyStats {
     /// MRU's target share of the cache in 2^32 units (arcstats `pd`); for
     /// the textbook ARC, p/c scaled the same way.
     pub pd: u64,
+    /// Metadata's target share of the cache in 2^32 units (arcstats
+    /// `meta`); 0 for policies that do not tell metadata apart.
+    pub meta: u64,
 }
 
 /// A replacement policy. Implementations are single-threaded and
@@ -241,6 +244,11 @@ pub trait Policy: Send {
     /// unused (`zfs_arc_min_prefetch_ms`); a policy without prefetch
     /// protection ignores it.
     fn set_min_prefetch_ns(&mut self, _ns: u64) {}
+
+    /// `zfs_arc_meta_balance`: how strongly metadata ghost hits outweigh
+    /// data ones in metadata's share (100: equally). Policies that do not
+    /// tell metadata apart ignore it.
+    fn set_meta_balance(&mut self, _balance: u64) {}
 
     /// Checks every structural invariant; returns a description of the first
     /// violation. Cheap enough for tests and fuzzing, not for every request.

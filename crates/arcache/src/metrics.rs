@@ -22,6 +22,7 @@ pub const GAUGES: &[&str] = &[
     "c_min",
     "c_max",
     "pd",
+    "meta",
     "size",
     "data_size",
     "metadata_size",

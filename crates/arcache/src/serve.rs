@@ -1142,6 +1142,7 @@ impl ControlState {
     fn apply(&self, t: &Tunables) {
         self.cache.set_limits(t.value("zfs_arc_min"), t.value("zfs_arc_max"));
         self.cache.set_min_prefetch_ms(t.value("zfs_arc_min_prefetch_ms"));
+        self.cache.set_meta_balance(t.value("zfs_arc_meta_balance"));
         self.cache.set_compress(t.value("zfs_compressed_arc_enabled") != 0);
         self.cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
         if let Some(l2) = self.cache.l2() {

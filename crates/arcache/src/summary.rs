@@ -56,6 +56,7 @@ fn print_arc(s: &Value) {
         format!("{} / {}", human(n(s, "mru_ghost_size")), human(n(s, "mfu_ghost_size"))),
     );
     row("MRU target share (pd)", pct(n(s, "pd"), 1 << 32));
+    row("Metadata target share (meta)", pct(n(s, "meta"), 1 << 32));
     row("Record headers", human(n(s, "hdr_size")));
     let (c, u) = (n(s, "compressed_size"), n(s, "uncompressed_size"));
     let ratio = if c == 0 { "n/a".to_string() } else { format!("{:.2}:1", u as f64 / c as f64) };

@@ -51,6 +51,13 @@ pub const SPECS: &[Spec] = &[
         3_600_000,
         "Prefetched records are not evicted younger than this",
     ),
+    spec(
+        "zfs_arc_meta_balance",
+        Unit::Count,
+        1,
+        1_000_000,
+        "How much more a metadata ghost hit than a data one moves metadata's share of the ARC (100: the same)",
+    ),
     spec("zfs_compressed_arc_enabled", Unit::Bool, 0, 1, "Keep records LZ4-compressed in RAM and on L2 when it saves space"),
     spec(
         "l2arc_write_max",
@@ -198,6 +205,7 @@ impl Tunables {
                     "zfs_arc_max" => max,
                     "zfs_arc_min" => (ram / 32).max(32 << 20).min(max / 2),
                     "zfs_arc_min_prefetch_ms" => 1000,
+                    "zfs_arc_meta_balance" => arc_policy::META_BALANCE_DEFAULT,
                     "zfs_compressed_arc_enabled" => 1,
                     "l2arc_write_max" | "l2arc_write_boost" => 0,
                     "l2arc_headroom" => 8,

@@ -649,6 +649,11 @@ impl Cache {
         self.count_evicted(gone);
     }
 
+    /// `zfs_arc_meta_balance`.
+    pub fn set_meta_balance(&self, balance: u64) {
+        self.state.lock().policy.set_meta_balance(balance);
+    }
+
     pub fn set_min_prefetch_ms(&self, ms: u64) {
         self.state.lock().policy.set_min_prefetch_ns(ms * 1_000_000);
     }

@@ -42,6 +42,9 @@ pub struct ArcStats {
     pub invalidated: u64,
     pub hash_elements: u64,
     pub pd: u64,
+    /// Metadata's target share of the ARC in 2^32 units (OpenZFS 2.2's
+    /// `meta`).
+    pub meta: u64,
     pub c: u64,
     pub c_min: u64,
     pub c_max: u64,
@@ -170,6 +173,7 @@ impl ArcStats {
             invalidated: c.invalidated.load(Relaxed),
             hash_elements: entries,
             pd: p.pd,
+            meta: p.meta,
             c: p.c,
             c_min: p.c_min,
             c_max: p.c_max,
