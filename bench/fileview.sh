@@ -246,6 +246,7 @@ stop_rclone() { fusermount3 -u "$work/rclone"; sleep 0.5; }
 start_rclone fresh; timed rclone-cold-rsync rsync_pass "$work/rclone"; stop_rclone
 start_rclone fresh; timed rclone-cold-find find_pass "$work/rclone"; stop_rclone
 start_rclone fresh; cp_rate rclone-cold "$work/rclone" "$sample"; stop_rclone
+start_rclone fresh; rsync_in rclone-cold "$work/rclone"; stop_rclone
 start_rclone fresh
 rsync_pass "$work/rclone" >/dev/null
 find_pass "$work/rclone" >/dev/null

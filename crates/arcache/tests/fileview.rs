@@ -346,6 +346,11 @@ fn nodes_the_kernel_forgot_are_found_again_without_asking_source() {
     );
     compare_trees(&v.mnt, &v.src);
     let after = v.stat();
+    // Listings came with their entries' attributes (readdirplus in every
+    // reply, not only a listing's first): the walk's lstats needed no
+    // lookup per name (`many` alone has 300).
+    let lookups = n(&after, "fileview_lookups") - n(&forgot, "fileview_lookups");
+    assert!(lookups < 50, "{lookups} lookups on a walk after the kernel forgot its dentries");
     let source_calls = [
         "fileview_source_stats",
         "fileview_source_readdirs",

@@ -89,6 +89,8 @@ pub struct ViewStats {
     pub envelope_mismatches: AtomicU64,
     /// Opens that let the kernel keep its cached pages (`keep_cache`).
     pub kept_caches: AtomicU64,
+    /// Lookups the kernel asked for (a name its dentry cache lacked).
+    pub lookups: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -112,6 +114,7 @@ impl ViewStats {
             ("fileview_inotify_events", l(&self.inotify_events)),
             ("fileview_envelope_mismatches", l(&self.envelope_mismatches)),
             ("fileview_kept_caches", l(&self.kept_caches)),
+            ("fileview_lookups", l(&self.lookups)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
@@ -1123,11 +1126,12 @@ impl View {
 
 impl Filesystem for View {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let plus = if self.cfg.readdirplus {
-            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO
-        } else {
-            InitFlags::empty()
-        };
+        // Not READDIRPLUS_AUTO: with it the kernel asks for attributes only
+        // in a listing's first request (and after a lookup in it), so a walk
+        // of a directory larger than one reply (about 20 entries) looked
+        // every later name up again, one round trip each; the view has the
+        // attributes at hand.
+        let plus = if self.cfg.readdirplus { InitFlags::FUSE_DO_READDIRPLUS } else { InitFlags::empty() };
         let wanted = plus
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_BIG_WRITES
@@ -1139,6 +1143,7 @@ impl Filesystem for View {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.count(&self.stats.lookups);
         match self.lookup_node(parent.0, name) {
             Ok((node, a)) => {
                 self.table.showed(node, a.size);
