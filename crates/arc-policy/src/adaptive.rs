@@ -495,6 +495,9 @@ impl Policy for AdaptiveArc {
 
     fn set_meta_balance(&mut self, balance: u64) {
         self.meta_balance = balance.max(1);
+        if let Some(sel) = &mut self.selector {
+            sel.set_meta_balance(balance);
+        }
     }
 
     fn stats(&self) -> PolicyStats {

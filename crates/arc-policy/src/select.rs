@@ -79,6 +79,12 @@ impl Selector {
         }
     }
 
+    pub(crate) fn set_meta_balance(&mut self, balance: u64) {
+        for c in &mut self.copies {
+            c.set_meta_balance(balance);
+        }
+    }
+
     /// Follows the real cache's target `c`.
     pub(crate) fn resize(&mut self, c: u64) {
         let scaled = ((c as f64 * self.rate) as u64).max(1);

@@ -520,7 +520,20 @@ impl Cache {
         };
         c.l2_hits.fetch_add(1, Relaxed);
         let rec: RecordData = Arc::new(rec);
-        self.insert_read(key, Arc::clone(&rec), false);
+        // Cached only if the copy is still the key's: a change made while
+        // it was read (a write through the view dropping the record, a new
+        // record put) removed it from the L2 index under this lock, and the
+        // old bytes must not come back in RAM. This read gets them, having
+        // started before the change.
+        let gone = {
+            let mut s = self.state.lock();
+            if l2.lookup(key) == Some(ptr) && !s.data.contains_key(&key) {
+                self.insert_locked(&mut s, key, Arc::clone(&rec), false)
+            } else {
+                Vec::new()
+            }
+        };
+        self.count_evicted(gone);
         Some(rec)
     }
 
@@ -537,10 +550,24 @@ impl Cache {
     /// changed file has another ctime, hence another object number).
     pub fn view_insert(&self, key: Key, rec: RecordData) {
         debug_assert!(arc_policy::key::view::is_view(key));
-        if let Some(l2) = &self.l2 {
-            l2.invalidate(key);
-        }
-        self.insert_read(key, rec, false);
+        self.view_insert_replacing(key, rec, false);
+    }
+
+    /// Puts the new record in RAM and then drops any L2 copy, under the
+    /// state lock: the feed, which takes that lock to pick records, never
+    /// sees the old record in RAM with no L2 copy indexed (it would write
+    /// the old bytes), and an L2 read settling meanwhile finds its copy
+    /// gone. (`L2Arc::invalidate` after the new contents are in RAM.)
+    fn view_insert_replacing(&self, key: Key, rec: RecordData, prefetch: bool) {
+        let gone = {
+            let mut s = self.state.lock();
+            let gone = self.insert_locked(&mut s, key, rec, prefetch);
+            if let Some(l2) = &self.l2 {
+                l2.invalidate(key);
+            }
+            gone
+        };
+        self.count_evicted(gone);
     }
 
     /// A metadata prefetch found what it would read already cached
@@ -555,10 +582,7 @@ impl Cache {
     pub fn view_insert_prefetch(&self, key: Key, rec: RecordData) {
         debug_assert!(arc_policy::key::view::is_view(key));
         self.counters.prefetch_metadata_misses.fetch_add(1, Relaxed);
-        if let Some(l2) = &self.l2 {
-            l2.invalidate(key);
-        }
-        self.insert_read(key, rec, true);
+        self.view_insert_replacing(key, rec, true);
     }
 
     /// Drops a view record; true if it was in RAM.

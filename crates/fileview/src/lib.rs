@@ -1366,16 +1366,21 @@ impl Filesystem for View {
             let (a, obj) = self.bind_opened(ino.0, &file)?;
             let h = Handle { file, direct: std::sync::OnceLock::new(), obj, node: ino.0 };
             let truncate = flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
-            // The kernel's pages of the node are kept only if it last opened
-            // the very version the open found (close-to-open, as NFS): a
-            // change by anyone, the view's own writes included, drops them.
-            let same = self.table.opened_as(ino.0, a.fingerprint());
-            let keep = self.cfg.keep_cache && same && !truncate;
             if truncate {
                 self.truncate_handle(&h)?;
             }
+            // The kernel's pages of the node are kept only if it last opened
+            // the very version the open found (close-to-open, as NFS): a
+            // change by anyone, the view's own writes included, drops them.
+            // Recorded only once the open succeeded (a failed one leaves the
+            // kernel's pages as they were).
+            let same = self.table.opened_as(ino.0, (!truncate).then(|| a.fingerprint()));
+            let keep = self.cfg.keep_cache && same;
             Ok((self.add_handle(h.file, h.obj, h.node), keep))
         })();
+        if r.is_err() {
+            self.table.opened_as(ino.0, None);
+        }
         match r {
             Ok((fh, keep)) => {
                 if keep {

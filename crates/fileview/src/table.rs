@@ -176,10 +176,13 @@ impl Table {
     /// Records that the kernel opens the node as the version `fp`; whether
     /// it opened it last as the same version (its cached pages, if any,
     /// are then this version's).
-    pub fn opened_as(&self, node: u64, fp: Fingerprint) -> bool {
+    /// `None`: the kernel's pages of the node are of no known version (an
+    /// open that failed or truncated), so the next open drops them.
+    pub fn opened_as(&self, node: u64, fp: Option<Fingerprint>) -> bool {
         let mut inner = self.inner.lock();
         let Some(n) = inner.nodes.get_mut(&node) else { return false };
-        n.opened.replace(fp) == Some(fp)
+        let before = std::mem::replace(&mut n.opened, fp);
+        fp.is_some() && before == fp
     }
 
     pub fn shown_size(&self, node: u64) -> Option<u64> {

@@ -368,7 +368,10 @@ impl L2Arc {
             };
             let key = if id == VIEW {
                 // A view's entries carry whole view keys.
-                if !arc_policy::key::view::is_view(e.record) {
+                let kind = (e.record >> 60) & 7;
+                if !arc_policy::key::view::is_view(e.record)
+                    || kind > arc_policy::key::view::Kind::Data as u64
+                {
                     invalid += 1;
                     continue;
                 }
