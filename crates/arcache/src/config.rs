@@ -47,19 +47,31 @@ pub struct ExportFile {
     pub s3_region: Option<String>,
     pub s3_endpoint: Option<String>,
     pub s3_profile: Option<String>,
+    /// How long one S3 request is retried (5xx, throttling, resets) before
+    /// that client request fails with EIO; 1 to 3600. The URI's
+    /// `retry_timeout=` wins.
+    pub s3_retry_timeout_secs: Option<u64>,
 }
 
 impl ExportFile {
     /// The export's own S3 settings.
-    pub fn s3_settings(&self) -> arcache_s3::S3Settings {
-        arcache_s3::S3Settings {
+    pub fn s3_settings(&self) -> anyhow::Result<arcache_s3::S3Settings> {
+        let retry_timeout = match self.s3_retry_timeout_secs {
+            None => None,
+            Some(secs @ 1..=3600) => Some(std::time::Duration::from_secs(secs)),
+            Some(other) => {
+                anyhow::bail!("export {:?}: s3_retry_timeout_secs is 1 to 3600, not {other}", self.name)
+            }
+        };
+        Ok(arcache_s3::S3Settings {
+            retry_timeout,
             access_key_id: self.s3_access_key_id.clone(),
             secret_access_key: self.s3_secret_access_key.clone(),
             session_token: self.s3_session_token.clone(),
             region: self.s3_region.clone(),
             endpoint: self.s3_endpoint.clone(),
             profile: self.s3_profile.clone(),
-        }
+        })
     }
 }
 
@@ -320,6 +332,22 @@ pub fn toml_value_text(v: &toml::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_s3_exports_retry_timeout_comes_from_its_config_key() {
+        let cfg = |v: &str| {
+            ConfigFile::parse(&format!(
+                "[[export]]\nname = \"d\"\nbacking = \"s3://b/p/?size=1G\"\ns3_retry_timeout_secs = {v}\n"
+            ))
+            .unwrap()
+        };
+        let s = cfg("7").export[0].s3_settings().unwrap();
+        assert_eq!(s.retry_timeout, Some(std::time::Duration::from_secs(7)));
+        assert!(cfg("0").export[0].s3_settings().is_err());
+        assert!(cfg("3601").export[0].s3_settings().is_err());
+        let none = ConfigFile::parse("[[export]]\nname = \"d\"\nbacking = \"s3://b/k\"\n").unwrap();
+        assert_eq!(none.export[0].s3_settings().unwrap().retry_timeout, None);
+    }
 
     #[test]
     fn listen_forms() {

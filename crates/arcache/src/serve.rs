@@ -260,7 +260,7 @@ fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> R
                 None => all_secondary,
             },
             sync: e.sync.as_deref().map(parse_sync).transpose()?,
-            s3: e.s3_settings(),
+            s3: e.s3_settings()?,
         };
         if exports.insert(e.name.clone(), spec).is_some() {
             bail!("export {:?} is defined twice in the config file", e.name);
@@ -485,7 +485,8 @@ fn open_s3(
     read_only: bool,
     recordsize: u64,
 ) -> Result<Arc<dyn BlockDev>> {
-    let location = arcache_s3::S3Location::parse(text)?;
+    let mut location = arcache_s3::S3Location::parse(text)?;
+    location.retry_timeout = location.retry_timeout.or(settings.retry_timeout);
     let creds = settings.resolve().map_err(|e| anyhow!("{text}: {e}"))?;
     if location.is_prefix() {
         let size = location.size.as_deref().map(crate::size::parse_size).transpose()?;

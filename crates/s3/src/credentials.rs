@@ -18,6 +18,10 @@ pub struct S3Settings {
     pub region: Option<String>,
     pub endpoint: Option<String>,
     pub profile: Option<String>,
+    /// How long one request is retried before it fails its client request
+    /// (the config key `s3_retry_timeout_secs`); a URI's `retry_timeout=`
+    /// wins.
+    pub retry_timeout: Option<std::time::Duration>,
 }
 
 // Never the secrets: settings end up in debug logs of the whole config.
@@ -26,13 +30,14 @@ impl std::fmt::Debug for S3Settings {
         let set = |v: &Option<String>| if v.is_some() { "set" } else { "-" };
         write!(
             f,
-            "S3Settings {{ key id {:?}, secret {}, token {}, region {:?}, endpoint {:?}, profile {:?} }}",
+            "S3Settings {{ key id {:?}, secret {}, token {}, region {:?}, endpoint {:?}, profile {:?}, retry {:?} }}",
             self.access_key_id,
             set(&self.secret_access_key),
             set(&self.session_token),
             self.region,
             self.endpoint,
-            self.profile
+            self.profile,
+            self.retry_timeout
         )
     }
 }
