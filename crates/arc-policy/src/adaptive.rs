@@ -255,13 +255,8 @@ impl AdaptiveArc {
                 // entry to MFU, as below): moved, not passed over in
                 // place, so the next eviction does not walk it again.
                 honor.meta_rotated += 1;
-                let freq = e.freq;
                 cur = self.q.slab.prev_of(idx);
-                self.q.unlink(idx);
-                if freq > 0 {
-                    self.q.slab.get_mut(idx).freq = if from == State::Mru { 0 } else { freq - 1 };
-                    self.q.push(idx, State::Mfu);
-                } else {
+                if !self.unlink_or_promote(idx, from) {
                     self.q.push(idx, from);
                 }
                 continue;
@@ -280,12 +275,8 @@ impl AdaptiveArc {
         }
         let idx = cur?;
         let e = self.q.slab.get(idx);
-        let (key, size, freq) = (e.key, e.size, e.freq);
-        self.q.unlink(idx);
-        if freq > 0 {
-            let e = self.q.slab.get_mut(idx);
-            e.freq = if from == State::Mru { 0 } else { freq - 1 };
-            self.q.push(idx, State::Mfu);
+        let (key, size) = (e.key, e.size);
+        if self.unlink_or_promote(idx, from) {
             return Some(0);
         }
         out.push(key);
@@ -296,6 +287,20 @@ impl AdaptiveArc {
         let ghost = if from == State::Mru { State::MruGhost } else { State::MfuGhost };
         self.q.push(idx, ghost);
         Some(size)
+    }
+
+    /// Takes entry `idx` off `from`: one re-used since it last got here
+    /// goes on to MFU's head, a step lower (true); any other is left
+    /// unlinked for the caller to place (false).
+    fn unlink_or_promote(&mut self, idx: u32, from: State) -> bool {
+        self.q.unlink(idx);
+        let e = self.q.slab.get_mut(idx);
+        if e.freq == 0 {
+            return false;
+        }
+        e.freq = if from == State::Mru { 0 } else { e.freq - 1 };
+        self.q.push(idx, State::Mfu);
+        true
     }
 
     fn evict(&mut self, out: &mut Vec<Key>) {

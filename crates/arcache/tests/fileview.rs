@@ -45,6 +45,15 @@ fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
+/// Waits (at most 10 s) for `path` to be a bare directory again.
+fn wait_unmounted(path: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_mounted(path) {
+        assert!(Instant::now() < deadline, "{what}: still mounted after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn fusermount_u(path: &Path) {
     let _ = Command::new("fusermount3").args(["-u", "-z"]).arg(path).stderr(Stdio::null()).status();
 }
@@ -1026,11 +1035,7 @@ fn kill_9_leaves_no_dangling_mount() {
     let (status, _) = v.wait();
     assert!(!status.success());
     // The watcher the server left behind unmounts the dead view.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while is_mounted(&v.mnt) {
-        assert!(Instant::now() < deadline, "the mount of a killed server is still there after 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_unmounted(&v.mnt, "the mount of a killed server");
     // A fusermount3 -u now (what an admin would run) does no harm.
     fusermount_u(&v.mnt);
     assert!(fs::read_dir(&v.mnt).unwrap().next().is_none(), "the mount point is not the bare directory");
@@ -1376,6 +1381,24 @@ fn entries_unlinked_while_a_directory_is_read_are_never_skipped() {
     assert!(!through.exists() && !big.exists(), "rm -rf left the directory behind");
 }
 
+/// A small L2 file in `dir` that keeps a log (rebuilt at start) and is fed
+/// everything at once, then `extra`.
+fn persistent_l2_args(dir: &tempfile::TempDir, extra: &[&str]) -> Vec<String> {
+    let l2 = format!("{}:64M", dir.path().join("l2.img").display());
+    let sets = [
+        "l2arc_rebuild_blocks_min_l2size=0",
+        "l2arc_headroom=0",
+        "l2arc_write_max=64M",
+        "l2arc_noprefetch=0",
+    ];
+    let mut args = vec!["--l2".to_string(), l2];
+    for set in sets {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
 /// Waits until the L2 holds what the feed will put there (its size still
 /// for a second, nothing left to commit to its log); the size.
 fn wait_for_l2(v: &View) -> u64 {
@@ -1420,20 +1443,8 @@ fn after_a_restart_listings_and_data_come_from_l2_and_what_changed_meanwhile_fro
     }
     let dir = new_dir();
     make_tree(&dir.path().join("src"));
-    let l2 = dir.path().join("l2.img");
-    let l2_arg = format!("{}:64M", l2.display());
-    let args = [
-        "--l2",
-        &l2_arg,
-        "--set",
-        "l2arc_rebuild_blocks_min_l2size=0",
-        "--set",
-        "l2arc_headroom=0",
-        "--set",
-        "l2arc_write_max=64M",
-        "--set",
-        "l2arc_noprefetch=0",
-    ];
+    let args = persistent_l2_args(&dir, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut v = View::start(&dir, &args);
     let walked = compare_trees(&v.mnt, &v.src);
     assert!(wait_for_l2(&v) > 300 * 64, "the view's records went to L2");
@@ -1499,11 +1510,7 @@ fn after_a_restart_listings_and_data_come_from_l2_and_what_changed_meanwhile_fro
         }
         v.signal(libc::SIGKILL);
         v.wait();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while is_mounted(&v.mnt) {
-            assert!(Instant::now() < deadline, "{round}: still mounted");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_unmounted(&v.mnt, round);
     }
 }
 
@@ -1549,4 +1556,36 @@ fn an_unchanged_file_is_read_again_from_the_kernels_cache_and_a_changed_one_neve
         fs::write(src.join("k"), &new).unwrap();
         assert!(fs::read(v.mnt.join("k")).unwrap() == new, "keep {keep}: old bytes after a change");
     }
+}
+
+/// `--secondarycache metadata`: the view's listings go to L2 and come back
+/// after a restart, its file data does not (read from SOURCE again).
+#[test]
+fn with_secondarycache_metadata_only_listings_come_back_from_l2() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    make_tree(&dir.path().join("src"));
+    let args = persistent_l2_args(&dir, &["--secondarycache", "metadata"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut v = View::start(&dir, &args);
+    compare_trees(&v.mnt, &v.src);
+    wait_for_l2(&v);
+    v.signal(libc::SIGTERM);
+    assert!(v.wait().0.success());
+    drop(v);
+    let v = View::start(&dir, &args);
+    let before = wait_for_rebuild(&v);
+    compare_trees(&v.mnt, &v.src);
+    let after = v.stat();
+    let rise = |k: &str| n(&after, k) - n(&before, k);
+    assert_eq!(rise("fileview_source_readdirs"), 0, "listings came from L2");
+    // make_tree's data: 300 small files and 9 larger ones, every record
+    // read from SOURCE again.
+    assert!(
+        rise("fileview_source_reads") >= 300,
+        "{} records read from SOURCE",
+        rise("fileview_source_reads")
+    );
 }

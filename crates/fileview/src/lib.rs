@@ -132,6 +132,14 @@ fn version(obj: &Object, st: &ObjState) -> Version {
     Version { dev: obj.dev, born: st.born }
 }
 
+/// What a read of an object's records needs, taken under its lock: its
+/// number, the version its records carry, and the generation a record
+/// read from SOURCE must still match to be cached.
+fn keyed(obj: &Object) -> (u64, Version, u64) {
+    let st = obj.state.lock();
+    (st.id, version(obj, &st), st.gen)
+}
+
 /// The metadata prefetch of a listing: how many entries at most, and how
 /// many read side by side.
 const PREFETCH_MAX: usize = 4096;
@@ -391,12 +399,9 @@ impl View {
     /// version (a number collision) is dropped and missed.
     fn get(&self, kind: Kind, v: &Version, id: u64, index: u64) -> Option<Vec<u8>> {
         let k = key(kind, id, index);
-        let rec = self.cache.view_lookup(k)?;
-        let payload = if rec.is_compressed() {
-            rec.to_vec().ok().and_then(|b| envelope::open(&b, kind, v, index))
-        } else {
-            envelope::open(rec.stored(), kind, v, index)
-        };
+        // View records are kept raw (`envelope::seal`): their stored bytes
+        // are the envelope.
+        let payload = envelope::open(self.cache.view_lookup(k)?.stored(), kind, v, index);
         if payload.is_none() {
             self.count(&self.stats.envelope_mismatches);
             self.cache.view_invalidate(k);
@@ -481,9 +486,9 @@ impl View {
     /// Whether RAM holds record 0 of `kind` of `v` with this payload
     /// (counting nothing).
     fn cached_as(&self, kind: Kind, v: &Version, id: u64, payload: &[u8]) -> bool {
-        self.cache.view_peek(key(kind, id, 0)).is_some_and(|r| {
-            !r.is_compressed() && envelope::open(r.stored(), kind, v, 0).as_deref() == Some(payload)
-        })
+        self.cache
+            .view_peek(key(kind, id, 0))
+            .is_some_and(|r| envelope::open(r.stored(), kind, v, 0).as_deref() == Some(payload))
     }
 
     /// The metadata prefetch of a listing just read from SOURCE: the
@@ -930,10 +935,7 @@ impl View {
             self.attr_of_handle(h, false)?;
         }
         let rs = self.cfg.recordsize;
-        let (id, v, gen) = {
-            let st = h.obj.state.lock();
-            (st.id, version(&h.obj, &st), st.gen)
-        };
+        let (id, v, gen) = keyed(&h.obj);
         let end = offset.saturating_add(u64::from(size));
         let mut out = Vec::with_capacity(size as usize);
         let mut at = offset;
@@ -1011,10 +1013,7 @@ impl View {
 
     fn xattrs(&self, node: u64) -> Res<Vec<(Vec<u8>, Vec<u8>)>> {
         let (_, obj) = self.attr(node)?;
-        let (id, v, gen) = {
-            let st = obj.state.lock();
-            (st.id, version(&obj, &st), st.gen)
-        };
+        let (id, v, gen) = keyed(&obj);
         if let Some(list) = self.get(Kind::Xattrs, &v, id, 0).and_then(|b| records::decode_xattrs(&b)) {
             return Ok(list);
         }
@@ -1209,10 +1208,7 @@ impl Filesystem for View {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let r = (|| {
             let (_, obj) = self.attr(ino.0)?;
-            let (id, v, gen) = {
-                let st = obj.state.lock();
-                (st.id, version(&obj, &st), st.gen)
-            };
+            let (id, v, gen) = keyed(&obj);
             if let Some(target) = self.get(Kind::Symlink, &v, id, 0) {
                 return Ok(target);
             }
@@ -1826,7 +1822,6 @@ fn read_record(h: &Handle, offset: u64, len: usize, stats: &ViewStats) -> io::Re
     Ok(buf)
 }
 
-/// Mounts a view of `cfg.source` at `mountpoint`, its records in `cache`.
 /// The identity of the view of `source` for the L2 export table
 /// (docs/format.md, export kind 1): its records on an L2 device are
 /// restored only into a view of the same directory with the same
@@ -1840,6 +1835,7 @@ pub fn l2_identity(source: &Path) -> io::Result<(String, u64)> {
     Ok((name, xxhash_rust::xxh3::xxh3_64(text.as_bytes())))
 }
 
+/// Mounts a view of `cfg.source` at `mountpoint`, its records in `cache`.
 pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Result<Mounted> {
     let source = std::fs::canonicalize(&cfg.source)?;
     if !source.is_dir() {
