@@ -8,18 +8,6 @@ mod common;
 
 use common::*;
 
-/// Fail points exist only in a `failpoints` build; without one these tests
-/// cannot make their checks.
-fn armed() -> bool {
-    if cfg!(feature = "failpoints") {
-        return true;
-    }
-    skip_or_fail(
-        "the binary was built without the failpoints feature (cargo test --features arcache/failpoints)",
-    );
-    false
-}
-
 fn serve_failing(dir: tempfile::TempDir, failpoints: &str, args: &[&str]) -> Serve {
     Serve::start_with_env(dir, args, &[("FAILPOINTS", failpoints)])
 }
@@ -28,7 +16,7 @@ fn serve_failing(dir: tempfile::TempDir, failpoints: &str, args: &[&str]) -> Ser
 /// leaves nothing cached, and the same read succeeds once the store does.
 #[test]
 fn a_failed_backing_read_is_an_eio_and_caches_nothing() {
-    if !armed() {
+    if !failpoints_armed() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -53,7 +41,7 @@ fn a_failed_backing_read_is_an_eio_and_caches_nothing() {
 /// restart every flushed byte is there.
 #[test]
 fn a_failed_log_write_still_makes_flushed_data_durable() {
-    if !armed() {
+    if !failpoints_armed() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -71,6 +71,10 @@ struct View {
 
 impl View {
     fn start(dir: &Arc<tempfile::TempDir>, args: &[&str]) -> View {
+        View::start_with_env(dir, args, &[])
+    }
+
+    fn start_with_env(dir: &Arc<tempfile::TempDir>, args: &[&str], env: &[(&str, &str)]) -> View {
         let src = dir.path().join("src");
         let mnt = dir.path().join("mnt");
         let control = dir.path().join("control.sock");
@@ -84,6 +88,7 @@ impl View {
             .arg(&control)
             .args(["--arc-max", "64M"])
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -1216,6 +1221,73 @@ fn a_file_replaced_in_source_is_read_as_the_new_file_and_an_old_handle_as_the_ol
     assert!(read_direct(&new_handle, 0, new.len()) == new);
     // The handle opened before still reads the old file, every record.
     assert!(read_direct(&old_handle, 0, old.len()) == old, "the old handle got other bytes");
+}
+
+/// Fail points exist only in a `failpoints` build (`.ci/run` builds the
+/// tests with one).
+fn failpoints_armed() -> bool {
+    if cfg!(feature = "failpoints") {
+        return true;
+    }
+    skip_or_fail(
+        "the binary was built without the failpoints feature (cargo test --features arcache/failpoints)",
+    );
+    false
+}
+
+/// A revalidation whose `lstat` was taken before a write through the view
+/// and settles after the write's own must not put the old size back: the
+/// writer would see its append missing for a window. A fail point holds a
+/// getattr's revalidation 150 ms between its `lstat` and its settling;
+/// each round a prober's `fstat` starts one (the file past its window),
+/// the write is made once the server has counted it (so inside that gap),
+/// and the writer then looks at the size within the window. The test also
+/// asserts the view found each late stat (`fileview_stale_stats`).
+#[test]
+fn a_stat_taken_before_a_write_and_settled_after_it_never_hides_the_write() {
+    if !fuse_available() || !failpoints_armed() {
+        return;
+    }
+    let dir = new_dir();
+    fs::create_dir_all(dir.path().join("src")).unwrap();
+    fs::write(dir.path().join("src/log"), b"").unwrap();
+    let v = View::start_with_env(
+        &dir,
+        &["--revalidate", "0.3", "--watch-max", "0"],
+        &[("FAILPOINTS", "view.getattr.settle=sleep(150)")],
+    );
+    let path = v.mnt.join("log");
+    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+    let reader = fs::File::open(&path).unwrap();
+    let mut short = Vec::new();
+    let rounds = 8;
+    for i in 1..=rounds {
+        std::thread::sleep(Duration::from_millis(350));
+        let before = n(&v.stat(), "fileview_revalidations");
+        let prober = {
+            let r = reader.try_clone().unwrap();
+            std::thread::spawn(move || r.metadata().map(|m| m.len()))
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while n(&v.stat(), "fileview_revalidations") == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        f.write_all(b"x").unwrap();
+        prober.join().unwrap().unwrap();
+        for _ in 0..5 {
+            let len = f.metadata().unwrap().len();
+            if len < i {
+                short.push((i, len));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let st = v.stat();
+    assert!(short.is_empty(), "the file looked shorter than written (written, seen): {short:?}");
+    assert!(
+        n(&st, "fileview_stale_stats") >= rounds,
+        "fewer late stats than rounds ({rounds}): the race was not reached; {st}"
+    );
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirEntryExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -91,6 +91,9 @@ pub struct ViewStats {
     pub kept_caches: AtomicU64,
     /// Lookups the kernel asked for (a name its dentry cache lacked).
     pub lookups: AtomicU64,
+    /// Stats of SOURCE not put in force because one begun later had
+    /// settled the file first (`View::settle_as`).
+    pub stale_stats: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -115,6 +118,7 @@ impl ViewStats {
             ("fileview_envelope_mismatches", l(&self.envelope_mismatches)),
             ("fileview_kept_caches", l(&self.kept_caches)),
             ("fileview_lookups", l(&self.lookups)),
+            ("fileview_stale_stats", l(&self.stale_stats)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
@@ -144,6 +148,35 @@ fn keyed(obj: &Object) -> (u64, Version, u64) {
 /// many read side by side.
 const PREFETCH_MAX: usize = 4096;
 const PREFETCH_THREADS: usize = 8;
+
+/// How many times a stat found older than what is in force is taken again
+/// (`View::settle_newest`).
+const RESTATS: usize = 4;
+
+#[cfg(feature = "failpoints")]
+thread_local! {
+    /// Set while this thread answers a getattr: the race test delays only
+    /// those stats (`view.getattr.settle`), not a write's own.
+    static IN_GETATTR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(feature = "failpoints")]
+struct InGetattr;
+
+#[cfg(feature = "failpoints")]
+impl InGetattr {
+    fn enter() -> InGetattr {
+        IN_GETATTR.set(true);
+        InGetattr
+    }
+}
+
+#[cfg(feature = "failpoints")]
+impl Drop for InGetattr {
+    fn drop(&mut self) {
+        IN_GETATTR.set(false);
+    }
+}
 
 fn key(kind: Kind, object: u64, index: u64) -> u64 {
     vkey::make(kind, object, index)
@@ -209,6 +242,8 @@ struct View {
     root: OwnedFd,
     /// inotify on SOURCE's directories, unless off or not trustworthy there.
     watcher: Option<Arc<Watcher>>,
+    /// Numbers every stat of SOURCE in the order they begin (`ticket`).
+    stat_clock: AtomicU64,
 }
 
 impl Drop for View {
@@ -391,7 +426,14 @@ impl View {
             gen: 0,
             dir_chunks: 0,
             watch: None,
+            settled_by: 0,
         }
+    }
+
+    /// The number of a stat of SOURCE about to begin: later stats get
+    /// higher ones (`settle_as` keeps the newest in force).
+    fn ticket(&self) -> u64 {
+        self.stat_clock.fetch_add(1, SeqCst)
     }
 
     /// Record `index` of `kind` of the version `v` (numbered `id`) from the
@@ -452,14 +494,23 @@ impl View {
     /// behind the view (its fingerprint differs, and `own` is false) has
     /// every record dropped and a new object number; with `own` the view
     /// made the change and has fixed its records already.
-    fn settle(&self, obj: &Object, a: &Attr, own: bool) {
-        self.settle_as(obj, a, own, false);
+    /// `ticket` is the stat's, taken before it began: a stat that began
+    /// earlier than the one in force is older news (a revalidation's lstat
+    /// from before a write through the view, settling after the write's),
+    /// and is not put in force: false.
+    fn settle(&self, obj: &Object, a: &Attr, own: bool, ticket: u64) -> bool {
+        self.settle_as(obj, a, own, false, ticket)
     }
 
     /// `settle`; with `prefetch` the attribute record goes in as a
     /// prefetch's (the metadata prefetch of a listing).
-    fn settle_as(&self, obj: &Object, a: &Attr, own: bool, prefetch: bool) {
+    fn settle_as(&self, obj: &Object, a: &Attr, own: bool, prefetch: bool, ticket: u64) -> bool {
         let mut st = obj.state.lock();
+        if ticket < st.settled_by {
+            self.count(&self.stats.stale_stats);
+            return false;
+        }
+        st.settled_by = ticket;
         if st.fp != a.fingerprint() {
             st.watch = None;
             if own {
@@ -478,9 +529,33 @@ impl View {
         if !prefetch && self.cached_as(Kind::Attr, &v, st.id, &encoded) {
             // Unchanged: not put again, which would drop its L2 copy and
             // have the feed write it once more at every revalidation.
-            return;
+            return true;
         }
         self.put(Kind::Attr, &v, st.id, 0, &encoded, prefetch);
+        true
+    }
+
+    /// Settles `obj` with `a`, from a stat that began at `ticket`; if that
+    /// is older than what is in force, stats again with `restat` (a few
+    /// times at most), so the caller answers the kernel with what SOURCE
+    /// shows now, never with a size from before a write it has seen.
+    fn settle_newest(
+        &self,
+        obj: &Object,
+        mut a: Attr,
+        own: bool,
+        mut ticket: u64,
+        restat: impl Fn() -> Res<Attr>,
+    ) -> Res<Attr> {
+        for _ in 0..RESTATS {
+            if self.settle(obj, &a, own, ticket) {
+                break;
+            }
+            ticket = self.ticket();
+            self.count(&self.stats.source_stats);
+            a = restat()?;
+        }
+        Ok(a)
     }
 
     /// Whether RAM holds record 0 of `kind` of `v` with this payload
@@ -545,6 +620,7 @@ impl View {
 
     fn prefetch_one(&self, dir: BorrowedFd, e: &DirEntry, before: Option<watch::Before>) {
         let name = OsStr::from_bytes(&e.name);
+        let ticket = self.ticket();
         let Ok(a) = sys::lstat_at(dir, name) else { return };
         self.count(&self.stats.source_stats);
         if a.ino != e.ino {
@@ -557,7 +633,9 @@ impl View {
             self.count(&self.stats.revalidations);
         }
         let obj = self.table.object_for(a.dev, a.ino, || self.new_state(&a));
-        self.settle_as(&obj, &a, false, true);
+        if !self.settle_as(&obj, &a, false, true, ticket) {
+            return;
+        }
         if let (Some(w), Some(b)) = (&self.watcher, before) {
             if !a.is_dir() && a.nlink == 1 {
                 w.mark(b, Some(name), &obj);
@@ -570,6 +648,7 @@ impl View {
         let mut marks = self.watcher.as_ref().map(|w| self.watch_before(w, node));
         let f = self.open_node(node)?;
         self.count(&self.stats.source_stats);
+        let mut ticket = self.ticket();
         let mut a = Attr::from_metadata(&f.metadata().map_err(errno)?);
         self.refuse_another_file(node, &a)?;
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
@@ -580,6 +659,7 @@ impl View {
                 // on, and looked at again once it is (the same inode: the
                 // descriptor holds it), so no change after this is missed.
                 if let Some(b) = w.watch_dir(f.as_fd(), &obj, node) {
+                    ticket = self.ticket();
                     a = Attr::from_metadata(&f.metadata().map_err(errno)?);
                     m.own = Some((b, a.dev, a.ino));
                 }
@@ -588,7 +668,14 @@ impl View {
         if !own {
             self.count(&self.stats.revalidations);
         }
-        self.settle(&obj, &a, own);
+        #[cfg(feature = "failpoints")]
+        if IN_GETATTR.get() {
+            // Widens the gap between a getattr's stat and its settling for
+            // the race test of `settle_as`'s tickets.
+            fail::fail_point!("view.getattr.settle");
+        }
+        let a = self
+            .settle_newest(&obj, a, own, ticket, || Ok(Attr::from_metadata(&f.metadata().map_err(errno)?)))?;
         if let (Some(w), Some(marks)) = (&self.watcher, marks) {
             self.mark_checked(w, marks, &a, &obj);
         }
@@ -688,7 +775,9 @@ impl View {
     /// `fstat` of the descriptor is part of the open, not counted in
     /// `source_stats` (it asks the inode the open just found).
     fn bind_opened(&self, node: u64, file: &File) -> Res<(Attr, Arc<Object>)> {
-        let a = Attr::from_metadata(&file.metadata().map_err(errno)?);
+        let restat = || Ok(Attr::from_metadata(&file.metadata().map_err(errno)?));
+        let ticket = self.ticket();
+        let a = restat()?;
         if a.mode & libc::S_IFMT != libc::S_IFREG {
             // Another kind of file than the kernel asked to open: ESTALE
             // has it look the name up again.
@@ -705,24 +794,25 @@ impl View {
             // What the view has of the file is old too: settled now, so the
             // kernel's new lookup gets the size the open found.
             if let Some(obj) = self.table.object(node) {
-                self.settle(&obj, &a, false);
+                self.settle(&obj, &a, false, ticket);
             }
             return Err(self.retire_node(node));
         }
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
-        self.settle(&obj, &a, false);
+        let a = self.settle_newest(&obj, a, false, ticket, restat)?;
         Ok((a, obj))
     }
 
     /// Revalidates an open file by its descriptor (it may have no path).
     fn attr_of_handle(&self, h: &Handle, own: bool) -> Res<Attr> {
         self.count(&self.stats.source_stats);
-        let a = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
+        let restat = || Ok(Attr::from_metadata(&h.file.metadata().map_err(errno)?));
+        let ticket = self.ticket();
+        let a = restat()?;
         if a.dev != h.obj.dev || a.ino != h.obj.ino {
             return Err(Errno::ESTALE);
         }
-        self.settle(&h.obj, &a, own);
-        Ok(a)
+        self.settle_newest(&h.obj, a, own, ticket, restat)
     }
 
     /// The cached listing of a directory if all its chunks are in the ARC
@@ -796,12 +886,11 @@ impl View {
             // The directory as read, after its watch began: a change since
             // the attributes used above drops them (and this listing is
             // then not kept, its version being another).
+            let ticket = self.ticket();
             let a = Attr::from_metadata(&dir.metadata().map_err(errno)?);
             let same = (a.dev, a.ino) == (obj.dev, obj.ino);
-            if same {
-                self.settle(&obj, &a, false);
-            }
-            if self.keep_listing(&obj, id, gen, &encoded) && same {
+            let settled = same && self.settle(&obj, &a, false, ticket);
+            if self.keep_listing(&obj, id, gen, &encoded) && settled {
                 w.mark(b, None, &obj);
             }
         } else {
@@ -1157,6 +1246,8 @@ impl Filesystem for View {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        #[cfg(feature = "failpoints")]
+        let _in_getattr = InGetattr::enter();
         let r = match fh.and_then(|f| self.handle(f).ok()) {
             Some(h) if self.table.path(ino.0).is_none() => self.attr_of_handle(&h, false),
             // A file unlinked while open (the kernel's fstat sends no
@@ -1425,6 +1516,7 @@ impl Filesystem for View {
             let n = h.file.write_at(data, offset).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.cache.count_view_source_write(n as u64);
+            let ticket = self.ticket();
             let after = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
             {
                 let mut st = h.obj.state.lock();
@@ -1438,7 +1530,7 @@ impl Filesystem for View {
             // (a change on SOURCE between the check above and now, or an
             // O_APPEND descriptor writing elsewhere) drops every record.
             let expected = before.size.max(offset + n as u64);
-            self.settle(&h.obj, &after, after.size == expected);
+            self.settle(&h.obj, &after, after.size == expected, ticket);
             if after.size == expected {
                 // The kernel sizes the file itself after a write: the same.
                 self.table.showed(h.node, after.size);
@@ -1876,6 +1968,7 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         as_root,
         watcher,
         root: OwnedFd::from(root),
+        stat_clock: AtomicU64::new(1),
     };
     let table = Arc::clone(&view.table);
     // The root is SOURCE itself.

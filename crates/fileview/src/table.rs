@@ -39,6 +39,9 @@ pub struct ObjState {
     /// An inotify watch vouching that SOURCE has not changed it since
     /// `checked` (`watch.rs`); cleared by its events.
     pub watch: Option<Mark>,
+    /// The ticket of the stat in force (`View::ticket`): an older one
+    /// settling late is not put in force.
+    pub settled_by: u64,
 }
 
 #[derive(Debug)]
@@ -360,7 +363,16 @@ mod tests {
         let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
         let fp = Fingerprint::default();
-        let state = || ObjState { id: 7, born: fp, fp, checked: None, gen: 0, dir_chunks: 0, watch: None };
+        let state = || ObjState {
+            id: 7,
+            born: fp,
+            fp,
+            checked: None,
+            gen: 0,
+            dir_chunks: 0,
+            watch: None,
+            settled_by: 0,
+        };
         let obj = t.bind(x, 1, 42, state);
         t.forget(x, 1);
         assert!(!t.exists(x));

@@ -326,6 +326,7 @@ mod tests {
             gen: 0,
             dir_chunks: 0,
             watch: None,
+            settled_by: 0,
         };
         Arc::new(Object { dev: 1, ino, state: Mutex::new(state) })
     }

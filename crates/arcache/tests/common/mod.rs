@@ -388,3 +388,16 @@ fn moto_answers(port: u16) -> bool {
     let mut head = [0u8; 12];
     c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
 }
+
+/// Fail points exist only in a `failpoints` build (`.ci/run` builds the
+/// tests with one); without one a test arming them cannot make its checks.
+#[track_caller]
+pub fn failpoints_armed() -> bool {
+    if cfg!(feature = "failpoints") {
+        return true;
+    }
+    skip_or_fail(
+        "the binary was built without the failpoints feature (cargo test --features arcache/failpoints)",
+    );
+    false
+}
