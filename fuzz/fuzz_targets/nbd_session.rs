@@ -87,6 +87,8 @@ fn tls_server() -> &'static Arc<Server> {
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
         let config = nbd::tls::server_config(&c, &k, None).unwrap();
+        // The config holds the key and certificate now: no files left behind.
+        let _ = std::fs::remove_dir_all(&dir);
         new_server(Some(TlsPolicy { config, required: true }))
     })
 }
