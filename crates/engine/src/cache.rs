@@ -632,7 +632,7 @@ impl Cache {
                 let Some(rec) = s.data.get(&key) else { return true };
                 if l2.begin_feed(key) {
                     taken += rec.psize();
-                    let lshift = (rec.lsize().max(4096).next_power_of_two().trailing_zeros() - 12) as u8;
+                    let lshift = lshift_of(rec.lsize());
                     let flags = BlobFlags {
                         raw: false,
                         compressed: rec.is_compressed(),
@@ -742,5 +742,33 @@ impl Cache {
             return Err(format!("policy size {} but data {} + headers", p.size, s.psize));
         }
         Ok(())
+    }
+}
+
+/// The L2 entry's `lshift` for a record of `lsize` bytes: log2 of its
+/// logical size in 4 KiB units, the nearest power of two for a record whose
+/// size is none (a file view record: its payload and 64-byte envelope), so
+/// `l2_size` counts a 128 KiB data record as 128 KiB, not 256.
+fn lshift_of(lsize: u64) -> u8 {
+    let lsize = lsize.clamp(4096, 1 << 20);
+    let up = lsize.next_power_of_two();
+    let nearest = if lsize - up / 2 < up - lsize { up / 2 } else { up };
+    (nearest.trailing_zeros() - 12) as u8
+}
+
+#[cfg(test)]
+mod lshift_tests {
+    use super::lshift_of;
+
+    #[test]
+    fn lshift_is_the_nearest_power_of_two_of_the_logical_size() {
+        assert_eq!(lshift_of(1), 0);
+        assert_eq!(lshift_of(4096), 0);
+        assert_eq!(lshift_of(128 << 10), 5);
+        assert_eq!(lshift_of((128 << 10) + 64), 5);
+        assert_eq!(lshift_of(5 << 10), 0);
+        assert_eq!(lshift_of(7 << 10), 1);
+        assert_eq!(lshift_of(1 << 20), 8);
+        assert_eq!(lshift_of(u64::MAX), 8);
     }
 }
