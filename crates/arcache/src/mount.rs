@@ -64,6 +64,12 @@ pub struct MountArgs {
     /// kernel gets them with the listing: readdirplus).
     #[arg(long)]
     pub no_readdirplus: bool,
+    /// Do not have SOURCE read the inodes of a directory's other entries
+    /// when a file in it is opened (by default the first open in a
+    /// directory for 5 s does, 8 at once in the background, so a copy's
+    /// later opens do not each wait for one on a cold SOURCE).
+    #[arg(long)]
+    pub no_open_ahead: bool,
     /// The settings `serve` takes (see after_help).
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -129,6 +135,7 @@ pub fn run(args: &MountArgs) -> Result<()> {
         watch_max: Duration::from_secs_f64(args.watch_max),
         keep_cache: !args.no_keep_cache,
         readdirplus: !args.no_readdirplus,
+        open_ahead: !args.no_open_ahead,
     };
     let view = match arcache_fileview::mount(cfg, Arc::clone(&running.cache), &args.mountpoint) {
         Ok(v) => v,

@@ -1290,6 +1290,40 @@ fn a_stat_taken_before_a_write_and_settled_after_it_never_hides_the_write() {
     );
 }
 
+/// An open in a listed directory has SOURCE `lstat` the directory's
+/// entries in the background (open-ahead), once per directory for a while;
+/// `--no-open-ahead` turns it off.
+#[test]
+fn an_open_warms_its_directorys_entries_on_source_once() {
+    if !fuse_available() {
+        return;
+    }
+    for (args, on) in [(&[][..], true), (&["--no-open-ahead"][..], false)] {
+        let dir = new_dir();
+        let d = dir.path().join("src/d");
+        fs::create_dir_all(&d).unwrap();
+        for i in 0..40 {
+            fs::write(d.join(format!("f{i:02}")), format!("file {i}")).unwrap();
+        }
+        let v = View::start(&dir, args);
+        let listed = fs::read_dir(v.mnt.join("d")).unwrap().count();
+        assert_eq!(listed, 40);
+        for i in 0..10 {
+            assert_eq!(fs::read_to_string(v.mnt.join(format!("d/f{i:02}"))).unwrap(), format!("file {i}"));
+        }
+        let want = if on { 40 } else { 0 };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut st = v.stat();
+        while n(&st, "fileview_open_ahead_stats") < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            st = v.stat();
+        }
+        // Ten opens within the window: one warming of the directory.
+        assert_eq!(n(&st, "fileview_open_aheads"), u64::from(on), "{args:?}: {st}");
+        assert_eq!(n(&st, "fileview_open_ahead_stats"), want, "{args:?}: {st}");
+    }
+}
+
 #[test]
 fn a_change_in_source_just_before_the_views_own_change_is_not_taken_for_the_views() {
     if !fuse_available() {

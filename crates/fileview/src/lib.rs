@@ -6,6 +6,7 @@
 
 mod direct;
 mod envelope;
+mod openahead;
 mod records;
 mod sys;
 mod table;
@@ -63,6 +64,9 @@ pub struct ViewConfig {
     pub keep_cache: bool,
     /// Answer listings with their entries' attributes (`readdirplus`).
     pub readdirplus: bool,
+    /// Warm SOURCE's inodes of a directory's entries at an open in it
+    /// (`openahead.rs`).
+    pub open_ahead: bool,
 }
 
 /// What the view did to SOURCE and found there (`stat --json`'s
@@ -94,6 +98,11 @@ pub struct ViewStats {
     /// Stats of SOURCE not put in force because one begun later had
     /// settled the file first (`View::settle_as`).
     pub stale_stats: AtomicU64,
+    /// Directories whose entries an open warmed on SOURCE, and the
+    /// `lstat`s that took (`openahead.rs`; not in `source_stats`, which
+    /// counts what the view asks SOURCE about its records).
+    pub open_aheads: AtomicU64,
+    pub open_ahead_stats: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -119,6 +128,8 @@ impl ViewStats {
             ("fileview_kept_caches", l(&self.kept_caches)),
             ("fileview_lookups", l(&self.lookups)),
             ("fileview_stale_stats", l(&self.stale_stats)),
+            ("fileview_open_aheads", l(&self.open_aheads)),
+            ("fileview_open_ahead_stats", l(&self.open_ahead_stats)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
@@ -244,6 +255,7 @@ struct View {
     watcher: Option<Arc<Watcher>>,
     /// Numbers every stat of SOURCE in the order they begin (`ticket`).
     stat_clock: AtomicU64,
+    open_ahead: openahead::OpenAhead,
 }
 
 impl Drop for View {
@@ -801,6 +813,34 @@ impl View {
         let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
         let a = self.settle_newest(&obj, a, false, ticket, restat)?;
         Ok((a, obj))
+    }
+
+    /// The first open in a directory for a while has SOURCE read the
+    /// inodes of the directory's other entries (its cached listing's first
+    /// `PREFETCH_MAX`) in the background, `PREFETCH_THREADS` at once, so
+    /// the opens that follow do not each wait for one (`openahead.rs`).
+    fn open_ahead(&self, node: u64) {
+        if !self.cfg.open_ahead {
+            return;
+        }
+        let Some((parent, _)) = self.table.parent_and_name(node) else { return };
+        let Some(dobj) = self.table.object(parent) else { return };
+        if dobj.state.lock().dir_chunks == 0 || !self.open_ahead.due(parent) {
+            return;
+        }
+        let Some(entries) = self.cached_listing(&dobj) else { return };
+        let Some(rel) = self.table.path(parent) else { return };
+        let Ok(dir) = self.open_dir(&rel, libc::O_PATH) else { return };
+        let names: Vec<Vec<u8>> = entries.into_iter().take(PREFETCH_MAX).map(|e| e.name).collect();
+        let stats = Arc::clone(&self.stats);
+        let spawned = std::thread::Builder::new().name("fileview-openahead".into()).spawn(move || {
+            let asked = openahead::warm(dir, &names, PREFETCH_THREADS);
+            stats.open_aheads.fetch_add(1, Relaxed);
+            stats.open_ahead_stats.fetch_add(asked, Relaxed);
+        });
+        if let Err(e) = spawned {
+            tracing::debug!("open-ahead not started: {e}");
+        }
     }
 
     /// Revalidates an open file by its descriptor (it may have no path).
@@ -1463,6 +1503,7 @@ impl Filesystem for View {
             // kernel's pages as they were).
             let same = self.table.opened_as(ino.0, (!truncate).then(|| a.fingerprint()));
             let keep = self.cfg.keep_cache && same;
+            self.open_ahead(ino.0);
             Ok((self.add_handle(h.file, h.obj, h.node), keep))
         })();
         if r.is_err() {
@@ -1969,6 +2010,7 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         watcher,
         root: OwnedFd::from(root),
         stat_clock: AtomicU64::new(1),
+        open_ahead: openahead::OpenAhead::default(),
     };
     let table = Arc::clone(&view.table);
     // The root is SOURCE itself.
