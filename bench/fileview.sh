@@ -93,11 +93,7 @@ EOF
 make_tree "$work/fill"
 umount "$work/fill"
 
-nbdfuse "$work/nbdf" --command nbdkit -s --filter=delay file "$img" rdelay=4ms wdelay=4ms & pids+=($!)
-for _ in $(seq 200); do [ -e "$work/nbdf/nbd" ] && break; sleep 0.05; done
-loop=$(losetup -f --show --direct-io=on "$work/nbdf/nbd")
-blockdev --setra 0 "$loop"
-mount -o inode_readahead_blks=0 "$loop" "$work/slow"
+slow_source "$img"
 mounts+=("$work/slow")
 src=$work/slow
 

@@ -36,3 +36,15 @@ bench_results() {
   mkdir -p "$dir"
   echo "$dir/$1"
 }
+
+# slow_source IMG: mounts the ext4 image IMG as issue 22's slow source at
+# $work/slow: a direct-IO loop device with no read-ahead over nbdfuse (at
+# $work/nbdf) over `nbdkit --filter=delay rdelay=4ms wdelay=4ms`, so every
+# block read costs 4 ms like a seek. Sets `loop` (the caller detaches it).
+slow_source() {
+  nbdfuse "$work/nbdf" --command nbdkit -s --filter=delay file "$1" rdelay=4ms wdelay=4ms & pids+=($!)
+  for _ in $(seq 200); do [ -e "$work/nbdf/nbd" ] && break; sleep 0.05; done
+  loop=$(losetup -f --show --direct-io=on "$work/nbdf/nbd")
+  blockdev --setra 0 "$loop"
+  mount -o inode_readahead_blks=0 "$loop" "$work/slow"
+}
