@@ -90,6 +90,15 @@ fn reexec_with_lazy_arenas() {
     eprintln!("arcache: could not restart with lazy memory commit ({err}); continuing");
 }
 
+/// A report piped into `head` ends as any Unix tool does when the reader
+/// goes, instead of panicking on the next line. Servers keep Rust's ignored
+/// SIGPIPE: a client closing its socket must not kill them.
+fn die_quietly_on_closed_stdout() {
+    // SAFETY: restoring a signal's default disposition before any thread
+    // is started has no memory-safety preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 fn main() -> ExitCode {
     // Give freed pages back at once: with dozens of threads each holding
     // freed record buffers for a while, RSS would run well past arc_max
@@ -100,6 +109,12 @@ fn main() -> ExitCode {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
     reexec_with_lazy_arenas();
     let cli = Cli::parse();
+    if matches!(
+        cli.cmd,
+        Cmd::Stat(_) | Cmd::Summary(_) | Cmd::Get(_) | Cmd::Sim(_) | Cmd::L2(_) | Cmd::Log(_)
+    ) {
+        die_quietly_on_closed_stdout();
+    }
     // Arms the points FAILPOINTS names (a fault-test build only).
     #[cfg(feature = "failpoints")]
     let _fail_points = fail::FailScenario::setup();

@@ -47,6 +47,29 @@ fn sim_lists_every_policy_it_accepts() {
     assert!(!o.status.success() && want.iter().all(|n| err.contains(n)), "{err}");
 }
 
+/// `arcache sim ... | head -1` ends quietly: killed by SIGPIPE as any
+/// Unix report is, not a panic on the next line.
+#[test]
+fn sim_into_a_closed_pipe_ends_without_a_panic() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let sizes = (1..=40).map(|i| (i * 100).to_string()).collect::<Vec<_>>().join(",");
+    let mut child = Command::new(BIN)
+        .args(["sim", "--json", "--trace", P3, "--policy", "arc,lru", "--cache-blocks", &sizes])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.starts_with('{'), "{first}");
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{:?} {err}", o.status);
+}
+
 /// `default` is the server's first serving policy in bytes, with the
 /// limits `arcache serve --arc-max SIZE` sets from the tunables.
 #[test]
