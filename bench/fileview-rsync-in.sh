@@ -13,11 +13,19 @@
 #               write-through view can take
 #   view first  through `arcache mount` just started (nothing cached)
 #   view warm   through the same server again (its ARC warm)
+#   view after restart  the same server stopped and started again on its
+#               persistent L2 file (the pass starts once the rebuild ended)
 #   view warm, --no-open-ahead  the same with open-ahead off (docs/fileview.md
 #               section 8): each open then waits for its inode on SOURCE
+#   bindfs over RAM  the copy inside a bindfs mount of the RAM copy: what
+#               FUSE alone costs, the least any FUSE view can take
+#   check floor one lstat of each of the directory's files on the source,
+#               32 at once, names known in advance: the least a view that
+#               checks every file before using what it restored (after a
+#               restart) or opens every file on SOURCE can take
 # The copy is removed after each pass; ROUNDS rounds (default 3).
 #
-# Usage: bench/fileview-rsync-in.sh [ROUNDS [SMALL]]   (root; nbdkit, nbdfuse, rsync)
+# Usage: bench/fileview-rsync-in.sh [ROUNDS [SMALL]]   (root; nbdkit, nbdfuse, rsync, bindfs)
 # Writes bench/results/fileview-rsync-in.md.
 set -euo pipefail
 rounds=${1:-3}
@@ -26,7 +34,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$root/bench/lib.sh"
 bin=${ARCACHE_BIN:-$root/target/release/arcache}
-for t in nbdkit nbdfuse rsync fusermount3 losetup mkfs.ext4 "$bin"; do
+for t in nbdkit nbdfuse rsync bindfs fusermount3 losetup mkfs.ext4 "$bin"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
 [ "$(id -u)" = 0 ] || { echo "bench: needs root (loop devices, drop_caches)" >&2; exit 2; }
@@ -37,6 +45,7 @@ loop=
 ram=/dev/shm/arcache-rsync-in.$$
 cleanup_all() {
   ! mountpoint -q "$work/view" 2>/dev/null || fusermount3 -u "$work/view" 2>/dev/null || true
+  ! mountpoint -q "$work/bind" 2>/dev/null || fusermount3 -u "$work/bind" 2>/dev/null || true
   umount "$work/slow" 2>/dev/null || true
   [ -z "$loop" ] || losetup -d "$loop" 2>/dev/null || true
   fusermount3 -u "$work/nbdf" 2>/dev/null || true
@@ -45,7 +54,7 @@ cleanup_all() {
 }
 trap cleanup_all EXIT
 
-mkdir -p "$work/fill" "$work/slow" "$work/nbdf" "$work/view" "$ram"
+mkdir -p "$work/fill" "$work/slow" "$work/nbdf" "$work/view" "$work/bind" "$ram"
 img=$work/slow.img
 truncate -s $((small * 12 * 1024 + (1 << 30))) "$img"
 mkfs.ext4 -q -F "$img"
@@ -62,6 +71,7 @@ for i in range(small):
         f.write(rnd.randbytes(rnd.randint(1024, 8192)))
 PY
 cp -a "$work/fill/small/d000" "$ram/"
+ls "$ram/d000" >"$work/names"
 umount "$work/fill"
 slow_source "$img"
 
@@ -78,20 +88,73 @@ timed() { # NAME CMD...
   echo "bench: $name $(python3 -c "print(f'{$e - $s:.2f}')") s" >&2
 }
 copy() { rsync -a "$1/" "$2/"; rm -rf "$2"; }
+ctl=$work/ctl.sock
+stat_field() { "$bin" stat --json --control "$ctl" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+mount_view() { # ARGS
+  "$bin" mount "$work/slow" "$work/view" --arc-max 1G --control "$ctl" "$@" 2>"$work/view.log" & pids+=($!)
+  for _ in $(seq 200); do [ -S "$ctl" ] && mountpoint -q "$work/view" && return 0; sleep 0.05; done
+  cat "$work/view.log" >&2; echo "bench: arcache mount did not come up" >&2; exit 1
+}
+unmount_view() {
+  fusermount3 -u "$work/view"
+  wait "${pids[-1]}" || true
+}
+# Until the L2 feed has written what it will: its size still for 3 s, its
+# log committed (at most 2 minutes).
+wait_feed() {
+  local last=-1 still=0 now
+  for _ in $(seq 120); do
+    now=$(stat_field l2_size)
+    if [ "$now" = "$last" ] && [ "$(stat_field l2_log_uncommitted_bytes)" = 0 ]; then
+      still=$((still + 1))
+      [ "$still" -ge 3 ] && return 0
+    else
+      still=0
+    fi
+    last=$now
+    sleep 1
+  done
+}
 view() { # NAME [ARGS]: a server just started, then warm
   local name=$1
   shift
-  "$bin" mount "$work/slow" "$work/view" --arc-max 1G --control "$work/ctl.sock" "$@" 2>"$work/view.log" & pids+=($!)
-  for _ in $(seq 200); do mountpoint -q "$work/view" && break; sleep 0.05; done
+  mount_view "$@"
   timed "$name-first" copy "$work/view/small/d000" "$work/view/small/copy"
   timed "$name-warm" copy "$work/view/small/d000" "$work/view/small/copy"
-  fusermount3 -u "$work/view"
-  wait "${pids[-1]}" || true
+  unmount_view
+}
+view_restart() { # the same with a persistent L2, then restarted on it
+  rm -f "$work/l2.img"
+  mount_view --l2 "$work/l2.img:1G"
+  timed view-first copy "$work/view/small/d000" "$work/view/small/copy"
+  timed view-warm copy "$work/view/small/d000" "$work/view/small/copy"
+  wait_feed
+  unmount_view
+  mount_view --l2 "$work/l2.img:1G"
+  for _ in $(seq 600); do [ "$(stat_field l2_rebuild_running)" = 0 ] && break; sleep 0.1; done
+  timed view-restart copy "$work/view/small/d000" "$work/view/small/copy"
+  unmount_view
+}
+check_floor() {
+  python3 - "$work/slow/small/d000" "$work/names" <<'PY'
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+paths = [os.path.join(sys.argv[1], n.strip()) for n in open(sys.argv[2])]
+with ThreadPoolExecutor(32) as ex:
+    list(ex.map(os.lstat, paths))
+PY
+}
+fuse_floor() {
+  bindfs "$ram" "$work/bind"
+  timed bindfs copy "$work/bind/d000" "$work/bind/copy"
+  fusermount3 -u "$work/bind"
 }
 for r in $(seq "$rounds"); do
   timed source copy "$work/slow/small/d000" "$work/slow/small/copy"
   timed floor copy "$ram/d000" "$work/slow/small/copy"
-  view view
+  fuse_floor
+  timed check check_floor
+  view_restart
   view noahead --no-open-ahead
   echo "bench: round $r done" >&2
 done
@@ -106,7 +169,19 @@ done
   echo "| from a copy in RAM into the source (the source's writes alone) | ${t[floor]}|"
   echo "| through arcache mount, just started | ${t[view-first]}|"
   echo "| through arcache mount, again (ARC warm) | ${t[view-warm]}|"
+  echo "| through arcache mount restarted on its L2 | ${t[view-restart]}|"
   echo "| through arcache mount --no-open-ahead, just started | ${t[noahead-first]}|"
   echo "| through arcache mount --no-open-ahead, again (ARC warm) | ${t[noahead-warm]}|"
+  echo "| inside bindfs over the copy in RAM (FUSE alone) | ${t[bindfs]}|"
+  echo "| one lstat of each file on the source, 32 at once (the check floor) | ${t[check]}|"
+  echo
+  python3 - "${t[source]}" "${t[view-warm]}" "${t[view-restart]}" "${t[bindfs]}" "${t[check]}" <<'PY'
+import statistics, sys
+src, warm, restart, fuse, check = (statistics.median(map(float, a.split())) for a in sys.argv[1:])
+print(f"Medians: the view warm {src / warm:.2f}x the source, restarted {src / restart:.2f}x. "
+      f"Ceilings: no FUSE view can copy faster than FUSE alone, {src / fuse:.2f}x the source; "
+      f"one that checks or opens every file on the source, as the view does after a restart, "
+      f"at most {src / check:.2f}x.")
+PY
 } >"$result"
 cat "$result"
