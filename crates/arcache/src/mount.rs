@@ -70,6 +70,13 @@ pub struct MountArgs {
     /// later opens do not each wait for one on a cold SOURCE).
     #[arg(long)]
     pub no_open_ahead: bool,
+    /// Open SOURCE's file at every open before answering it. By default a
+    /// read-only open of a file inotify vouches for is answered from the
+    /// cache and SOURCE's file opened right after, in the background or by
+    /// the first read that needs it; a file replaced on SOURCE in between
+    /// then reads as ESTALE where its records are not cached.
+    #[arg(long)]
+    pub no_deferred_open: bool,
     /// The settings `serve` takes (see after_help).
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -136,6 +143,7 @@ pub fn run(args: &MountArgs) -> Result<()> {
         keep_cache: !args.no_keep_cache,
         readdirplus: !args.no_readdirplus,
         open_ahead: !args.no_open_ahead,
+        defer_opens: !args.no_deferred_open,
     };
     let view = match arcache_fileview::mount(cfg, Arc::clone(&running.cache), &args.mountpoint) {
         Ok(v) => v,

@@ -4,6 +4,7 @@
 //! through the view is made on SOURCE before it is answered; changes made
 //! to SOURCE directly are seen within the revalidate window.
 
+mod deferred;
 mod direct;
 mod envelope;
 mod openahead;
@@ -20,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirEntryExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_policy::key::view::{self as vkey, Kind};
@@ -67,6 +68,9 @@ pub struct ViewConfig {
     /// Warm SOURCE's inodes of a directory's entries at an open in it
     /// (`openahead.rs`).
     pub open_ahead: bool,
+    /// Answer a read-only open of a file inotify vouches for from the
+    /// cache, opening SOURCE's file after the reply (`deferred.rs`).
+    pub defer_opens: bool,
 }
 
 /// What the view did to SOURCE and found there (`stat --json`'s
@@ -103,6 +107,12 @@ pub struct ViewStats {
     /// counts what the view asks SOURCE about its records).
     pub open_aheads: AtomicU64,
     pub open_ahead_stats: AtomicU64,
+    /// Opens answered from the cache (`deferred.rs`), those whose file a
+    /// binder thread opened, and those that found another file when it
+    /// was opened (their handle then answers ESTALE where it needs SOURCE).
+    pub deferred_opens: AtomicU64,
+    pub deferred_binds: AtomicU64,
+    pub deferred_stale: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
 }
@@ -130,6 +140,9 @@ impl ViewStats {
             ("fileview_stale_stats", l(&self.stale_stats)),
             ("fileview_open_aheads", l(&self.open_aheads)),
             ("fileview_open_ahead_stats", l(&self.open_ahead_stats)),
+            ("fileview_deferred_opens", l(&self.deferred_opens)),
+            ("fileview_deferred_binds", l(&self.deferred_binds)),
+            ("fileview_deferred_stale", l(&self.deferred_stale)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
         ]
@@ -212,11 +225,21 @@ struct SetAttr {
     mtime: Option<TimeOrNow>,
 }
 
-struct Handle {
-    file: File,
+impl Handle {
+    fn opened(file: File, obj: Arc<Object>, node: u64) -> Handle {
+        Handle { file: OnceLock::from(Ok(file)), deferred: None, direct: OnceLock::new(), obj, node }
+    }
+}
+
+pub(crate) struct Handle {
+    /// SOURCE's file: opened by the open itself, or, for an open answered
+    /// from the cache (`deferred`), by a binder thread or the first request
+    /// that needs it, whichever comes first (`View::file_of`).
+    file: OnceLock<Res<File>>,
+    deferred: Option<deferred::Deferred>,
     /// The same file reopened with `O_DIRECT` for record reads, at the
     /// first miss (`None` inside: SOURCE refuses it).
-    direct: std::sync::OnceLock<Option<File>>,
+    direct: OnceLock<Option<File>>,
     obj: Arc<Object>,
     /// The node it was opened on.
     node: u64,
@@ -256,6 +279,7 @@ struct View {
     /// Numbers every stat of SOURCE in the order they begin (`ticket`).
     stat_clock: AtomicU64,
     open_ahead: openahead::OpenAhead,
+    binder: deferred::Binder,
 }
 
 impl Drop for View {
@@ -644,7 +668,7 @@ impl View {
         if self.table.known_object(a.dev, a.ino).is_some() {
             self.count(&self.stats.revalidations);
         }
-        let obj = self.table.object_for(a.dev, a.ino, || self.new_state(&a));
+        let obj = self.table.object_for(&a, || self.new_state(&a));
         if !self.settle_as(&obj, &a, false, true, ticket) {
             return;
         }
@@ -663,7 +687,7 @@ impl View {
         let mut ticket = self.ticket();
         let mut a = Attr::from_metadata(&f.metadata().map_err(errno)?);
         self.refuse_another_file(node, &a)?;
-        let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
+        let obj = self.table.bind(node, &a, || self.new_state(&a));
         if let (Some(w), Some(m)) = (&self.watcher, marks.as_mut()) {
             let watched = m.own.as_ref().is_some_and(|&(_, dev, ino)| (dev, ino) == (a.dev, a.ino));
             if a.is_dir() && !watched {
@@ -703,7 +727,7 @@ impl View {
     /// one's size.)
     fn refuse_another_file(&self, node: u64, a: &Attr) -> Res<()> {
         match self.table.object(node) {
-            Some(prev) if node != ROOT && (prev.dev, prev.ino) != (a.dev, a.ino) => {
+            Some(prev) if node != ROOT && !prev.is(a) => {
                 // The parent's cached listing names the old file too: the
                 // kernel's new lookup must not be answered from it.
                 self.parent_stale(node);
@@ -810,7 +834,7 @@ impl View {
             }
             return Err(self.retire_node(node));
         }
-        let obj = self.table.bind(node, a.dev, a.ino, || self.new_state(&a));
+        let obj = self.table.bind(node, &a, || self.new_state(&a));
         let a = self.settle_newest(&obj, a, false, ticket, restat)?;
         Ok((a, obj))
     }
@@ -846,10 +870,11 @@ impl View {
     /// Revalidates an open file by its descriptor (it may have no path).
     fn attr_of_handle(&self, h: &Handle, own: bool) -> Res<Attr> {
         self.count(&self.stats.source_stats);
-        let restat = || Ok(Attr::from_metadata(&h.file.metadata().map_err(errno)?));
+        let file = self.file_of(h)?;
+        let restat = || Ok(Attr::from_metadata(&file.metadata().map_err(errno)?));
         let ticket = self.ticket();
         let a = restat()?;
-        if a.dev != h.obj.dev || a.ino != h.obj.ino {
+        if !h.obj.is(&a) {
             return Err(Errno::ESTALE);
         }
         self.settle_newest(&h.obj, a, own, ticket, restat)
@@ -928,7 +953,7 @@ impl View {
             // then not kept, its version being another).
             let ticket = self.ticket();
             let a = Attr::from_metadata(&dir.metadata().map_err(errno)?);
-            let same = (a.dev, a.ino) == (obj.dev, obj.ino);
+            let same = obj.is(&a);
             let settled = same && self.settle(&obj, &a, false, ticket);
             if self.keep_listing(&obj, id, gen, &encoded) && settled {
                 w.mark(b, None, &obj);
@@ -1050,11 +1075,99 @@ impl View {
     }
 
     fn add_handle(&self, file: File, obj: Arc<Object>, node: u64) -> u64 {
+        self.insert_handle(Handle::opened(file, obj, node)).0
+    }
+
+    fn insert_handle(&self, h: Handle) -> (u64, Arc<Handle>) {
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        self.handles
-            .lock()
-            .insert(fh, Arc::new(Handle { file, direct: std::sync::OnceLock::new(), obj, node }));
-        fh
+        let h = Arc::new(h);
+        self.handles.lock().insert(fh, Arc::clone(&h));
+        (fh, h)
+    }
+
+    /// The handle's SOURCE file, opened now if its open was deferred and
+    /// no binder has opened it yet.
+    fn file_of<'a>(&self, h: &'a Handle) -> Res<&'a File> {
+        h.file.get_or_init(|| self.bind_deferred(h)).as_ref().map_err(|e| *e)
+    }
+
+    /// Opens a deferred handle's file and checks it is the file the open
+    /// was answered for: the same inode *and birth time* (deferred opens
+    /// are only of files whose birth time is known; nothing held the inode
+    /// meanwhile, so its number alone may by now be another file's).
+    /// Another file is ESTALE, for good: the one opened cannot be reached
+    /// any more. The same file changed since (written through the view or
+    /// on SOURCE) is settled as a check and read as it is now, as a
+    /// descriptor opened before the change would read it.
+    fn bind_deferred(&self, h: &Handle) -> Res<File> {
+        let Some(d) = &h.deferred else { return Err(Errno::EBADF) };
+        let ticket = self.ticket();
+        let (file, a) = d.open().map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) => Errno::ESTALE,
+            _ => errno(e),
+        })?;
+        let same_file = h.obj.born.is_some() && a.born == h.obj.born && h.obj.is(&a);
+        if !same_file {
+            self.count(&self.stats.deferred_stale);
+            return Err(Errno::ESTALE);
+        }
+        if a.fingerprint() != d.granted {
+            self.settle(&h.obj, &a, false, ticket);
+        }
+        Ok(file)
+    }
+
+    /// `keyed` for a read through `h`. A handle whose open was deferred and
+    /// whose file is not open yet reads records only of the version it was
+    /// answered for; another version has the file opened first (which
+    /// refuses another file), so the records read are of the file the
+    /// descriptor then holds.
+    fn keyed_for(&self, h: &Handle) -> Res<(u64, Version, u64)> {
+        if let (Some(d), None) = (&h.deferred, h.file.get()) {
+            {
+                let st = h.obj.state.lock();
+                if st.fp == d.granted {
+                    return Ok((st.id, version(&h.obj, &st), st.gen));
+                }
+            }
+            self.file_of(h)?;
+        }
+        Ok(keyed(&h.obj))
+    }
+
+    /// A read-only open answered from the cache (`deferred.rs`): only of a
+    /// regular file inotify vouches for under the node's own name (every
+    /// event queued by now applied first), whose size the kernel holds.
+    fn open_from_cache(&self, node: u64, flags: i32) -> Option<(Handle, Attr)> {
+        if !self.cfg.defer_opens || flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return None;
+        }
+        let w = self.watcher.as_ref()?;
+        w.catch_up();
+        // Only a file known by its birth time: nothing holds its inode until
+        // SOURCE's file is opened, and a number freed meanwhile and given
+        // to another file must make another object, not this one's.
+        let obj = self.table.object(node).filter(|o| o.born.is_some())?;
+        let (parent, name) = self.table.parent_and_name(node)?;
+        if !w.vouches_for(&*self.table.object(parent)?, &name, &obj) {
+            return None;
+        }
+        let (id, v) = {
+            let st = obj.state.lock();
+            if !self.fresh(&st) {
+                return None;
+            }
+            (st.id, version(&obj, &st))
+        };
+        let a = self.get(Kind::Attr, &v, id, 0).and_then(|b| Attr::decode(&b, obj.dev))?;
+        if a.mode & libc::S_IFMT != libc::S_IFREG || self.table.shown_size(node) != Some(a.size) {
+            return None;
+        }
+        let at = self.at(node).ok()?;
+        let keep = libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC;
+        let flags = libc::O_RDONLY | (flags & keep) | libc::O_NONBLOCK;
+        let d = deferred::Deferred { at, flags, granted: a.fingerprint() };
+        Some((Handle { file: OnceLock::new(), deferred: Some(d), direct: OnceLock::new(), obj, node }, a))
     }
 
     /// Reads `size` bytes at `offset` through the ARC.
@@ -1064,7 +1177,7 @@ impl View {
             self.attr_of_handle(h, false)?;
         }
         let rs = self.cfg.recordsize;
-        let (id, v, gen) = keyed(&h.obj);
+        let (id, v, gen) = self.keyed_for(h)?;
         let end = offset.saturating_add(u64::from(size));
         let mut out = Vec::with_capacity(size as usize);
         let mut at = offset;
@@ -1076,7 +1189,9 @@ impl View {
                 Some(b) => b,
                 None => {
                     let started = Instant::now();
-                    let buf = read_record(h, idx * rs, rs as usize, &self.stats).map_err(errno)?;
+                    let file = self.file_of(h)?;
+                    let buf =
+                        read_record(file, &h.direct, idx * rs, rs as usize, &self.stats).map_err(errno)?;
                     let got = buf.len();
                     self.count(&self.stats.source_reads);
                     self.stats.source_read_bytes.fetch_add(got as u64, Relaxed);
@@ -1212,7 +1327,7 @@ impl View {
         self.count(&self.stats.source_writes);
         if let Some(m) = mode {
             match &handle {
-                Some(h) => h.file.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
+                Some(h) => self.file_of(h)?.set_permissions(std::fs::Permissions::from_mode(m & 0o7777)),
                 None => {
                     let f = self.open_node(node)?;
                     let link = f.metadata().map_err(errno)?.file_type().is_symlink();
@@ -1231,7 +1346,7 @@ impl View {
             };
             let mut st = obj.state.lock();
             let r = match &handle {
-                Some(h) => h.file.set_len(sz),
+                Some(h) => self.file_of(h)?.set_len(sz),
                 None => self
                     .at(node)?
                     .open(libc::O_WRONLY | libc::O_NONBLOCK, 0)
@@ -1471,6 +1586,17 @@ impl Filesystem for View {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if let Some((h, a)) = self.open_from_cache(ino.0, flags.0) {
+            self.count(&self.stats.deferred_opens);
+            let keep = self.table.opened_as(ino.0, Some(a.fingerprint())) && self.cfg.keep_cache;
+            let (fh, h) = self.insert_handle(h);
+            self.binder.bind_later(&h, &self.stats);
+            if keep {
+                self.count(&self.stats.kept_caches);
+            }
+            let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+            return reply.opened(FileHandle(fh), flags);
+        }
         let r = (|| {
             let acc = flags.0 & libc::O_ACCMODE;
             if acc != libc::O_RDONLY {
@@ -1491,7 +1617,7 @@ impl Filesystem for View {
             });
             let file = File::from(file.map_err(errno)?);
             let (a, obj) = self.bind_opened(ino.0, &file)?;
-            let h = Handle { file, direct: std::sync::OnceLock::new(), obj, node: ino.0 };
+            let h = Handle::opened(file, obj, ino.0);
             let truncate = flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
             if truncate {
                 self.truncate_handle(&h)?;
@@ -1504,7 +1630,7 @@ impl Filesystem for View {
             let same = self.table.opened_as(ino.0, (!truncate).then(|| a.fingerprint()));
             let keep = self.cfg.keep_cache && same;
             self.open_ahead(ino.0);
-            Ok((self.add_handle(h.file, h.obj, h.node), keep))
+            Ok((self.insert_handle(h).0, keep))
         })();
         if r.is_err() {
             self.table.opened_as(ino.0, None);
@@ -1554,11 +1680,12 @@ impl Filesystem for View {
             let h = self.handle(fh)?;
             // A change made on SOURCE meanwhile is found before ours is made.
             let before = self.attr_of_handle(&h, false)?;
-            let n = h.file.write_at(data, offset).map_err(errno)?;
+            let file = self.file_of(&h)?;
+            let n = file.write_at(data, offset).map_err(errno)?;
             self.count(&self.stats.source_writes);
             self.cache.count_view_source_write(n as u64);
             let ticket = self.ticket();
-            let after = Attr::from_metadata(&h.file.metadata().map_err(errno)?);
+            let after = Attr::from_metadata(&file.metadata().map_err(errno)?);
             {
                 let mut st = h.obj.state.lock();
                 let rs = self.cfg.recordsize;
@@ -1610,9 +1737,10 @@ impl Filesystem for View {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        let r = self
-            .handle(fh)
-            .and_then(|h| if datasync { h.file.sync_data() } else { h.file.sync_all() }.map_err(errno));
+        let r = self.handle(fh).and_then(|h| {
+            let file = self.file_of(&h)?;
+            if datasync { file.sync_data() } else { file.sync_all() }.map_err(errno)
+        });
         reply_empty(r, reply);
     }
 
@@ -1841,7 +1969,7 @@ impl View {
         let before = self.attr_of_handle(h, false)?;
         {
             let mut st = h.obj.state.lock();
-            h.file.set_len(0).map_err(errno)?;
+            self.file_of(h)?.set_len(0).map_err(errno)?;
             self.drop_data(&st, 0, before.size / self.cfg.recordsize);
             st.gen += 1;
         }
@@ -1930,8 +2058,14 @@ impl Mounted {
 /// Record `offset..offset + len` of the handle's file from SOURCE: with
 /// `O_DIRECT` where SOURCE takes it (one request for the whole record),
 /// else buffered; fewer bytes only at the end of the file.
-fn read_record(h: &Handle, offset: u64, len: usize, stats: &ViewStats) -> io::Result<Vec<u8>> {
-    if let Some(d) = h.direct.get_or_init(|| direct::reopen_direct(&h.file)) {
+fn read_record(
+    file: &File,
+    direct: &OnceLock<Option<File>>,
+    offset: u64,
+    len: usize,
+    stats: &ViewStats,
+) -> io::Result<Vec<u8>> {
+    if let Some(d) = direct.get_or_init(|| direct::reopen_direct(file)) {
         match direct::read_direct(d, offset, len) {
             // Refused after all: buffered.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
@@ -1944,7 +2078,7 @@ fn read_record(h: &Handle, offset: u64, len: usize, stats: &ViewStats) -> io::Re
     let mut buf = vec![0u8; len];
     let mut got = 0;
     while got < len {
-        match h.file.read_at(&mut buf[got..], offset + got as u64) {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -2011,12 +2145,13 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
         root: OwnedFd::from(root),
         stat_clock: AtomicU64::new(1),
         open_ahead: openahead::OpenAhead::default(),
+        binder: deferred::Binder::default(),
     };
     let table = Arc::clone(&view.table);
     // The root is SOURCE itself.
     let root_meta = File::from(view.root.try_clone()?).metadata()?;
     let root_attr = Attr::from_metadata(&root_meta);
-    view.table.bind(ROOT, root_attr.dev, root_attr.ino, || view.new_state(&root_attr));
+    view.table.bind(ROOT, &root_attr, || view.new_state(&root_attr));
     let sizes = {
         let t = Arc::clone(&table);
         Arc::new(move || t.sizes()) as Arc<dyn Fn() -> (u64, u64) + Send + Sync>

@@ -22,9 +22,20 @@ pub struct Attr {
     pub ino: u64,
     /// Not stored in the record: the object is found by it before.
     pub dev: u64,
+    /// The file's birth time (statx `btime`), where SOURCE keeps one; not
+    /// stored in the record. With `(dev, ino)` it says which file this is:
+    /// a freed inode number is soon given to another file, a birth time
+    /// is not.
+    pub born: Option<(i64, u32)>,
 }
 
 pub const ATTR_LEN: usize = 104;
+
+/// A `SystemTime` as seconds and nanoseconds since the epoch.
+fn unix_time(t: std::time::SystemTime) -> Option<(i64, u32)> {
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    Some((i64::try_from(d.as_secs()).ok()?, d.subsec_nanos()))
+}
 
 /// What revalidation compares: a file whose fingerprint changed is another
 /// version, whose cached records are dropped.
@@ -52,28 +63,37 @@ impl Attr {
             ctime: (m.ctime(), m.ctime_nsec() as u32),
             ino: m.ino(),
             dev: m.dev(),
+            born: m.created().ok().and_then(unix_time),
         }
     }
 
-    /// From `fstatat`'s answer (the metadata prefetch's, which has no
+    /// From `statx`'s answer (the metadata prefetch's, which has no
     /// `std::fs::Metadata`).
-    pub fn from_stat(st: &libc::stat) -> Attr {
-        #[allow(clippy::unnecessary_cast)]
+    pub fn from_statx(st: &libc::statx) -> Attr {
+        let t = |t: libc::statx_timestamp| (t.tv_sec, t.tv_nsec);
         Attr {
-            mode: st.st_mode as u32,
-            nlink: st.st_nlink as u32,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            rdev: st.st_rdev as u64,
-            size: st.st_size as u64,
-            blocks: st.st_blocks as u64,
-            blksize: st.st_blksize as u32,
-            atime: (st.st_atime as i64, st.st_atime_nsec as u32),
-            mtime: (st.st_mtime as i64, st.st_mtime_nsec as u32),
-            ctime: (st.st_ctime as i64, st.st_ctime_nsec as u32),
-            ino: st.st_ino as u64,
-            dev: st.st_dev as u64,
+            mode: u32::from(st.stx_mode),
+            nlink: st.stx_nlink,
+            uid: st.stx_uid,
+            gid: st.stx_gid,
+            rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
+            size: st.stx_size,
+            blocks: st.stx_blocks,
+            blksize: st.stx_blksize,
+            atime: t(st.stx_atime),
+            mtime: t(st.stx_mtime),
+            ctime: t(st.stx_ctime),
+            ino: st.stx_ino,
+            dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
+            born: (st.stx_mask & libc::STATX_BTIME != 0).then(|| t(st.stx_btime)),
         }
+    }
+
+    /// Whether `self` and `other` can be the same file: the same inode,
+    /// and no birth times that differ (where either is unknown, the inode
+    /// alone decides, as before birth times were kept).
+    pub fn same_file(&self, dev: u64, ino: u64, born: Option<(i64, u32)>) -> bool {
+        self.dev == dev && self.ino == ino && !matches!((self.born, born), (Some(a), Some(b)) if a != b)
     }
 
     pub fn fingerprint(&self) -> Fingerprint {
@@ -133,6 +153,7 @@ impl Attr {
             ctime: times[2],
             ino,
             dev,
+            born: None,
         })
     }
 }
@@ -251,10 +272,25 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    /// `lstat_at` (statx) and `from_metadata` (std's fstat) agree, the
+    /// birth time included where the file system keeps one.
+    #[test]
+    fn statx_and_std_give_the_same_attributes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        let d = std::fs::File::open(dir.path()).unwrap();
+        use std::os::fd::AsFd;
+        let by_statx = crate::sys::lstat_at(d.as_fd(), std::ffi::OsStr::new("f")).unwrap();
+        let by_std = Attr::from_metadata(&std::fs::symlink_metadata(dir.path().join("f")).unwrap());
+        assert_eq!(by_statx, by_std);
+        assert!(by_statx.same_file(by_std.dev, by_std.ino, by_std.born));
+    }
+
     #[test]
     fn attributes_round_trip() {
         let m = std::fs::symlink_metadata("/").unwrap();
-        let a = Attr::from_metadata(&m);
+        // The birth time is the object's, not the record's.
+        let a = Attr { born: None, ..Attr::from_metadata(&m) };
         assert_eq!(Attr::decode(&a.encode(), a.dev), Some(a));
         assert_eq!(Attr::decode(&a.encode()[1..], a.dev), None);
     }

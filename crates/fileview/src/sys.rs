@@ -261,13 +261,14 @@ pub fn statvfs(fd: BorrowedFd) -> io::Result<libc::statvfs> {
     Ok(st)
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: a name's own attributes (a
-/// symlink's, never its target's).
+/// `statx(dir, name, AT_SYMLINK_NOFOLLOW)`: a name's own attributes (a
+/// symlink's, never its target's), with its birth time where kept.
 pub fn lstat_at(dir: BorrowedFd, name: &OsStr) -> io::Result<crate::records::Attr> {
     let c = entry_name(name)?;
-    // SAFETY: fstatat fills the struct it is given.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: statx fills the struct it is given.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
     // SAFETY: a valid descriptor, C string and struct.
-    check(unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
-    Ok(crate::records::Attr::from_stat(&st))
+    check(unsafe { libc::statx(dir.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, mask, &mut st) })?;
+    Ok(crate::records::Attr::from_statx(&st))
 }

@@ -48,7 +48,17 @@ pub struct ObjState {
 pub struct Object {
     pub dev: u64,
     pub ino: u64,
+    /// The file's birth time where SOURCE keeps one (`Attr::born`): a file
+    /// that reuses the inode number is another object.
+    pub born: Option<(i64, u32)>,
     pub state: Mutex<ObjState>,
+}
+
+impl Object {
+    /// Whether the file `a` describes is this object's.
+    pub fn is(&self, a: &crate::records::Attr) -> bool {
+        a.same_file(self.dev, self.ino, self.born)
+    }
 }
 
 #[derive(Debug)]
@@ -207,21 +217,26 @@ impl Table {
         self.inner.lock().objects.get(&(dev, ino)).cloned()
     }
 
-    /// The object of `(dev, ino)`, made with `fresh` if new, bound to no
-    /// node (the metadata prefetch's: a lookup adopts it later).
-    pub fn object_for(&self, dev: u64, ino: u64, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
+    /// The object of the file `a` describes, made with `fresh` if new,
+    /// bound to no node (the metadata prefetch's: a lookup adopts it
+    /// later). An object of `(dev, ino)` born at another time was another
+    /// file's: the table's is then a new one (nodes and open handles keep
+    /// the old, whose checks now find another file under their names).
+    pub fn object_for(&self, a: &crate::records::Attr, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
         let mut inner = self.inner.lock();
-        Arc::clone(
-            inner
-                .objects
-                .entry((dev, ino))
-                .or_insert_with(|| Arc::new(Object { dev, ino, state: Mutex::new(fresh()) })),
-        )
+        if let Some(o) = inner.objects.get(&(a.dev, a.ino)) {
+            if o.is(a) {
+                return Arc::clone(o);
+            }
+        }
+        let obj = Arc::new(Object { dev: a.dev, ino: a.ino, born: a.born, state: Mutex::new(fresh()) });
+        inner.objects.insert((a.dev, a.ino), Arc::clone(&obj));
+        obj
     }
 
-    /// The object of `(dev, ino)`, made with `fresh` if new; bound to `node`.
-    pub fn bind(&self, node: u64, dev: u64, ino: u64, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
-        let obj = self.object_for(dev, ino, fresh);
+    /// The object of the file `a` describes, as `object_for`; bound to `node`.
+    pub fn bind(&self, node: u64, a: &crate::records::Attr, fresh: impl FnOnce() -> ObjState) -> Arc<Object> {
+        let obj = self.object_for(a, fresh);
         let mut inner = self.inner.lock();
         if let Some(n) = inner.nodes.get_mut(&node) {
             n.obj = Some(Arc::clone(&obj));
@@ -358,6 +373,37 @@ mod tests {
         assert_eq!(t.path(x), None);
     }
 
+    fn file(dev: u64, ino: u64, born: Option<(i64, u32)>) -> crate::records::Attr {
+        let mut a =
+            crate::records::Attr::decode(&[0; crate::records::ATTR_LEN], dev).expect("a zeroed record");
+        a.ino = ino;
+        a.born = born;
+        a
+    }
+
+    fn blank() -> ObjState {
+        let fp = Fingerprint::default();
+        ObjState { id: 7, born: fp, fp, checked: None, gen: 0, dir_chunks: 0, watch: None, settled_by: 0 }
+    }
+
+    /// An inode number freed and given to a file born later is another
+    /// object; the old one stays with the nodes that hold it.
+    #[test]
+    fn a_reused_inode_number_born_later_is_another_object() {
+        let t = Table::new();
+        let x = t.child(ROOT, OsStr::new("x"));
+        let old = t.bind(x, &file(1, 42, Some((100, 5))), blank);
+        let same = t.object_for(&file(1, 42, Some((100, 5))), blank);
+        assert!(Arc::ptr_eq(&old, &same), "the same file found again");
+        let unknown = t.object_for(&file(1, 42, None), blank);
+        assert!(Arc::ptr_eq(&old, &unknown), "no birth time: the inode alone decides");
+        let new = t.object_for(&file(1, 42, Some((100, 6))), blank);
+        assert!(!Arc::ptr_eq(&old, &new), "another file under a reused number");
+        assert!(t.known_object(1, 42).is_some_and(|o| Arc::ptr_eq(&o, &new)));
+        assert!(t.object(x).is_some_and(|o| Arc::ptr_eq(&o, &old)), "the node keeps its file");
+        assert!(!old.is(&file(1, 42, Some((100, 6)))) && old.is(&file(1, 42, None)));
+    }
+
     #[test]
     fn a_new_node_adopts_a_known_object_but_keeps_one_it_has() {
         let t = Table::new();
@@ -373,7 +419,7 @@ mod tests {
             watch: None,
             settled_by: 0,
         };
-        let obj = t.bind(x, 1, 42, state);
+        let obj = t.bind(x, &file(1, 42, None), state);
         t.forget(x, 1);
         assert!(!t.exists(x));
         let y = t.child(ROOT, OsStr::new("x"));
@@ -382,7 +428,7 @@ mod tests {
         t.adopt(y, 1, 42);
         assert!(t.object(y).is_some_and(|o| Arc::ptr_eq(&o, &obj)));
         assert_eq!(t.checked(y), None, "only the listing vouches for the name");
-        let other = t.bind(t.child(ROOT, OsStr::new("z")), 1, 44, state);
+        let other = t.bind(t.child(ROOT, OsStr::new("z")), &file(1, 44, None), state);
         t.adopt(y, 1, 44);
         assert!(t.object(y).is_some_and(|o| !Arc::ptr_eq(&o, &other)), "a bound node keeps its object");
     }

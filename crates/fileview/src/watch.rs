@@ -97,6 +97,11 @@ pub struct Watcher {
     inner: Mutex<Inner>,
     epoch: AtomicU64,
     stop: AtomicBool,
+    /// Held while a batch of events is read and applied, so a reader that
+    /// gets it knows every event read before has been applied.
+    reading: Mutex<()>,
+    /// What `catch_up` read for the kernel to forget, told by `run`.
+    pending: Mutex<Vec<Touched>>,
     /// Events read, for statistics.
     pub events: AtomicU64,
 }
@@ -136,6 +141,8 @@ impl Watcher {
             inner: Mutex::new(Inner::default()),
             epoch: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            reading: Mutex::new(()),
+            pending: Mutex::new(Vec::new()),
             events: AtomicU64::new(0),
         }))
     }
@@ -185,6 +192,24 @@ impl Watcher {
         inner.by_wd.get(&wd).map(|d| (wd, d.events))
     }
 
+    /// Whether `obj` is marked under `name` in the directory object `dir`
+    /// and no event has ended the mark: what the name leads to is `obj`
+    /// as last checked. (A mark on the object alone is not enough: its
+    /// inode number may have been reused by a file under another name,
+    /// checked and marked there, while a node of the old name lingers.)
+    pub fn vouches_for(&self, dir: &Object, name: &OsStr, obj: &Arc<Object>) -> bool {
+        let marked_here = {
+            let inner = self.inner.lock();
+            inner
+                .by_object
+                .get(&(dir.dev, dir.ino))
+                .and_then(|wd| inner.by_wd.get(wd))
+                .and_then(|d| d.children.get(name))
+                .is_some_and(|o| Arc::ptr_eq(o, obj))
+        };
+        marked_here && self.valid(obj.state.lock().watch)
+    }
+
     /// Marks `obj`, just checked under `name` in the watched directory
     /// (`before` taken as the check began), unless an event came since.
     /// `name` None marks the directory itself.
@@ -215,6 +240,7 @@ impl Watcher {
     fn drain(&self, out: &mut Vec<Touched>) {
         let mut buf = [0u8; 16 << 10];
         loop {
+            let _batch = self.reading.lock();
             // SAFETY: reads into a buffer of the given length.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if n <= 0 {
@@ -235,6 +261,20 @@ impl Watcher {
                 }
                 at += HEAD + len;
             }
+        }
+    }
+
+    /// Applies every event queued by now, in the caller's thread: a change
+    /// made on SOURCE before a request began is queued before the request
+    /// comes (the kernel queues an event within the call that makes the
+    /// change), so after this no mark vouches for what it changed, however
+    /// far behind the watcher thread is. What the kernel must forget is left
+    /// for that thread to tell (a request must not wait on the kernel).
+    pub fn catch_up(&self) {
+        let mut out = Vec::new();
+        self.drain(&mut out);
+        if !out.is_empty() {
+            self.pending.lock().extend(out);
         }
     }
 
@@ -294,6 +334,7 @@ impl Watcher {
             if r > 0 {
                 self.drain(&mut out);
             }
+            out.append(&mut self.pending.lock());
             for (node, name) in out.drain(..) {
                 touched(node, name.as_deref());
             }
@@ -328,7 +369,7 @@ mod tests {
             watch: None,
             settled_by: 0,
         };
-        Arc::new(Object { dev: 1, ino, state: Mutex::new(state) })
+        Arc::new(Object { dev: 1, ino, born: None, state: Mutex::new(state) })
     }
 
     /// A watcher with one watched directory (object 1); its watch.
