@@ -15,8 +15,11 @@
 #   view warm   through the same server again (its ARC warm)
 #   view after restart  the same server stopped and started again on its
 #               persistent L2 file (the pass starts once the rebuild ended)
-#   view warm, --no-open-ahead  the same with open-ahead off (docs/fileview.md
-#               section 8): each open then waits for its inode on SOURCE
+#   view warm, --no-deferred-open  every open goes to SOURCE before it is
+#               answered (docs/fileview.md section 4, "inotify"), as before
+#               deferred opens; open-ahead (section 8) reads the inodes ahead
+#   view warm, --no-deferred-open --no-open-ahead  each open then waits for
+#               its inode on SOURCE
 #   bindfs over RAM  the copy inside a bindfs mount of the RAM copy: what
 #               FUSE alone costs, the least any FUSE view can take
 #   check floor one lstat of each of the directory's files on the source,
@@ -155,7 +158,8 @@ for r in $(seq "$rounds"); do
   fuse_floor
   timed check check_floor
   view_restart
-  view noahead --no-open-ahead
+  view nodefer --no-deferred-open
+  view noahead --no-deferred-open --no-open-ahead
   echo "bench: round $r done" >&2
 done
 {
@@ -170,8 +174,10 @@ done
   echo "| through arcache mount, just started | ${t[view-first]}|"
   echo "| through arcache mount, again (ARC warm) | ${t[view-warm]}|"
   echo "| through arcache mount restarted on its L2 | ${t[view-restart]}|"
-  echo "| through arcache mount --no-open-ahead, just started | ${t[noahead-first]}|"
-  echo "| through arcache mount --no-open-ahead, again (ARC warm) | ${t[noahead-warm]}|"
+  echo "| through arcache mount --no-deferred-open, just started | ${t[nodefer-first]}|"
+  echo "| through arcache mount --no-deferred-open, again (ARC warm) | ${t[nodefer-warm]}|"
+  echo "| through arcache mount --no-deferred-open --no-open-ahead, just started | ${t[noahead-first]}|"
+  echo "| through arcache mount --no-deferred-open --no-open-ahead, again (ARC warm) | ${t[noahead-warm]}|"
   echo "| inside bindfs over the copy in RAM (FUSE alone) | ${t[bindfs]}|"
   echo "| one lstat of each file on the source, 32 at once (the check floor) | ${t[check]}|"
   echo
