@@ -104,20 +104,7 @@ unmount_view() {
 }
 # Until the L2 feed has written what it will: its size still for 3 s, its
 # log committed (at most 2 minutes).
-wait_feed() {
-  local last=-1 still=0 now
-  for _ in $(seq 120); do
-    now=$(stat_field l2_size)
-    if [ "$now" = "$last" ] && [ "$(stat_field l2_log_uncommitted_bytes)" = 0 ]; then
-      still=$((still + 1))
-      [ "$still" -ge 3 ] && return 0
-    else
-      still=0
-    fi
-    last=$now
-    sleep 1
-  done
-}
+wait_feed() { wait_l2_feed 3 120; }
 view() { # NAME [ARGS]: a server just started, then warm
   local name=$1
   shift

@@ -188,20 +188,7 @@ wait_rebuild() {
 }
 # Waits until the L2 feed has written what it will (its size still for
 # 5 s, its log committed; at most 10 minutes).
-wait_feed() {
-  local last=-1 still=0 now
-  for _ in $(seq 600); do
-    now=$(stat_field l2_size)
-    if [ "$now" = "$last" ] && [ "$(stat_field l2_log_uncommitted_bytes)" = 0 ]; then
-      still=$((still + 1))
-      [ "$still" -ge 5 ] && return 0
-    else
-      still=0
-    fi
-    last=$now
-    sleep 1
-  done
-}
+wait_feed() { wait_l2_feed 5 600; }
 stop_arcache() {
   kill -TERM "$arcache_pid"
   wait "$arcache_pid" || { cat "$work/arcache.log" >&2; echo "bench: arcache mount failed" >&2; exit 1; }

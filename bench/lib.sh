@@ -48,3 +48,21 @@ slow_source() {
   blockdev --setra 0 "$loop"
   mount -o inode_readahead_blks=0 "$loop" "$work/slow"
 }
+
+# wait_l2_feed STILL MAX: until the L2 feed of the server whose `stat_field`
+# the caller defines has written what it will: its size still for STILL
+# seconds in a row, its log committed (at most MAX seconds).
+wait_l2_feed() {
+  local last=-1 still=0 now
+  for _ in $(seq "$2"); do
+    now=$(stat_field l2_size)
+    if [ "$now" = "$last" ] && [ "$(stat_field l2_log_uncommitted_bytes)" = 0 ]; then
+      still=$((still + 1))
+      [ "$still" -ge "$1" ] && return 0
+    else
+      still=0
+    fi
+    last=$now
+    sleep 1
+  done
+}

@@ -1204,6 +1204,23 @@ fn same_size_pair(dir: &tempfile::TempDir) -> (PathBuf, Vec<u8>, Vec<u8>) {
     (src, old, new)
 }
 
+fn open_direct(p: &Path) -> fs::File {
+    fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(p).unwrap()
+}
+
+/// A read through `h` of a record the view has not cached (at 200,704):
+/// the bytes of `old`, the file `h` opened, or ESTALE; never another file's.
+fn assert_reads_old_or_estale(h: &fs::File, old: &[u8], what: &str) {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 4096];
+    match h.read_at(&mut buf, 200_704) {
+        Ok(got) => {
+            assert!(buf[..got] == old[200_704..200_704 + got], "{what}: the old handle read other bytes")
+        }
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{what}: {e}"),
+    }
+}
+
 #[test]
 fn a_file_replaced_in_source_is_read_as_the_new_file_and_an_old_handle_as_the_old() {
     if !fuse_available() {
@@ -1213,8 +1230,7 @@ fn a_file_replaced_in_source_is_read_as_the_new_file_and_an_old_handle_as_the_ol
     let (src, old, new) = same_size_pair(&dir);
     let v = View::start(&dir, &["--revalidate", "30"]);
     let m = &v.mnt;
-    let old_handle =
-        fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(m.join("f")).unwrap();
+    let old_handle = open_direct(&m.join("f"));
     // The first record read through the old handle, the whole file by name.
     assert!(read_direct(&old_handle, 0, 4096) == old[..4096]);
     assert!(fs::read(m.join("f")).unwrap() == old);
@@ -1222,8 +1238,7 @@ fn a_file_replaced_in_source_is_read_as_the_new_file_and_an_old_handle_as_the_ol
     fs::rename(src.join("new"), src.join("f")).unwrap();
     // Within the window: an open of the name reads the file it opened.
     assert!(fs::read(m.join("f")).unwrap() == new, "an open of f after mv read the old file's records");
-    let new_handle =
-        fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(m.join("f")).unwrap();
+    let new_handle = open_direct(&m.join("f"));
     assert!(read_direct(&new_handle, 0, new.len()) == new);
     // The handle opened before still reads the old file, every record.
     assert!(read_direct(&old_handle, 0, old.len()) == old, "the old handle got other bytes");
@@ -1364,6 +1379,36 @@ fn a_read_only_open_of_a_vouched_file_is_answered_before_source_opens_it() {
     }
 }
 
+/// A binder thread installs a descriptor only for the very file and
+/// version a deferred open was answered for: the fail point holds it
+/// 300 ms, the file is replaced meanwhile, and it must install nothing
+/// (the handle's read then finds the other file itself).
+#[test]
+fn a_binder_never_binds_a_deferred_open_to_a_file_replaced_meanwhile() {
+    if !fuse_available() || !failpoints_armed() {
+        return;
+    }
+    let dir = new_dir();
+    let (src, old, _new) = same_size_pair(&dir);
+    let v = View::start_with_env(&dir, &[], &[("FAILPOINTS", "view.deferred.bind=sleep(300)")]);
+    let open = || open_direct(&v.mnt.join("f"));
+    assert!(read_direct(&open(), 0, 4096) == old[..4096]);
+    std::thread::sleep(Duration::from_millis(400));
+    let before = v.stat();
+    let h = open();
+    fs::rename(src.join("new"), src.join("f")).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let after = v.stat();
+    // The race was reached: the open was deferred and the binder woke after the rename.
+    assert_eq!(n(&after, "fileview_deferred_opens"), n(&before, "fileview_deferred_opens") + 1);
+    assert_eq!(
+        n(&after, "fileview_deferred_binds"),
+        n(&before, "fileview_deferred_binds"),
+        "bound to the new file"
+    );
+    assert_reads_old_or_estale(&h, &old, "after the binder");
+}
+
 /// A deferred open whose file is replaced on SOURCE before it is opened
 /// there never reads the new file's bytes as the old one's: a record not
 /// cached is ESTALE (the old file cannot be reached any more). The fail
@@ -1376,28 +1421,19 @@ fn a_deferred_open_of_a_file_replaced_meanwhile_never_reads_the_new_files_bytes(
     if !fuse_available() || !failpoints_armed() {
         return;
     }
-    use std::os::unix::fs::FileExt;
     let mut reached = false;
     for attempt in 0..10 {
         let dir = new_dir();
         let (src, old, new) = same_size_pair(&dir);
         let v = View::start_with_env(&dir, &[], &[("FAILPOINTS", "view.deferred.bind=sleep(1000)")]);
-        let open =
-            || fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(v.mnt.join("f")).unwrap();
+        let open = || open_direct(&v.mnt.join("f"));
         // Only the first record cached.
         assert!(read_direct(&open(), 0, 4096) == old[..4096]);
         let before = n(&v.stat(), "fileview_deferred_opens");
         let h = open();
         assert_eq!(n(&v.stat(), "fileview_deferred_opens"), before + 1, "the open was not deferred");
         fs::rename(src.join("new"), src.join("f")).unwrap();
-        let mut buf = vec![0u8; 4096];
-        match h.read_at(&mut buf, 200_704) {
-            Ok(got) => assert!(
-                buf[..got] == old[200_704..200_704 + got],
-                "{attempt}: the old handle read other bytes"
-            ),
-            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{attempt}: {e}"),
-        }
+        assert_reads_old_or_estale(&h, &old, &format!("attempt {attempt}"));
         // A new open of the name reads the new file.
         assert!(read_direct(&open(), 0, new.len()) == new, "{attempt}");
         if n(&v.stat(), "fileview_deferred_stale") == 1 {

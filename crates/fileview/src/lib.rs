@@ -791,17 +791,23 @@ impl View {
     /// from SOURCE (revalidating it).
     fn attr(&self, node: u64) -> Res<(Attr, Arc<Object>)> {
         if let Some(obj) = self.table.object(node) {
-            let (id, v, fresh) = {
-                let st = obj.state.lock();
-                (st.id, version(&obj, &st), self.fresh(&st))
-            };
-            if fresh {
-                if let Some(a) = self.get(Kind::Attr, &v, id, 0).and_then(|b| Attr::decode(&b, obj.dev)) {
-                    return Ok((a, obj));
-                }
+            if let Some(a) = self.fresh_attr(&obj) {
+                return Ok((a, obj));
             }
         }
         self.stat_node(node, false)
+    }
+
+    /// The object's attribute record while the object is fresh.
+    fn fresh_attr(&self, obj: &Object) -> Option<Attr> {
+        let (id, v) = {
+            let st = obj.state.lock();
+            if !self.fresh(&st) {
+                return None;
+            }
+            (st.id, version(obj, &st))
+        };
+        self.get(Kind::Attr, &v, id, 0).and_then(|b| Attr::decode(&b, obj.dev))
     }
 
     /// Binds `node` to the file just opened for it, by the descriptor's own
@@ -1106,8 +1112,7 @@ impl View {
             Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) => Errno::ESTALE,
             _ => errno(e),
         })?;
-        let same_file = h.obj.born.is_some() && a.born == h.obj.born && h.obj.is(&a);
-        if !same_file {
+        if !h.obj.is_known(&a) {
             self.count(&self.stats.deferred_stale);
             return Err(Errno::ESTALE);
         }
@@ -1143,23 +1148,17 @@ impl View {
             return None;
         }
         let w = self.watcher.as_ref()?;
-        w.catch_up();
         // Only a file known by its birth time: nothing holds its inode until
         // SOURCE's file is opened, and a number freed meanwhile and given
         // to another file must make another object, not this one's.
         let obj = self.table.object(node).filter(|o| o.born.is_some())?;
         let (parent, name) = self.table.parent_and_name(node)?;
-        if !w.vouches_for(&*self.table.object(parent)?, &name, &obj) {
+        let dir = self.table.object(parent)?;
+        w.catch_up();
+        if !w.vouches_for(&dir, &name, &obj) {
             return None;
         }
-        let (id, v) = {
-            let st = obj.state.lock();
-            if !self.fresh(&st) {
-                return None;
-            }
-            (st.id, version(&obj, &st))
-        };
-        let a = self.get(Kind::Attr, &v, id, 0).and_then(|b| Attr::decode(&b, obj.dev))?;
+        let a = self.fresh_attr(&obj)?;
         if a.mode & libc::S_IFMT != libc::S_IFREG || self.table.shown_size(node) != Some(a.size) {
             return None;
         }
@@ -1168,6 +1167,50 @@ impl View {
         let flags = libc::O_RDONLY | (flags & keep) | libc::O_NONBLOCK;
         let d = deferred::Deferred { at, flags, granted: a.fingerprint() };
         Some((Handle { file: OnceLock::new(), deferred: Some(d), direct: OnceLock::new(), obj, node }, a))
+    }
+
+    /// An open answered once SOURCE's file is opened and bound to the node;
+    /// the handle and whether the kernel keeps its pages.
+    fn open_on_source(&self, node: u64, flags: i32) -> Res<(u64, bool)> {
+        let r = (|| {
+            let acc = flags & libc::O_ACCMODE;
+            if acc != libc::O_RDONLY {
+                self.refuse_if_read_only()?;
+            }
+            let at = self.at(node)?;
+            // O_NONBLOCK: a fifo swapped in for the file does not hang the open.
+            let keep = libc::O_APPEND | libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC;
+            let extra = (flags & keep) | libc::O_NONBLOCK;
+            // A write-only open still reads records on a miss: ask for read too.
+            let want = if acc == libc::O_RDONLY { libc::O_RDONLY } else { libc::O_RDWR };
+            let file = at.open(want | extra, 0).or_else(|e| {
+                if acc == libc::O_WRONLY {
+                    at.open(libc::O_WRONLY | extra, 0)
+                } else {
+                    Err(e)
+                }
+            });
+            let file = File::from(file.map_err(errno)?);
+            let (a, obj) = self.bind_opened(node, &file)?;
+            let h = Handle::opened(file, obj, node);
+            let truncate = flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
+            if truncate {
+                self.truncate_handle(&h)?;
+            }
+            // The kernel's pages of the node are kept only if it last opened
+            // the very version the open found (close-to-open, as NFS): a
+            // change by anyone, the view's own writes included, drops them.
+            // Recorded only once the open succeeded (a failed one leaves the
+            // kernel's pages as they were).
+            let same = self.table.opened_as(node, (!truncate).then(|| a.fingerprint()));
+            let keep = self.cfg.keep_cache && same;
+            self.open_ahead(node);
+            Ok((self.insert_handle(h).0, keep))
+        })();
+        if r.is_err() {
+            self.table.opened_as(node, None);
+        }
+        r
     }
 
     /// Reads `size` bytes at `offset` through the ARC.
@@ -1586,55 +1629,16 @@ impl Filesystem for View {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if let Some((h, a)) = self.open_from_cache(ino.0, flags.0) {
-            self.count(&self.stats.deferred_opens);
-            let keep = self.table.opened_as(ino.0, Some(a.fingerprint())) && self.cfg.keep_cache;
-            let (fh, h) = self.insert_handle(h);
-            self.binder.bind_later(&h, &self.stats);
-            if keep {
-                self.count(&self.stats.kept_caches);
+        let r = match self.open_from_cache(ino.0, flags.0) {
+            Some((h, a)) => {
+                self.count(&self.stats.deferred_opens);
+                let keep = self.table.opened_as(ino.0, Some(a.fingerprint())) && self.cfg.keep_cache;
+                let (fh, h) = self.insert_handle(h);
+                self.binder.bind_later(&h, &self.stats);
+                Ok((fh, keep))
             }
-            let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-            return reply.opened(FileHandle(fh), flags);
-        }
-        let r = (|| {
-            let acc = flags.0 & libc::O_ACCMODE;
-            if acc != libc::O_RDONLY {
-                self.refuse_if_read_only()?;
-            }
-            let at = self.at(ino.0)?;
-            // O_NONBLOCK: a fifo swapped in for the file does not hang the open.
-            let keep = libc::O_APPEND | libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC;
-            let extra = (flags.0 & keep) | libc::O_NONBLOCK;
-            // A write-only open still reads records on a miss: ask for read too.
-            let want = if acc == libc::O_RDONLY { libc::O_RDONLY } else { libc::O_RDWR };
-            let file = at.open(want | extra, 0).or_else(|e| {
-                if acc == libc::O_WRONLY {
-                    at.open(libc::O_WRONLY | extra, 0)
-                } else {
-                    Err(e)
-                }
-            });
-            let file = File::from(file.map_err(errno)?);
-            let (a, obj) = self.bind_opened(ino.0, &file)?;
-            let h = Handle::opened(file, obj, ino.0);
-            let truncate = flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
-            if truncate {
-                self.truncate_handle(&h)?;
-            }
-            // The kernel's pages of the node are kept only if it last opened
-            // the very version the open found (close-to-open, as NFS): a
-            // change by anyone, the view's own writes included, drops them.
-            // Recorded only once the open succeeded (a failed one leaves the
-            // kernel's pages as they were).
-            let same = self.table.opened_as(ino.0, (!truncate).then(|| a.fingerprint()));
-            let keep = self.cfg.keep_cache && same;
-            self.open_ahead(ino.0);
-            Ok((self.insert_handle(h).0, keep))
-        })();
-        if r.is_err() {
-            self.table.opened_as(ino.0, None);
-        }
+            None => self.open_on_source(ino.0, flags.0),
+        };
         match r {
             Ok((fh, keep)) => {
                 if keep {

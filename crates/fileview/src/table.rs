@@ -59,6 +59,13 @@ impl Object {
     pub fn is(&self, a: &crate::records::Attr) -> bool {
         a.same_file(self.dev, self.ino, self.born)
     }
+
+    /// Whether `a` is this object's file beyond doubt: the same inode and a
+    /// birth time known on both sides and equal (a number alone may have
+    /// gone to another file while nothing held the inode).
+    pub fn is_known(&self, a: &crate::records::Attr) -> bool {
+        self.born.is_some() && a.born == self.born && self.is(a)
+    }
 }
 
 #[derive(Debug)]
@@ -408,18 +415,7 @@ mod tests {
     fn a_new_node_adopts_a_known_object_but_keeps_one_it_has() {
         let t = Table::new();
         let x = t.child(ROOT, OsStr::new("x"));
-        let fp = Fingerprint::default();
-        let state = || ObjState {
-            id: 7,
-            born: fp,
-            fp,
-            checked: None,
-            gen: 0,
-            dir_chunks: 0,
-            watch: None,
-            settled_by: 0,
-        };
-        let obj = t.bind(x, &file(1, 42, None), state);
+        let obj = t.bind(x, &file(1, 42, None), blank);
         t.forget(x, 1);
         assert!(!t.exists(x));
         let y = t.child(ROOT, OsStr::new("x"));
@@ -428,7 +424,7 @@ mod tests {
         t.adopt(y, 1, 42);
         assert!(t.object(y).is_some_and(|o| Arc::ptr_eq(&o, &obj)));
         assert_eq!(t.checked(y), None, "only the listing vouches for the name");
-        let other = t.bind(t.child(ROOT, OsStr::new("z")), &file(1, 44, None), state);
+        let other = t.bind(t.child(ROOT, OsStr::new("z")), &file(1, 44, None), blank);
         t.adopt(y, 1, 44);
         assert!(t.object(y).is_some_and(|o| !Arc::ptr_eq(&o, &other)), "a bound node keeps its object");
     }

@@ -194,9 +194,9 @@ impl Watcher {
 
     /// Whether `obj` is marked under `name` in the directory object `dir`
     /// and no event has ended the mark: what the name leads to is `obj`
-    /// as last checked. (A mark on the object alone is not enough: its
-    /// inode number may have been reused by a file under another name,
-    /// checked and marked there, while a node of the old name lingers.)
+    /// as last checked. (A mark on the object alone is not enough: it
+    /// vouches for the name it was checked under, and a node of another
+    /// name may still point at the object.)
     pub fn vouches_for(&self, dir: &Object, name: &OsStr, obj: &Arc<Object>) -> bool {
         let marked_here = {
             let inner = self.inner.lock();
