@@ -65,7 +65,7 @@ pub struct MountArgs {
     #[arg(long)]
     pub no_readdirplus: bool,
     /// Do not have SOURCE read the inodes of a directory's other entries
-    /// when a file in it is opened (by default the first open in a
+    /// when a file in it is opened on SOURCE (by default the first such open in a
     /// directory for 5 s does, 8 at once in the background, so a copy's
     /// later opens do not each wait for one on a cold SOURCE).
     #[arg(long)]

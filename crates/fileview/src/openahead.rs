@@ -1,8 +1,8 @@
 //! Open-ahead: an open of a file warms SOURCE's inodes of the other
 //! entries of its directory, side by side, in the background.
 //!
-//! Every open goes to SOURCE (the view needs a descriptor of the file it
-//! binds), and a tool that reads a directory's files (`rsync`, `cp -r`,
+//! An open that is not deferred (`deferred.rs`: no inotify, or a file
+//! not vouched for) goes to SOURCE for the descriptor it binds, and a tool that reads a directory's files (`rsync`, `cp -r`,
 //! `tar`) opens them one at a time: on a source whose own caches are cold,
 //! each open then waits for one inode read, a seek on a disk. When the
 //! view's records are fresh nothing else asks SOURCE about those files
