@@ -28,6 +28,8 @@ pub const GAUGES: &[&str] = &[
     "metadata_size",
     "arc_meta_used",
     "arc_meta_max",
+    "dnode_size",
+    "arc_dnode_limit",
     "fileview_nodes",
     "fileview_objects",
     "fileview_watched_dirs",

@@ -814,6 +814,10 @@ pub fn start_on(
     )
     .with_context(|| format!("no serving policy named {}", settings.policy))?;
     cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
+    // Not in CacheConfig, and no control request applies them before the
+    // first request is served.
+    cache.set_meta_balance(t.value("zfs_arc_meta_balance"));
+    cache.set_dnode_limit(dnode_limit(&t));
     if let Some(l2) = cache.l2() {
         l2.set_ring_reads(t.value("l2arc_ring_reads") != 0);
     }
@@ -1144,6 +1148,7 @@ impl ControlState {
         self.cache.set_limits(t.value("zfs_arc_min"), t.value("zfs_arc_max"));
         self.cache.set_min_prefetch_ms(t.value("zfs_arc_min_prefetch_ms"));
         self.cache.set_meta_balance(t.value("zfs_arc_meta_balance"));
+        self.cache.set_dnode_limit(dnode_limit(t));
         self.cache.set_compress(t.value("zfs_compressed_arc_enabled") != 0);
         self.cache.set_partial_reads(t.value("l2arc_partial_reads") != 0);
         if let Some(l2) = self.cache.l2() {
@@ -1157,6 +1162,15 @@ impl ControlState {
         feed_tunables(t, &self.feed);
         zfetch_tunables(t, &self.cache.zfetch);
         write_tunables(t, &self.write_tun);
+    }
+}
+
+/// `arc_dnode_limit`: `zfs_arc_dnode_limit`, or when 0 its share of
+/// `zfs_arc_max`.
+fn dnode_limit(t: &Tunables) -> u64 {
+    match t.value("zfs_arc_dnode_limit") {
+        0 => (t.value("zfs_arc_max") as u128 * t.value("zfs_arc_dnode_limit_percent") as u128 / 100) as u64,
+        bytes => bytes,
     }
 }
 

@@ -58,6 +58,20 @@ pub const SPECS: &[Spec] = &[
         1_000_000,
         "How much more a metadata ghost hit than a data one moves metadata's share of the ARC (100: the same)",
     ),
+    spec(
+        "zfs_arc_dnode_limit",
+        Unit::Bytes,
+        0,
+        u64::MAX,
+        "Most RAM for the file view's table of source files before the least used are dropped (0: zfs_arc_dnode_limit_percent of zfs_arc_max)",
+    ),
+    spec(
+        "zfs_arc_dnode_limit_percent",
+        Unit::Percent,
+        0,
+        100,
+        "The file view's table of source files as a share of zfs_arc_max, when zfs_arc_dnode_limit is 0",
+    ),
     spec("zfs_compressed_arc_enabled", Unit::Bool, 0, 1, "Keep records LZ4-compressed in RAM and on L2 when it saves space"),
     spec(
         "l2arc_write_max",
@@ -206,6 +220,9 @@ impl Tunables {
                     "zfs_arc_min" => (ram / 32).max(32 << 20).min(max / 2),
                     "zfs_arc_min_prefetch_ms" => 1000,
                     "zfs_arc_meta_balance" => arc_policy::META_BALANCE_DEFAULT,
+                    "zfs_arc_dnode_limit" => 0,
+                    // OpenZFS's default.
+                    "zfs_arc_dnode_limit_percent" => 10,
                     "zfs_compressed_arc_enabled" => 1,
                     "l2arc_write_max" | "l2arc_write_boost" => 0,
                     "l2arc_headroom" => 8,

@@ -332,6 +332,67 @@ fn the_view_equals_source_and_a_second_pass_is_served_from_the_arc() {
     assert!(!ctl(&["summary"]).is_empty());
 }
 
+/// The table of source files is charged to the ARC (`dnode_size`) and
+/// kept within `arc_dnode_limit` once the kernel lets go of its nodes; a
+/// file whose object was dropped is found again with its cached listing
+/// and data, by the same record numbers, and reads right.
+#[test]
+fn the_table_of_source_files_stays_within_its_limit_and_what_it_dropped_still_hits() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = new_dir();
+    let src = dir.path().join("src");
+    make_tree(&src);
+    for d in 0..10 {
+        let sub = src.join(format!("more/d{d}"));
+        fs::create_dir_all(&sub).unwrap();
+        for i in 0..200 {
+            fs::write(sub.join(format!("f{i}")), format!("{d}/{i}\n").repeat(i % 5 + 1)).unwrap();
+        }
+    }
+    let limit = 64u64 << 10;
+    let v = View::start(&dir, &["--revalidate", "600", "--set", &format!("zfs_arc_dnode_limit={limit}")]);
+    let files = compare_trees(&v.mnt, &v.src) as u64;
+    let walked = v.stat();
+    assert_eq!(n(&walked, "arc_dnode_limit"), limit);
+    assert!(n(&walked, "fileview_objects") >= files, "the kernel held every node, yet objects went");
+    assert!(n(&walked, "dnode_size") > limit, "the tables were not charged: {}", n(&walked, "dnode_size"));
+    assert!(n(&walked, "size") >= n(&walked, "dnode_size"));
+    if fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+        skip_or_fail("cannot write /proc/sys/vm/drop_caches (needs root)");
+        return;
+    }
+    // The kernel's forgets come in batches after drop_caches returns (and
+    // later still while other tests keep the machine busy). An object
+    // takes well over 100 bytes.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut forgot = v.stat();
+    while n(&forgot, "fileview_objects") * 100 > limit && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+        forgot = v.stat();
+    }
+    assert!(
+        n(&forgot, "fileview_nodes") + 1000 <= n(&walked, "fileview_nodes"),
+        "the kernel did not forget the nodes ({} -> {}): the test did not reach its case",
+        n(&walked, "fileview_nodes"),
+        n(&forgot, "fileview_nodes")
+    );
+    let objects = n(&forgot, "fileview_objects");
+    assert!(
+        objects * 100 <= limit,
+        "{objects} objects kept within {limit} bytes, {} nodes held",
+        n(&forgot, "fileview_nodes")
+    );
+    assert!(n(&forgot, "fileview_objects_trimmed") + objects >= files, "objects went without being counted");
+    compare_trees(&v.mnt, &v.src);
+    let again = v.stat();
+    // Found again by a stat of SOURCE each, every listing and every byte
+    // came from the ARC: the records outlived their objects.
+    assert!(n(&again, "fileview_source_stats") > n(&forgot, "fileview_source_stats"));
+    assert_no_rise(&forgot, &again, &["fileview_source_readdirs", "fileview_source_reads"], "after the trim");
+}
+
 #[test]
 fn nodes_the_kernel_forgot_are_found_again_without_asking_source() {
     if !fuse_available() {

@@ -54,6 +54,12 @@ struct State {
     meta_records: u64,
     /// The high-water mark of `arc_meta_used`.
     meta_max: u64,
+    /// `zfs_arc_min` and `zfs_arc_max` as set; the policy's ceiling is
+    /// `arc_max` less `reserved`.
+    limits: (u64, u64),
+    /// The file view's table bytes taken off the policy's ceiling when it
+    /// was last set (`dnode_size` moves it in steps).
+    reserved: u64,
 }
 
 impl State {
@@ -76,9 +82,10 @@ impl State {
         }
     }
 
-    /// `arc_meta_used`: metadata records' bytes and their headers.
+    /// `arc_meta_used`: metadata records' bytes and their headers, and the
+    /// view's tables as last charged.
     fn meta_used(&self) -> u64 {
-        self.meta_psize + self.meta_records * RECORD_OVERHEAD
+        self.meta_psize + self.meta_records * RECORD_OVERHEAD + self.reserved
     }
 }
 
@@ -165,6 +172,14 @@ pub struct Cache {
     prefetcher: std::sync::OnceLock<Prefetcher>,
     zfetch_active: Arc<AtomicU64>,
     sampler: crate::sizing::Sampler,
+    /// `dnode_size`: RAM the file view's node and object tables hold,
+    /// charged to the ARC as OpenZFS charges its dnodes.
+    dnode_size: AtomicU64,
+    /// `arc_dnode_limit`: the object table is trimmed above this.
+    dnode_limit: AtomicU64,
+    /// Copies of `State::reserved` and `zfs_arc_max`, read without the lock.
+    reserved_hint: AtomicU64,
+    arc_max_hint: AtomicU64,
 }
 
 impl Cache {
@@ -193,6 +208,8 @@ impl Cache {
                 meta_psize: 0,
                 meta_records: 0,
                 meta_max: 0,
+                limits: (cfg.arc_min, cfg.arc_max),
+                reserved: 0,
             }),
             epoch: Instant::now(),
             l2,
@@ -206,6 +223,10 @@ impl Cache {
             prefetcher: std::sync::OnceLock::new(),
             zfetch_active: Arc::new(AtomicU64::new(0)),
             sampler: crate::sizing::Sampler::default(),
+            dnode_size: AtomicU64::new(0),
+            dnode_limit: AtomicU64::new(cfg.arc_max / 10),
+            reserved_hint: AtomicU64::new(0),
+            arc_max_hint: AtomicU64::new(cfg.arc_max),
         }))
     }
 
@@ -665,12 +686,56 @@ impl Cache {
     pub fn set_limits(&self, arc_min: u64, arc_max: u64) {
         let gone = {
             let mut s = self.state.lock();
-            let mut evicted = std::mem::take(&mut s.evicted);
-            s.policy.set_limits(arc_min, arc_max, &mut evicted);
-            s.evicted = evicted;
-            self.drop_evicted(&mut s)
+            s.limits = (arc_min, arc_max);
+            self.arc_max_hint.store(arc_max, Relaxed);
+            self.apply_limits(&mut s)
         };
         self.count_evicted(gone);
+    }
+
+    /// Gives the policy its ceiling: `arc_max` less the view's tables, but
+    /// never below `arc_min` nor half of `arc_max` (the tables are trimmed
+    /// to `arc_dnode_limit`; nodes the kernel holds cannot be).
+    fn apply_limits(&self, s: &mut State) -> Vec<(Key, u64)> {
+        let (arc_min, arc_max) = s.limits;
+        s.reserved = self.dnode_size.load(Relaxed);
+        self.reserved_hint.store(s.reserved, Relaxed);
+        s.meta_max = s.meta_max.max(s.meta_used());
+        let ceiling = arc_max.saturating_sub(s.reserved).max(arc_min).max(arc_max / 2);
+        let mut evicted = std::mem::take(&mut s.evicted);
+        s.policy.set_limits(arc_min.min(ceiling), ceiling, &mut evicted);
+        s.evicted = evicted;
+        self.drop_evicted(s)
+    }
+
+    /// The file view's tables now hold `bytes` (`dnode_size`). The policy's
+    /// ceiling follows in steps of 1/128 of `arc_max` (at least 1 MiB), so
+    /// a table growing by one entry does not reset it each time.
+    pub fn set_dnode_size(&self, bytes: u64) {
+        self.dnode_size.store(bytes, Relaxed);
+        // Checked before the lock too: most calls move nothing.
+        let near = |reserved: u64, arc_max: u64| reserved.abs_diff(bytes) < (arc_max / 128).max(1 << 20);
+        if near(self.reserved_hint.load(Relaxed), self.arc_max_hint.load(Relaxed)) {
+            return;
+        }
+        let gone = {
+            let mut s = self.state.lock();
+            if near(s.reserved, s.limits.1) {
+                return;
+            }
+            self.apply_limits(&mut s)
+        };
+        self.count_evicted(gone);
+    }
+
+    /// `arc_dnode_limit`, from `zfs_arc_dnode_limit` (bytes; 0: a share of
+    /// `zfs_arc_max`, `zfs_arc_dnode_limit_percent`).
+    pub fn set_dnode_limit(&self, bytes: u64) {
+        self.dnode_limit.store(bytes, Relaxed);
+    }
+
+    pub fn dnode_limit(&self) -> u64 {
+        self.dnode_limit.load(Relaxed)
     }
 
     /// `zfs_arc_meta_balance`.
@@ -707,18 +772,20 @@ impl Cache {
     }
 
     pub fn stats(&self) -> ArcStats {
-        let (p, psize, lsize, entries, meta) = {
+        let (p, psize, lsize, entries, meta, limits) = {
             let s = self.state.lock();
             (
                 s.policy.stats(),
                 s.psize,
                 s.lsize,
                 s.data.len() as u64,
-                (s.meta_psize, s.meta_used(), s.meta_max),
+                (s.meta_psize, s.meta_used() - s.reserved, s.meta_max),
+                s.limits,
             )
         };
         let mut st = ArcStats::collect(&p, &self.counters, psize, entries);
         (st.metadata_size, st.arc_meta_used, st.arc_meta_max) = meta;
+        st.add_dnodes(self.dnode_size.load(Relaxed), self.dnode_limit(), limits);
         st.data_size = psize - meta.0;
         st.add_zfetch(&self.zfetch_stats);
         st.zfetch_io_active = self.zfetch_active.load(Relaxed);

@@ -57,6 +57,12 @@ pub struct ArcStats {
     /// The most `arc_meta_used` has been.
     pub arc_meta_max: u64,
     pub hdr_size: u64,
+    /// RAM the file view's node and object tables hold, charged to the
+    /// ARC: counted in `size` and `arc_meta_used`, and taken off the
+    /// policy's ceiling (OpenZFS counts its dnodes the same way).
+    pub dnode_size: u64,
+    /// The object table is trimmed above this (`zfs_arc_dnode_limit`).
+    pub arc_dnode_limit: u64,
     pub anon_size: u64,
     pub mru_size: u64,
     pub mfu_size: u64,
@@ -202,6 +208,19 @@ impl ArcStats {
             demand_hit_predictive_prefetch: p.demand_hit_prefetch,
             ..Default::default()
         }
+    }
+
+    /// The view's tables, `dnode` bytes: part of `size` and of
+    /// `arc_meta_used`; `c_max` stays the `zfs_arc_max` set, though the
+    /// policy's own ceiling is that less the tables.
+    pub(crate) fn add_dnodes(&mut self, dnode: u64, limit: u64, (arc_min, arc_max): (u64, u64)) {
+        self.dnode_size = dnode;
+        self.arc_dnode_limit = limit;
+        self.size += dnode;
+        self.arc_meta_used += dnode;
+        self.arc_meta_max = self.arc_meta_max.max(self.arc_meta_used);
+        self.c_min = arc_min;
+        self.c_max = arc_max;
     }
 
     pub(crate) fn add_zfetch(&mut self, z: &ZfetchStats) {

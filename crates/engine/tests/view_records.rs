@@ -56,3 +56,35 @@ fn evicted_metadata_leaves_arc_meta_used() {
     assert!(s.arc_meta_max >= s.arc_meta_used);
     c.validate().unwrap();
 }
+
+/// The view's tables are charged to the ARC: what they hold leaves the
+/// records less room, and `size` (records plus tables) stays within
+/// `arc_max`, give or take one step of the charge.
+#[test]
+fn the_views_tables_are_charged_to_the_arc() {
+    let arc_max = 16u64 << 20;
+    let c = cache(arc_max);
+    let fill = |c: &Cache, from: u64| {
+        for object in from..from + 8_000 {
+            c.view_insert(view::make(Kind::Data, object, 0), Arc::new(Record::new(&[2u8; 4096], false)));
+        }
+    };
+    fill(&c, 0);
+    let full = c.stats();
+    assert!(full.size > arc_max * 9 / 10, "the ARC did not fill: {}", full.size);
+    let tables = 6u64 << 20;
+    c.set_dnode_size(tables);
+    let s = c.stats();
+    assert_eq!((s.dnode_size, s.c_max), (tables, arc_max));
+    assert!(s.size <= arc_max, "records {} and tables {tables} over arc_max", s.size - tables);
+    assert!(s.size - tables < full.size - tables / 2, "no record made way for the tables");
+    assert_eq!(s.arc_meta_used, tables, "the tables are metadata");
+    // A small change moves nothing; the tables gone, the records grow back.
+    c.set_dnode_size(tables + 4096);
+    assert_eq!(c.stats().c, s.c);
+    c.set_dnode_size(0);
+    fill(&c, 8_000);
+    assert!(c.stats().size > arc_max * 9 / 10, "the records did not get the room back");
+    assert!(c.stats().arc_meta_max >= tables);
+    c.validate().unwrap();
+}

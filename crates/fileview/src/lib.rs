@@ -115,6 +115,8 @@ pub struct ViewStats {
     pub deferred_stale: AtomicU64,
     pub nodes: AtomicU64,
     pub objects: AtomicU64,
+    /// Objects dropped from the table to keep it within `arc_dnode_limit`.
+    pub objects_trimmed: AtomicU64,
 }
 
 impl ViewStats {
@@ -145,6 +147,7 @@ impl ViewStats {
             ("fileview_deferred_stale", l(&self.deferred_stale)),
             ("fileview_nodes", l(&self.nodes)),
             ("fileview_objects", l(&self.objects)),
+            ("fileview_objects_trimmed", l(&self.objects_trimmed)),
         ]
     }
 }
@@ -2006,7 +2009,7 @@ pub struct Mounted {
     thread: Option<std::thread::JoinHandle<io::Result<()>>>,
     ended: Arc<AtomicBool>,
     pub stats: Arc<ViewStats>,
-    table_sizes: Arc<dyn Fn() -> (u64, u64) + Send + Sync>,
+    table: Arc<Table>,
     inotify: Option<Arc<Watcher>>,
     pub mountpoint: PathBuf,
     watcher: Option<std::process::Child>,
@@ -2020,16 +2023,17 @@ impl Mounted {
 
     /// The counters by name, with the table's sizes at the time of each call.
     pub fn stat_source(&self) -> Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync> {
-        let (stats, sizes) = (Arc::clone(&self.stats), Arc::clone(&self.table_sizes));
+        let (stats, table) = (Arc::clone(&self.stats), Arc::clone(&self.table));
         let inotify = self.inotify.clone();
         Box::new(move || {
-            let (nodes, objects) = sizes();
+            let sizes = table.sizes();
             if let Some(w) = &inotify {
                 stats.watched_dirs.store(w.watched(), Relaxed);
                 stats.inotify_events.store(w.events.load(Relaxed), Relaxed);
             }
-            stats.nodes.store(nodes, Relaxed);
-            stats.objects.store(objects, Relaxed);
+            stats.nodes.store(sizes.nodes, Relaxed);
+            stats.objects.store(sizes.objects, Relaxed);
+            stats.objects_trimmed.store(sizes.trimmed, Relaxed);
             stats.fields()
         })
     }
@@ -2138,8 +2142,8 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     let inotify = watcher.clone();
     let view = View {
         cfg: ViewConfig { source: source.clone(), ..cfg.clone() },
+        table: Arc::new(Table::with_budget(Arc::clone(&cache) as Arc<dyn table::Budget>)),
         cache,
-        table: Arc::new(Table::new()),
         handles: Mutex::new(FxHashMap::default()),
         dirs: Mutex::new(FxHashMap::default()),
         next_fh: AtomicU64::new(1),
@@ -2156,10 +2160,6 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     let root_meta = File::from(view.root.try_clone()?).metadata()?;
     let root_attr = Attr::from_metadata(&root_meta);
     view.table.bind(ROOT, &root_attr, || view.new_state(&root_attr));
-    let sizes = {
-        let t = Arc::clone(&table);
-        Arc::new(move || t.sizes()) as Arc<dyn Fn() -> (u64, u64) + Send + Sync>
-    };
     let options = vec![
         MountOption::FSName(format!("arcache:{}", source.display())),
         MountOption::Subtype("arcache".into()),
@@ -2180,7 +2180,7 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
     let session = fuser::Session::new(view, mountpoint, &config)?;
     let mut session = session;
     if let Some(w) = &inotify {
-        spawn_inotify(Arc::clone(w), session.notifier(), table)?;
+        spawn_inotify(Arc::clone(w), session.notifier(), Arc::clone(&table))?;
     }
     let unmounter = session.unmount_callable();
     let ended = Arc::new(AtomicBool::new(false));
@@ -2201,16 +2201,7 @@ pub fn mount(cfg: ViewConfig, cache: Arc<Cache>, mountpoint: &Path) -> io::Resul
             None
         }
     };
-    Ok(Mounted {
-        unmounter,
-        thread: Some(thread),
-        ended,
-        stats,
-        table_sizes: sizes,
-        inotify,
-        mountpoint: abs,
-        watcher,
-    })
+    Ok(Mounted { unmounter, thread: Some(thread), ended, stats, table, inotify, mountpoint: abs, watcher })
 }
 
 /// Reads inotify events: each clears the marks it touches (`watch.rs`) and

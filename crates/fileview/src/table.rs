@@ -3,8 +3,10 @@
 //! renamed directory moves everything under it); objects are source files
 //! by `(st_dev, st_ino)`, each naming the record set of the version cached.
 
+use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,6 +17,15 @@ use crate::records::Fingerprint;
 use crate::watch::Mark;
 
 pub const ROOT: u64 = 1;
+
+/// What the table holds, for statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableSizes {
+    pub nodes: u64,
+    pub objects: u64,
+    pub trimmed: u64,
+    pub bytes: u64,
+}
 
 /// What the cache knows of one source file.
 #[derive(Debug)]
@@ -52,9 +63,26 @@ pub struct Object {
     /// that reuses the inode number is another object.
     pub born: Option<(i64, u32)>,
     pub state: Mutex<ObjState>,
+    /// Told apart from a later object of the same inode in the trim's queue.
+    serial: u64,
+    /// Found again since the trim's hand last passed it (second chance).
+    used: AtomicBool,
 }
 
 impl Object {
+    /// An object outside any table, for tests.
+    #[cfg(test)]
+    pub fn detached(dev: u64, ino: u64, state: ObjState) -> Object {
+        Object {
+            dev,
+            ino,
+            born: None,
+            state: Mutex::new(state),
+            serial: u64::MAX,
+            used: AtomicBool::new(false),
+        }
+    }
+
     /// Whether the file `a` describes is this object's.
     pub fn is(&self, a: &crate::records::Attr) -> bool {
         a.same_file(self.dev, self.ino, self.born)
@@ -91,14 +119,117 @@ struct Inner {
     names: FxHashMap<(u64, OsString), u64>,
     objects: FxHashMap<(u64, u64), Arc<Object>>,
     next_node: u64,
+    /// Objects in the order the trim's hand meets them, by key and serial
+    /// (an entry whose object left the table is skipped).
+    clock: VecDeque<((u64, u64), u64)>,
+    next_serial: u64,
+    /// Bytes of names held: in nodes and in `names`' keys.
+    name_bytes: u64,
+    /// Objects dropped to stay within the budget.
+    trimmed: u64,
+}
+
+/// Where the table's RAM is charged and how much of it objects may hold
+/// (the ARC's `dnode_size` and `arc_dnode_limit`).
+pub trait Budget: Send + Sync {
+    /// Bytes the object table may hold before objects nothing holds go.
+    fn limit(&self) -> u64;
+    /// The tables now hold `bytes`.
+    fn charge(&self, bytes: u64);
+}
+
+/// No limit and no charge: for tests of the table alone.
+#[cfg(test)]
+pub struct Unbounded;
+
+#[cfg(test)]
+impl Budget for Unbounded {
+    fn limit(&self) -> u64 {
+        u64::MAX
+    }
+    fn charge(&self, _bytes: u64) {}
+}
+
+impl Budget for arcache_engine::Cache {
+    fn limit(&self) -> u64 {
+        self.dnode_limit()
+    }
+    fn charge(&self, bytes: u64) {
+        self.set_dnode_size(bytes);
+    }
+}
+
+/// RAM per node beyond its name: the node, its slot in `nodes` and in
+/// `names`, with the maps' spare room (hashbrown keeps them at most 7/8
+/// full, and a control byte per slot).
+const NODE_BYTES: u64 =
+    (std::mem::size_of::<(u64, Node)>() + std::mem::size_of::<((u64, OsString), u64)>()) as u64 * 8 / 7 + 2;
+
+/// RAM per object: the object with its reference counts, its slot in
+/// `objects`, its place in the trim's queue and an inotify mark of it
+/// (`watch.rs`; the mark's name is not counted).
+const OBJECT_BYTES: u64 = (std::mem::size_of::<Object>() + 16) as u64
+    + (std::mem::size_of::<((u64, u64), Arc<Object>)>() as u64 * 8 / 7 + 1)
+    + std::mem::size_of::<((u64, u64), u64)>() as u64
+    + (std::mem::size_of::<(OsString, std::sync::Weak<Object>)>() as u64 * 8 / 7 + 1);
+
+impl Inner {
+    fn bytes(&self) -> u64 {
+        self.nodes.len() as u64 * NODE_BYTES + self.name_bytes + self.object_bytes()
+    }
+
+    fn object_bytes(&self) -> u64 {
+        self.objects.len() as u64 * OBJECT_BYTES
+    }
+
+    /// Drops objects nothing but the table holds (no node, handle, watch
+    /// or request), skipping those found again since the hand last passed,
+    /// until they fit in `limit`. A dropped object's records stay in the
+    /// ARC under its number: the file found again gets an object of the
+    /// same number once SOURCE is asked (as after a restart).
+    fn trim(&mut self, limit: u64) {
+        let mut turns = 2 * self.clock.len();
+        while self.object_bytes() > limit && turns > 0 {
+            turns -= 1;
+            let Some((key, serial)) = self.clock.pop_front() else { break };
+            let Some(obj) = self.objects.get(&key) else { continue };
+            if obj.serial != serial {
+                continue;
+            }
+            if Arc::strong_count(obj) > 1 || obj.used.swap(false, Relaxed) {
+                self.clock.push_back((key, serial));
+                continue;
+            }
+            self.objects.remove(&key);
+            self.trimmed += 1;
+        }
+        // Entries of objects gone otherwise (unlinked, replaced).
+        if self.clock.len() > 2 * self.objects.len() + 64 {
+            let objects = &self.objects;
+            self.clock.retain(|(key, serial)| objects.get(key).is_some_and(|o| o.serial == *serial));
+        }
+    }
+
+    fn found(o: &Arc<Object>) -> Arc<Object> {
+        o.used.store(true, Relaxed);
+        Arc::clone(o)
+    }
 }
 
 pub struct Table {
     inner: Mutex<Inner>,
+    budget: Arc<dyn Budget>,
 }
 
 impl Table {
+    /// A table with no limit.
+    #[cfg(test)]
     pub fn new() -> Table {
+        Self::with_budget(Arc::new(Unbounded))
+    }
+
+    /// A table charged to `budget` and trimmed to its limit.
+    pub fn with_budget(budget: Arc<dyn Budget>) -> Table {
         let mut inner = Inner { next_node: ROOT + 1, ..Default::default() };
         inner.nodes.insert(
             ROOT,
@@ -112,7 +243,16 @@ impl Table {
                 opened: None,
             },
         );
-        Table { inner: Mutex::new(inner) }
+        let t = Table { inner: Mutex::new(inner), budget };
+        t.charge();
+        t
+    }
+
+    /// Tells the budget what the tables hold now. Outside the table's lock:
+    /// the budget may take the ARC's.
+    fn charge(&self) {
+        let bytes = self.inner.lock().bytes();
+        self.budget.charge(bytes);
     }
 
     /// The path of `node` relative to SOURCE (empty for SOURCE itself);
@@ -175,7 +315,10 @@ impl Table {
                 opened: None,
             },
         );
+        inner.name_bytes += 2 * name.len() as u64;
         inner.names.insert(key, id);
+        drop(inner);
+        self.charge();
         id
     }
 
@@ -221,7 +364,7 @@ impl Table {
 
     /// The object the table has for `(dev, ino)`, if any.
     pub fn known_object(&self, dev: u64, ino: u64) -> Option<Arc<Object>> {
-        self.inner.lock().objects.get(&(dev, ino)).cloned()
+        self.inner.lock().objects.get(&(dev, ino)).map(Inner::found)
     }
 
     /// The object of the file `a` describes, made with `fresh` if new,
@@ -233,11 +376,29 @@ impl Table {
         let mut inner = self.inner.lock();
         if let Some(o) = inner.objects.get(&(a.dev, a.ino)) {
             if o.is(a) {
-                return Arc::clone(o);
+                return Inner::found(o);
             }
         }
-        let obj = Arc::new(Object { dev: a.dev, ino: a.ino, born: a.born, state: Mutex::new(fresh()) });
+        let serial = inner.next_serial;
+        inner.next_serial += 1;
+        let obj = Arc::new(Object {
+            dev: a.dev,
+            ino: a.ino,
+            born: a.born,
+            state: Mutex::new(fresh()),
+            serial,
+            used: AtomicBool::new(false),
+        });
         inner.objects.insert((a.dev, a.ino), Arc::clone(&obj));
+        inner.clock.push_back(((a.dev, a.ino), serial));
+        let limit = self.budget.limit();
+        if inner.object_bytes() > limit {
+            // A sixteenth below the limit, so the next trim is that many
+            // objects away.
+            inner.trim(limit - limit / 16);
+        }
+        drop(inner);
+        self.charge();
         obj
     }
 
@@ -259,7 +420,7 @@ impl Table {
     /// The node's own check is left unset: only the listing vouches.
     pub fn adopt(&self, node: u64, dev: u64, ino: u64) {
         let mut inner = self.inner.lock();
-        let Some(obj) = inner.objects.get(&(dev, ino)).cloned() else { return };
+        let Some(obj) = inner.objects.get(&(dev, ino)).map(Inner::found) else { return };
         if let Some(n) = inner.nodes.get_mut(&node) {
             if n.obj.is_none() {
                 n.obj = Some(obj);
@@ -271,7 +432,9 @@ impl Table {
     /// forgotten, so a new file that reuses the inode number starts with a
     /// new one (nodes and open handles keep theirs). The object, if any.
     pub fn forget_object(&self, dev: u64, ino: u64) -> Option<Arc<Object>> {
-        self.inner.lock().objects.remove(&(dev, ino))
+        let gone = self.inner.lock().objects.remove(&(dev, ino));
+        self.charge();
+        gone
     }
 
     /// The kernel gave back `count` references (or a caller of `child`
@@ -282,13 +445,24 @@ impl Table {
         n.nlookup = n.nlookup.saturating_sub(count);
         if n.nlookup == 0 && node != ROOT {
             Self::remove(&mut inner, node);
+            // The objects the kernel's nodes held may go now: a table that
+            // grew past its budget while the kernel held everything comes
+            // back within it as the kernel lets go.
+            let limit = self.budget.limit();
+            if inner.object_bytes() > limit {
+                inner.trim(limit - limit / 16);
+            }
+            drop(inner);
+            self.charge();
         }
     }
 
     fn remove(inner: &mut Inner, node: u64) {
         if let Some(n) = inner.nodes.remove(&node) {
+            inner.name_bytes -= n.name.len() as u64;
             let key = (n.parent, n.name);
             if inner.names.get(&key) == Some(&node) {
+                inner.name_bytes -= key.1.len() as u64;
                 inner.names.remove(&key);
             }
         }
@@ -304,7 +478,9 @@ impl Table {
     fn take_name(inner: &mut Inner, node: u64) {
         let Some(n) = inner.nodes.get_mut(&node) else { return };
         let key = (n.parent, std::mem::take(&mut n.name));
+        inner.name_bytes -= key.1.len() as u64;
         if inner.names.get(&key) == Some(&node) {
+            inner.name_bytes -= key.1.len() as u64;
             inner.names.remove(&key);
         }
     }
@@ -325,29 +501,40 @@ impl Table {
         let from = inner.names.remove(&(parent, name.to_os_string()));
         let to = inner.names.remove(&(newparent, newname.to_os_string()));
         if let Some(f) = from {
-            if let Some(n) = inner.nodes.get_mut(&f) {
-                n.parent = newparent;
-                n.name = newname.to_os_string();
-            }
-            inner.names.insert((newparent, newname.to_os_string()), f);
+            inner.name_bytes -= name.len() as u64;
+            Self::rename_node(&mut inner, f, newparent, newname);
         }
         if let Some(t) = to {
+            inner.name_bytes -= newname.len() as u64;
             if exchange {
-                if let Some(n) = inner.nodes.get_mut(&t) {
-                    n.parent = parent;
-                    n.name = name.to_os_string();
-                }
-                inner.names.insert((parent, name.to_os_string()), t);
-            } else if let Some(n) = inner.nodes.get_mut(&t) {
-                n.name = OsString::new();
+                Self::rename_node(&mut inner, t, parent, name);
+            } else {
+                Self::take_name(&mut inner, t);
             }
         }
     }
 
-    /// Nodes and objects held, for statistics.
-    pub fn sizes(&self) -> (u64, u64) {
+    /// Gives `node` the name `name` under `parent`, in the node and in
+    /// `names`.
+    fn rename_node(inner: &mut Inner, node: u64, parent: u64, name: &OsStr) {
+        if let Some(n) = inner.nodes.get_mut(&node) {
+            let old = std::mem::replace(&mut n.name, name.to_os_string());
+            n.parent = parent;
+            inner.name_bytes = inner.name_bytes - old.len() as u64 + name.len() as u64;
+        }
+        inner.name_bytes += name.len() as u64;
+        inner.names.insert((parent, name.to_os_string()), node);
+    }
+
+    /// Nodes and objects held, and objects trimmed so far, for statistics.
+    pub fn sizes(&self) -> TableSizes {
         let inner = self.inner.lock();
-        (inner.nodes.len() as u64, inner.objects.len() as u64)
+        TableSizes {
+            nodes: inner.nodes.len() as u64,
+            objects: inner.objects.len() as u64,
+            trimmed: inner.trimmed,
+            bytes: inner.bytes(),
+        }
     }
 }
 
@@ -440,6 +627,123 @@ mod tests {
         assert_eq!(again, x);
         assert!(t.exists(x), "the node was dropped before the second reply handed it out");
         assert_eq!(t.path(x), Some(PathBuf::from("x")));
+    }
+
+    /// A budget of `objects` objects that remembers what it was charged.
+    struct Counted {
+        objects: u64,
+        charged: std::sync::atomic::AtomicU64,
+    }
+
+    impl Budget for Counted {
+        fn limit(&self) -> u64 {
+            self.objects * OBJECT_BYTES
+        }
+        fn charge(&self, bytes: u64) {
+            self.charged.store(bytes, Relaxed);
+        }
+    }
+
+    fn counted(objects: u64) -> (Arc<Counted>, Table) {
+        let b = Arc::new(Counted { objects, charged: Default::default() });
+        let t = Table::with_budget(Arc::clone(&b) as Arc<dyn Budget>);
+        (b, t)
+    }
+
+    /// Past its budget the table drops objects nothing else holds, found
+    /// least recently; those a node holds, or found again since the hand
+    /// passed, stay. A dropped file found again is a new object.
+    #[test]
+    fn objects_past_the_budget_go_unless_held_or_found_again() {
+        let (b, t) = counted(100);
+        let held = t.bind(t.child(ROOT, OsStr::new("held")), &file(1, 1, None), blank);
+        let kept = t.object_for(&file(1, 2, None), blank);
+        drop(kept);
+        let first = t.object_for(&file(1, 3, None), blank);
+        let first_ptr = Arc::as_ptr(&first);
+        drop(first);
+        for ino in 4..100 {
+            t.object_for(&file(1, ino, None), blank);
+        }
+        assert_eq!(t.sizes().trimmed, 0, "within the budget");
+        // Found again: a second chance.
+        assert!(t.known_object(1, 2).is_some());
+        for ino in 100..110 {
+            t.object_for(&file(1, ino, None), blank);
+        }
+        let s = t.sizes();
+        assert!(s.objects <= 100, "{} objects kept of a budget of 100", s.objects);
+        assert!(s.trimmed >= 10, "{} trimmed", s.trimmed);
+        assert!(t.known_object(1, 1).is_some_and(|o| Arc::ptr_eq(&o, &held)), "a node's object went");
+        assert!(t.known_object(1, 2).is_some(), "an object found again went before older ones");
+        assert!(t.known_object(1, 3).is_none(), "the oldest object nothing held stayed");
+        let again = t.object_for(&file(1, 3, None), blank);
+        assert_ne!(Arc::as_ptr(&again), first_ptr);
+        assert_eq!(b.charged.load(Relaxed), t.sizes().bytes, "the budget was not told the last size");
+    }
+
+    /// Objects nothing holds all held: the trim gives up rather than spin,
+    /// and the table goes past its budget.
+    #[test]
+    fn a_budget_smaller_than_what_is_held_is_exceeded_not_looped_on() {
+        let (_, t) = counted(4);
+        let held: Vec<_> = (0..10).map(|i| t.object_for(&file(1, i, None), blank)).collect();
+        assert_eq!(t.sizes().objects, 10);
+        assert_eq!(t.sizes().trimmed, 0);
+        drop(held);
+        t.object_for(&file(1, 10, None), blank);
+        assert!(t.sizes().objects <= 4);
+    }
+
+    /// Objects the kernel's nodes held go as the kernel forgets the nodes.
+    #[test]
+    fn objects_go_as_the_kernel_forgets_the_nodes_that_held_them() {
+        let (_, t) = counted(4);
+        let nodes: Vec<u64> = (0..10)
+            .map(|i| {
+                let n = t.child(ROOT, OsStr::new(&format!("f{i}")));
+                t.bind(n, &file(1, i, None), blank);
+                n
+            })
+            .collect();
+        assert_eq!((t.sizes().objects, t.sizes().trimmed), (10, 0), "objects held by nodes went");
+        for n in nodes {
+            t.forget(n, 1);
+        }
+        assert!(t.sizes().objects <= 4, "{} objects after the kernel forgot", t.sizes().objects);
+    }
+
+    /// The bytes charged for names follow every change of the tables.
+    #[test]
+    fn name_bytes_follow_lookups_renames_and_forgets() {
+        let t = Table::new();
+        let recount = |t: &Table| {
+            let inner = t.inner.lock();
+            let in_nodes: usize = inner.nodes.values().map(|n| n.name.len()).sum();
+            let in_names: usize = inner.names.keys().map(|k| k.1.len()).sum();
+            assert_eq!(inner.name_bytes, (in_nodes + in_names) as u64);
+        };
+        let d = t.child(ROOT, OsStr::new("dir"));
+        let a = t.child(d, OsStr::new("a-long-name"));
+        let b = t.child(d, OsStr::new("b"));
+        recount(&t);
+        t.rename(d, OsStr::new("a-long-name"), ROOT, OsStr::new("moved"), false);
+        recount(&t);
+        t.rename(ROOT, OsStr::new("moved"), d, OsStr::new("b"), true);
+        recount(&t);
+        t.rename(d, OsStr::new("b"), ROOT, OsStr::new("moved"), false);
+        recount(&t);
+        t.rename(ROOT, OsStr::new("moved"), ROOT, OsStr::new("moved"), false);
+        recount(&t);
+        t.unname(d, OsStr::new("a-long-name"));
+        t.unname_node(a);
+        recount(&t);
+        for n in [a, b, d] {
+            t.forget(n, 1);
+        }
+        recount(&t);
+        assert_eq!(t.inner.lock().name_bytes, 0);
+        assert_eq!(t.sizes().bytes, NODE_BYTES, "the root alone");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -36,11 +36,14 @@ pub struct Mark {
 }
 
 /// An event says the object may have changed: its next use checks
-/// SOURCE, whatever the revalidate window says.
-fn changed(obj: &Object) {
-    let mut st = obj.state.lock();
-    st.watch = None;
-    st.checked = None;
+/// SOURCE, whatever the revalidate window says. (An object the table has
+/// dropped since needs nothing: found again, it starts unchecked.)
+fn changed(obj: &Weak<Object>) {
+    if let Some(obj) = obj.upgrade() {
+        let mut st = obj.state.lock();
+        st.watch = None;
+        st.checked = None;
+    }
 }
 
 /// File systems whose changes made on other machines send no event here
@@ -74,10 +77,11 @@ struct Dir {
     /// Events seen on it; a mark is set only if this did not move since
     /// the check it rests on began.
     events: u64,
-    /// The directory's own object, if marked.
-    own: Option<Arc<Object>>,
+    /// The directory's own object, if marked. Marks do not hold their
+    /// objects: the table may drop one nothing else holds (`table.rs`).
+    own: Option<Weak<Object>>,
     /// Marked objects by their name in the directory.
-    children: FxHashMap<OsString, Arc<Object>>,
+    children: FxHashMap<OsString, Weak<Object>>,
 }
 
 #[derive(Default)]
@@ -86,6 +90,26 @@ struct Inner {
     by_object: FxHashMap<(u64, u64), i32>,
     /// inotify refused a watch (ENOSPC: max_user_watches): said once.
     full_said: bool,
+    /// Marks made since marks of dropped objects were last swept out, and
+    /// how many were left then: a sweep when the first passes the second
+    /// keeps the marks within twice the objects alive, at a constant cost
+    /// per mark.
+    marked_since_sweep: u64,
+    left_by_sweep: u64,
+}
+
+impl Inner {
+    fn sweep(&mut self) {
+        let mut left = 0;
+        for d in self.by_wd.values_mut() {
+            d.children.retain(|_, o| o.strong_count() > 0);
+            if d.own.as_ref().is_some_and(|o| o.strong_count() == 0) {
+                d.own = None;
+            }
+            left += d.children.len() as u64;
+        }
+        (self.marked_since_sweep, self.left_by_sweep) = (0, left);
+    }
 }
 
 /// A directory node and a name in it (None: the directory itself) whose
@@ -205,7 +229,7 @@ impl Watcher {
                 .get(&(dir.dev, dir.ino))
                 .and_then(|wd| inner.by_wd.get(wd))
                 .and_then(|d| d.children.get(name))
-                .is_some_and(|o| Arc::ptr_eq(o, obj))
+                .is_some_and(|o| std::ptr::eq(o.as_ptr(), Arc::as_ptr(obj)))
         };
         marked_here && self.valid(obj.state.lock().watch)
     }
@@ -223,15 +247,21 @@ impl Watcher {
         }
         match name {
             Some(n) => {
-                if let Some(old) = d.children.insert(n.to_os_string(), Arc::clone(obj)) {
-                    if !Arc::ptr_eq(&old, obj) {
-                        old.state.lock().watch = None;
+                if let Some(old) = d.children.insert(n.to_os_string(), Arc::downgrade(obj)) {
+                    if !std::ptr::eq(old.as_ptr(), Arc::as_ptr(obj)) {
+                        if let Some(old) = old.upgrade() {
+                            old.state.lock().watch = None;
+                        }
                     }
                 }
             }
-            None => d.own = Some(Arc::clone(obj)),
+            None => d.own = Some(Arc::downgrade(obj)),
         }
         obj.state.lock().watch = Some(Mark { epoch });
+        inner.marked_since_sweep += 1;
+        if inner.marked_since_sweep > inner.left_by_sweep.max(1024) {
+            inner.sweep();
+        }
         true
     }
 
@@ -369,7 +399,7 @@ mod tests {
             watch: None,
             settled_by: 0,
         };
-        Arc::new(Object { dev: 1, ino, born: None, state: Mutex::new(state) })
+        Arc::new(Object::detached(1, ino, state))
     }
 
     /// A watcher with one watched directory (object 1); its watch.
@@ -384,6 +414,25 @@ mod tests {
 
     fn marked(w: &Watcher, o: &Object) -> bool {
         w.valid(o.state.lock().watch)
+    }
+
+    /// A mark does not keep its object; marks of objects dropped are swept
+    /// out as new ones are made, so they stay within twice the live ones.
+    #[test]
+    fn marks_neither_hold_their_objects_nor_outlive_them_for_long() {
+        let (w, _dir, d, _) = watched();
+        let kept = object(2);
+        assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new("kept")), &kept));
+        let weak = Arc::downgrade(&kept);
+        for i in 0..5000u64 {
+            let o = object(10 + i);
+            assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new(&format!("f{i}"))), &o));
+        }
+        let left: usize = w.inner.lock().by_wd.values().map(|d| d.children.len()).sum();
+        assert!(left <= 2 * 1024 + 1, "{left} marks kept for 1 object alive");
+        assert!(w.vouches_for(&d, OsStr::new("kept"), &kept), "the live object's mark was swept");
+        drop(kept);
+        assert_eq!(weak.strong_count(), 0, "the mark kept its object alive");
     }
 
     #[test]
