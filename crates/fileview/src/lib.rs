@@ -25,7 +25,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_policy::key::view::{self as vkey, Kind};
-use arcache_engine::Cache;
+use arc_policy::Key;
+use arcache_engine::{Cache, Record};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
@@ -150,6 +151,14 @@ impl ViewStats {
             ("fileview_objects_trimmed", l(&self.objects_trimmed)),
         ]
     }
+}
+
+/// How the view reads its own records: as a demand read a request makes
+/// (counted, from RAM or L2), or a look that counts nothing (RAM only).
+#[derive(Clone, Copy)]
+enum Look {
+    Demand,
+    Peek,
 }
 
 /// The version of `a` as a new object would take it (its number and
@@ -482,7 +491,21 @@ impl View {
         let k = key(kind, id, index);
         // View records are kept raw (`envelope::seal`): their stored bytes
         // are the envelope.
-        let payload = envelope::open(self.cache.view_lookup(k)?.stored(), kind, v, index);
+        self.open_record(k, self.cache.view_lookup(k)?, kind, v, index)
+    }
+
+    /// As `get`, from RAM only and counting nothing (not a demand read:
+    /// the view's own look at what it holds, which must not show in the
+    /// hit ratios or move the record in the ARC's lists).
+    fn peek(&self, kind: Kind, v: &Version, id: u64, index: u64) -> Option<Vec<u8>> {
+        let k = key(kind, id, index);
+        self.open_record(k, self.cache.view_peek(k)?, kind, v, index)
+    }
+
+    /// The payload of record `k` if its envelope names the version `v`;
+    /// otherwise (a number collision) the record is dropped.
+    fn open_record(&self, k: Key, rec: Arc<Record>, kind: Kind, v: &Version, index: u64) -> Option<Vec<u8>> {
+        let payload = envelope::open(rec.stored(), kind, v, index);
         if payload.is_none() {
             self.count(&self.stats.envelope_mismatches);
             self.cache.view_invalidate(k);
@@ -861,7 +884,7 @@ impl View {
         if dobj.state.lock().dir_chunks == 0 || !self.open_ahead.due(parent) {
             return;
         }
-        let Some(entries) = self.cached_listing(&dobj) else { return };
+        let Some(entries) = self.cached_listing(&dobj, Look::Peek) else { return };
         let Some(rel) = self.table.path(parent) else { return };
         let Ok(dir) = self.open_dir(&rel, libc::O_PATH) else { return };
         let names: Vec<Vec<u8>> = entries.into_iter().take(PREFETCH_MAX).map(|e| e.name).collect();
@@ -893,7 +916,7 @@ impl View {
     /// or on L2. The chunk count is the object's, or, when it has none yet
     /// (a listing restored from L2 after a restart), found by reading
     /// chunks until the listing's total is reached, and then kept.
-    fn cached_listing(&self, obj: &Object) -> Option<Vec<DirEntry>> {
+    fn cached_listing(&self, obj: &Object, look: Look) -> Option<Vec<DirEntry>> {
         let (id, v, chunks, gen) = {
             let st = obj.state.lock();
             (st.id, version(obj, &st), st.dir_chunks, st.gen)
@@ -904,7 +927,10 @@ impl View {
             if chunks > 0 && read == chunks {
                 break;
             }
-            let b = self.get(Kind::DirChunk, &v, id, read)?;
+            let b = match look {
+                Look::Demand => self.get(Kind::DirChunk, &v, id, read)?,
+                Look::Peek => self.peek(Kind::DirChunk, &v, id, read)?,
+            };
             let before = out.len();
             let total = records::decode_chunk(&b, &mut out)? as usize;
             read += 1;
@@ -937,7 +963,7 @@ impl View {
             let st = obj.state.lock();
             (st.id, st.gen)
         };
-        if let Some(out) = self.cached_listing(&obj) {
+        if let Some(out) = self.cached_listing(&obj, Look::Demand) {
             self.prefetch_cached(node, &obj, &out);
             return Ok(out);
         }
@@ -1031,7 +1057,7 @@ impl View {
         // A name a cached listing lacks is answered without SOURCE.
         let chunks = pobj.state.lock().dir_chunks;
         let mut listed_ino = None;
-        if let Some(entries) = (chunks > 0).then(|| self.cached_listing(&pobj)).flatten() {
+        if let Some(entries) = (chunks > 0).then(|| self.cached_listing(&pobj, Look::Demand)).flatten() {
             match entries.iter().find(|e| e.name == name.as_bytes()) {
                 Some(e) => listed_ino = Some(e.ino),
                 None => return Err(Errno::ENOENT),
