@@ -127,6 +127,14 @@ struct Inner {
     name_bytes: u64,
     /// Objects dropped to stay within the budget.
     trimmed: u64,
+    /// Objects made and nodes forgotten since the last trim: a trim waits
+    /// for a thirty-second of the table's objects, so a table whose objects
+    /// are all held (the kernel holding every node) is not scanned whole at
+    /// each new object.
+    since_trim: u64,
+    /// Steps of the trim's hand, for tests.
+    #[cfg(test)]
+    hand_moves: u64,
 }
 
 /// Where the table's RAM is charged and how much of it objects may hold
@@ -188,9 +196,14 @@ impl Inner {
     /// ARC under its number: the file found again gets an object of the
     /// same number once SOURCE is asked (as after a restart).
     fn trim(&mut self, limit: u64) {
+        self.since_trim = 0;
         let mut turns = 2 * self.clock.len();
         while self.object_bytes() > limit && turns > 0 {
             turns -= 1;
+            #[cfg(test)]
+            {
+                self.hand_moves += 1;
+            }
             let Some((key, serial)) = self.clock.pop_front() else { break };
             let Some(obj) = self.objects.get(&key) else { continue };
             if obj.serial != serial {
@@ -210,8 +223,22 @@ impl Inner {
         }
     }
 
+    /// One object made or node forgotten: trims if over `limit` and due.
+    fn maybe_trim(&mut self, limit: u64) {
+        self.since_trim += 1;
+        if self.object_bytes() > limit && self.since_trim >= self.objects.len() as u64 / 32 {
+            // A sixteenth below the limit, so a table that can be trimmed
+            // is not trimmed again for that many objects.
+            self.trim(limit - limit / 16);
+        }
+    }
+
     fn found(o: &Arc<Object>) -> Arc<Object> {
-        o.used.store(true, Relaxed);
+        // Read first: most objects found are marked already, and a store
+        // would dirty the object's cache line for every lookup.
+        if !o.used.load(Relaxed) {
+            o.used.store(true, Relaxed);
+        }
         Arc::clone(o)
     }
 }
@@ -391,12 +418,7 @@ impl Table {
         });
         inner.objects.insert((a.dev, a.ino), Arc::clone(&obj));
         inner.clock.push_back(((a.dev, a.ino), serial));
-        let limit = self.budget.limit();
-        if inner.object_bytes() > limit {
-            // A sixteenth below the limit, so the next trim is that many
-            // objects away.
-            inner.trim(limit - limit / 16);
-        }
+        inner.maybe_trim(self.budget.limit());
         drop(inner);
         self.charge();
         obj
@@ -448,10 +470,7 @@ impl Table {
             // The objects the kernel's nodes held may go now: a table that
             // grew past its budget while the kernel held everything comes
             // back within it as the kernel lets go.
-            let limit = self.budget.limit();
-            if inner.object_bytes() > limit {
-                inner.trim(limit - limit / 16);
-            }
+            inner.maybe_trim(self.budget.limit());
             drop(inner);
             self.charge();
         }
@@ -711,6 +730,22 @@ mod tests {
             t.forget(n, 1);
         }
         assert!(t.sizes().objects <= 4, "{} objects after the kernel forgot", t.sizes().objects);
+    }
+
+    /// A table whose objects are all held is not scanned whole for each new
+    /// object: the hand moves a bounded number of steps per object.
+    #[test]
+    fn a_table_of_held_objects_is_not_scanned_at_each_new_one() {
+        let (_, t) = counted(10);
+        let held: Vec<_> = (0..20_000).map(|i| t.object_for(&file(1, i, None), blank)).collect();
+        let moves = t.inner.lock().hand_moves;
+        assert!(moves < 20_000 * 100, "{moves} steps of the hand for 20,000 objects");
+        assert_eq!(t.sizes().objects, 20_000);
+        drop(held);
+        for i in 20_000..21_000 {
+            t.object_for(&file(1, i, None), blank);
+        }
+        assert!(t.sizes().objects <= 20, "{} objects once nothing held them", t.sizes().objects);
     }
 
     /// The bytes charged for names follow every change of the tables.

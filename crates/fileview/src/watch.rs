@@ -466,6 +466,29 @@ mod tests {
         assert!(marked(&w, &g));
     }
 
+    /// A mark vouches for the name it was made under, not for the object
+    /// wherever it is named: two hard links share an object, and a node of
+    /// the other name may lead elsewhere now; another file marked under the
+    /// name ends the old object's vouching there.
+    #[test]
+    fn a_mark_vouches_only_for_the_name_it_was_checked_under() {
+        let (w, _dir, d, _) = watched();
+        let (o, other) = (object(2), object(3));
+        assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new("a")), &o));
+        assert!(w.vouches_for(&d, OsStr::new("a"), &o));
+        assert!(marked(&w, &o), "the object's own mark stands");
+        assert!(!w.vouches_for(&d, OsStr::new("b"), &o), "vouched for under a name it was not checked under");
+        assert!(w.mark(w.before(&d).unwrap(), Some(OsStr::new("a")), &other));
+        assert!(!w.vouches_for(&d, OsStr::new("a"), &o), "the name leads to another file now");
+        assert!(!marked(&w, &o), "the replaced object's mark stays");
+        assert!(w.vouches_for(&d, OsStr::new("a"), &other));
+        let elsewhere = object(4);
+        assert!(
+            !w.vouches_for(&elsewhere, OsStr::new("a"), &other),
+            "vouched for in a directory not watched"
+        );
+    }
+
     #[test]
     fn an_overflow_ends_every_mark_and_a_watch_that_goes_ends_its_own() {
         let (w, _dir, d, wd) = watched();
