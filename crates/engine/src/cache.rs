@@ -82,10 +82,15 @@ impl State {
         }
     }
 
-    /// `arc_meta_used`: metadata records' bytes and their headers, and the
-    /// view's tables as last charged.
+    /// Metadata records' bytes and their headers.
+    fn meta_records_used(&self) -> u64 {
+        self.meta_psize + self.meta_records * RECORD_OVERHEAD
+    }
+
+    /// `arc_meta_used`: the records' part and the view's tables as last
+    /// charged.
     fn meta_used(&self) -> u64 {
-        self.meta_psize + self.meta_records * RECORD_OVERHEAD + self.reserved
+        self.meta_records_used() + self.reserved
     }
 }
 
@@ -779,7 +784,7 @@ impl Cache {
                 s.psize,
                 s.lsize,
                 s.data.len() as u64,
-                (s.meta_psize, s.meta_used() - s.reserved, s.meta_max),
+                (s.meta_psize, s.meta_records_used(), s.meta_max),
                 s.limits,
             )
         };

@@ -271,14 +271,16 @@ impl Table {
             },
         );
         let t = Table { inner: Mutex::new(inner), budget };
-        t.charge();
+        t.unlock_and_charge(t.inner.lock());
         t
     }
 
-    /// Tells the budget what the tables hold now. Outside the table's lock:
-    /// the budget may take the ARC's.
-    fn charge(&self) {
-        let bytes = self.inner.lock().bytes();
+    /// Tells the budget what the tables hold now, as the caller's change
+    /// left them; after letting go of the table's lock, since the budget
+    /// may take the ARC's.
+    fn unlock_and_charge(&self, inner: parking_lot::MutexGuard<'_, Inner>) {
+        let bytes = inner.bytes();
+        drop(inner);
         self.budget.charge(bytes);
     }
 
@@ -344,8 +346,7 @@ impl Table {
         );
         inner.name_bytes += 2 * name.len() as u64;
         inner.names.insert(key, id);
-        drop(inner);
-        self.charge();
+        self.unlock_and_charge(inner);
         id
     }
 
@@ -419,8 +420,7 @@ impl Table {
         inner.objects.insert((a.dev, a.ino), Arc::clone(&obj));
         inner.clock.push_back(((a.dev, a.ino), serial));
         inner.maybe_trim(self.budget.limit());
-        drop(inner);
-        self.charge();
+        self.unlock_and_charge(inner);
         obj
     }
 
@@ -454,8 +454,9 @@ impl Table {
     /// forgotten, so a new file that reuses the inode number starts with a
     /// new one (nodes and open handles keep theirs). The object, if any.
     pub fn forget_object(&self, dev: u64, ino: u64) -> Option<Arc<Object>> {
-        let gone = self.inner.lock().objects.remove(&(dev, ino));
-        self.charge();
+        let mut inner = self.inner.lock();
+        let gone = inner.objects.remove(&(dev, ino));
+        self.unlock_and_charge(inner);
         gone
     }
 
@@ -471,8 +472,7 @@ impl Table {
             // grew past its budget while the kernel held everything comes
             // back within it as the kernel lets go.
             inner.maybe_trim(self.budget.limit());
-            drop(inner);
-            self.charge();
+            self.unlock_and_charge(inner);
         }
     }
 
