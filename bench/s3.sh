@@ -18,7 +18,8 @@
 #   S3_BENCH_PARTS="random seq write" (the default) picks the parts; a
 #   run of only some writes bench/results/s3-PART[-PART].md instead.
 # Needs: ceph-mon ceph-osd radosgw (see tests/ceph/ceph-up.sh), s3backer,
-# rclone, fio, nbdcopy, and the venv .ci/run makes (boto3).
+# rclone, fio, nbdcopy, curl (7.75 or later: --aws-sigv4), /usr/bin/time,
+# and the venv .ci/run makes (boto3).
 # Writes bench/results/s3.md.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -28,7 +29,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/bench/lib.sh"
 bin=${ARCACHE_BIN:-$root/target/release/arcache}
 py=${ARCACHE_MOTO_VENV:-/var/tmp/arcache-moto-venv}/bin/python
-for t in fio nbdcopy s3backer rclone ceph-mon radosgw fusermount3 "$py" "$bin"; do
+for t in fio nbdcopy s3backer rclone curl /usr/bin/time ceph-mon radosgw fusermount3 "$py" "$bin"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
 parts=${S3_BENCH_PARTS:-random seq write}
@@ -161,9 +162,55 @@ rc=(env -u AWS_CA_BUNDLE RCLONE_CONFIG_CEPH_TYPE=s3 RCLONE_CONFIG_CEPH_PROVIDER=
   RCLONE_CONFIG_CEPH_ACCESS_KEY_ID=test RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY=testtesttest)
 mbps() { python3 -c "import sys; print(round(2048 / float(sys.argv[1])))" "$1"; }
 timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$t1"; }
-rclone_s=$(timed "${rc[@]}" rclone cat ceph:bench/seq.img)
+# Where each reader's time goes: the Ceph daemons share the two cores with
+# the reader, so what serving a reader costs them counts against every
+# reader's rate. CPU seconds of this run's daemons, from /proc.
+tck=$(getconf CLK_TCK)
+ceph_ticks() {
+  local t=0 p
+  for p in $(pgrep -f '^(ceph-mon|ceph-osd|radosgw) '); do
+    [[ $(readlink "/proc/$p/cwd") == "$work"/* ]] || continue
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$t"
+}
+pid_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+secs_of() { python3 -c "import sys; print(f'{int(sys.argv[1]) / int(sys.argv[2]):.2f}')" "$1" "$tck"; }
+# Runs a command; its wall time, and its own CPU seconds into $work/cpu.
+timed_cpu() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  /usr/bin/time -f "%U %S" -o "$work/time.out" "$@" >/dev/null
+  t1=$(date +%s.%N)
+  awk '{printf "%.2f", $1 + $2}' "$work/time.out" >"$work/cpu"
+  python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$t1"
+}
+c0=$(ceph_ticks)
+rclone_s=$(timed_cpu "${rc[@]}" rclone cat ceph:bench/seq.img)
+rclone_cpu=$(cat "$work/cpu") rclone_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+# A bare client sending the GETs arcache's stream sends (the object's read
+# unit, 8 MiB, eight at once: its prefetch threads) and keeping nothing:
+# what reading in those GETs costs on this host, without a cache's work.
+python3 - "$ep/bench/seq.img" $((2 << 30)) $((8 << 20)) >"$work/ranges.cfg" <<'PY'
+import sys
+url, size, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+blocks = []
+for at in range(0, size, unit):
+    blocks.append("\n".join([
+        f'url = "{url}"', f'range = "{at}-{min(at + unit, size) - 1}"', 'output = "/dev/null"',
+        'aws-sigv4 = "aws:amz:us-east-1:s3"', 'user = "test:testtesttest"',
+        'header = "x-amz-content-sha256: UNSIGNED-PAYLOAD"', 'write-out = "%{http_code}\\n"']))
+print("\nnext\n".join(blocks))
+PY
+c0=$(ceph_ticks)
+curl_s=$(timed_cpu bash -c "curl -s --parallel --parallel-max 8 -K '$work/ranges.cfg' >'$work/codes'")
+curl_cpu=$(cat "$work/cpu") curl_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+curl_gets=$(wc -l <"$work/codes")
+[ "$(grep -cx 206 "$work/codes")" = "$curl_gets" ] || { echo "bench: a ranged GET of curl failed: $(sort "$work/codes" | uniq -c)" >&2; exit 1; }
 serve --export "s=s3://bench/seq.img" --l2 "$work/l2s.img:3G"
-seq_cold=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+c0=$(ceph_ticks) a0=$(pid_ticks "$serve_pid")
+seq_cold=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+nbdcopy_cpu=$(cat "$work/cpu") arc_ceph=$(secs_of $(($(ceph_ticks) - c0))) arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 seq_gets=$("$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['backing_reads'])")
 seq_again=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
@@ -210,6 +257,14 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   if want seq; then
     echo "The cold sequential pass sent $seq_gets GETs for the 2 GiB object (backing_reads)."
+    echo
+    echo "Where the cold read's time goes (CPU seconds for the 2 GiB object; the Ceph daemons' from /proc, the others' own; two cores in all):"
+    echo
+    echo "| reader | MB/s | GETs | Ceph daemons | reader | its client |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    echo "| rclone cat (one streaming GET) | $(mbps "$rclone_s") | 1 | $rclone_ceph | $rclone_cpu | |"
+    echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $(mbps "$curl_s") | $curl_gets | $curl_ceph | $curl_cpu | |"
+    echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
   fi
   if want write; then
     echo "The written disk: $txg_syncs txgs synced to the bucket during the job, none failed (checked)."

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_policy::{Access, Key, ListKind, Lookup, Policy, SeenFilter};
-use arcache_l2::{BlobFlags, FeedItem, L2Arc};
+use arcache_l2::{BlobFlags, FeedItem, FeedStart, L2Arc};
 use arcache_sync::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
@@ -246,7 +246,7 @@ impl Cache {
 
     /// The shared prefetch pool, started on first use.
     pub(crate) fn prefetcher(&self) -> &Prefetcher {
-        self.prefetcher.get_or_init(|| Prefetcher::new(8, 256))
+        self.prefetcher.get_or_init(|| Prefetcher::new(crate::prefetch::PREFETCH_THREADS, 256))
     }
 
     /// Notes demand reads of `keys` for live sizing.
@@ -640,6 +640,8 @@ impl Cache {
     /// not on L2 yet, marks them in flight and returns their stored bytes.
     pub fn feed_candidates(&self, rules: FeedRules) -> Vec<FeedItem> {
         let Some(l2) = &self.l2 else { return Vec::new() };
+        // Read before any record is looked at (see `L2Arc::drop_generation`).
+        let tag = crate::record::fed_tag(l2.drop_generation());
         let s = self.state.lock();
         let secondary = self.secondary.read();
         let mut out = Vec::new();
@@ -656,7 +658,14 @@ impl Cache {
                     return true;
                 }
                 let Some(rec) = s.data.get(&key) else { return true };
-                if l2.begin_feed(key) {
+                if rec.fed_at(tag) {
+                    return true;
+                }
+                let start = l2.begin_feed_checked(key);
+                if start != FeedStart::Busy {
+                    rec.set_fed(tag);
+                }
+                if start == FeedStart::Started {
                     taken += rec.psize();
                     let lshift = lshift_of(rec.lsize());
                     let flags = BlobFlags {

@@ -7,6 +7,9 @@ use std::sync::Arc;
 
 use arcache_pool::JobQueue;
 
+/// Prefetch reads under way at once, at most.
+pub(crate) const PREFETCH_THREADS: usize = 8;
+
 pub struct Prefetcher {
     queue: JobQueue,
     limit: usize,

@@ -2,6 +2,14 @@
 //! least an eighth, as OpenZFS requires) and its logical size. The same
 //! stored bytes go to L2, so feeding never recompresses.
 
+use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
+
+/// The tag [`Record::set_fed`] keeps for L2 drop generation `generation`:
+/// never 0, which means "never fed".
+pub(crate) fn fed_tag(generation: u64) -> u16 {
+    (generation % u64::from(u16::MAX)) as u16 + 1
+}
+
 #[derive(Debug)]
 pub struct Record {
     /// Exactly the stored length: an `Arc<[u8]>` would put its counters in
@@ -10,6 +18,12 @@ pub struct Record {
     stored: Box<[u8]>,
     lsize: u32,
     compressed: bool,
+    /// The L2 drop generation (plus one, modulo 2^16) at which the feed
+    /// last found this record on L2 or sent it there; 0: never. In the
+    /// struct's padding, so it costs no memory. Wrapping can at worst
+    /// make the feed pass over a record whose copy was dropped, never
+    /// serve anything wrong: reads look L2's index up themselves.
+    fed: AtomicU16,
 }
 
 /// A decompression failure: the stored bytes are not a valid LZ4 block of
@@ -37,22 +51,37 @@ impl AsRef<[u8]> for Record {
 }
 
 impl Record {
+    /// Whether the feed found this record on L2 (or sent it) at the drop
+    /// generation `tag` stands for (see [`fed_tag`]).
+    pub(crate) fn fed_at(&self, tag: u16) -> bool {
+        self.fed.load(Relaxed) == tag
+    }
+
+    pub(crate) fn set_fed(&self, tag: u16) {
+        self.fed.store(tag, Relaxed);
+    }
+
     /// Keeps `data` as is, or compressed if `compress` and it pays.
     pub fn new(data: &[u8], compress: bool) -> Record {
         let lsize = data.len() as u32;
         if compress && data.len() >= 1024 && probe_compresses(data) {
             let c = lz4_flex::block::compress(data);
             if c.len() <= data.len() - data.len() / 8 {
-                return Record { stored: c.into_boxed_slice(), lsize, compressed: true };
+                return Record {
+                    stored: c.into_boxed_slice(),
+                    lsize,
+                    compressed: true,
+                    fed: AtomicU16::new(0),
+                };
             }
         }
-        Record { stored: data.into(), lsize, compressed: false }
+        Record { stored: data.into(), lsize, compressed: false, fed: AtomicU16::new(0) }
     }
 
     /// Keeps `data` uncompressed, without copying it.
     pub fn raw(data: Vec<u8>) -> Record {
         let lsize = data.len() as u32;
-        Record { stored: data.into_boxed_slice(), lsize, compressed: false }
+        Record { stored: data.into_boxed_slice(), lsize, compressed: false, fed: AtomicU16::new(0) }
     }
 
     /// Writes `bytes` over logical bytes `at..` of an uncompressed record;
@@ -72,7 +101,7 @@ impl Record {
 
     /// A record read back from L2, checked by decompressing it once.
     pub fn from_stored(stored: Box<[u8]>, lsize: u32, compressed: bool) -> Result<Record, Corrupt> {
-        let r = Record { stored, lsize, compressed };
+        let r = Record { stored, lsize, compressed, fed: AtomicU16::new(0) };
         if compressed {
             r.decompress()?;
         } else if r.stored.len() != lsize as usize {
@@ -130,6 +159,19 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_feeds_mark_costs_no_memory() {
+        assert_eq!(std::mem::size_of::<Record>(), 24, "the fed tag must stay in the padding");
+    }
+
+    #[test]
+    fn fed_tags_are_never_the_unfed_zero() {
+        for g in [0, 1, u64::from(u16::MAX) - 1, u64::from(u16::MAX), u64::MAX] {
+            assert_ne!(fed_tag(g), 0, "generation {g}");
+        }
+        assert_ne!(fed_tag(7), fed_tag(8));
+    }
 
     #[test]
     fn compresses_only_when_it_pays() {

@@ -58,7 +58,17 @@ impl SyncMode {
     }
 }
 
-const STRIPES: usize = 1024;
+/// Record locks per volume; record `r` takes lock `r % STRIPES`. A
+/// stream's prefetches each hold the locks of a whole read unit while they
+/// read it (as does a stream's miss read on to the end of its unit), and
+/// any request for a record whose lock such a read holds waits for it; so
+/// the units the prefetch threads may have under way at once must not
+/// share a lock. Before, 1,024 locks taken by a hash of the key left only
+/// 610 records in a row (Fibonacci hashing's spacing) on locks of their
+/// own, two units of 256: a stream's third unit waited for its first, and
+/// its requests behind both (S3: a cold stream at three quarters of the
+/// rate it has now, bench/s3.sh). 64 KiB per volume.
+const STRIPES: usize = 4096;
 
 /// Most records one backing IO fills or writes at once; bounds the locks
 /// one request holds and the size of a single device request.
@@ -66,9 +76,16 @@ const MAX_RECORDS_PER_IO: u64 = 64;
 /// Most records a read unit may span (`BlockDev::read_unit`), and so one
 /// read of a stream over such a store: more than `MAX_RECORDS_PER_IO`, so
 /// exports of small records still read an object store in megabytes
-/// (4 MiB of 16K records), but a quarter of the stripes at most, so other
-/// requests still find most of them free while such a read is under way.
-const MAX_UNIT_RECORDS: u64 = STRIPES as u64 / 4;
+/// (S3's 8 MiB of 16K records: half the GETs of 4 MiB ones), but no more
+/// than lets the prefetch threads' units be on locks of their own.
+const MAX_UNIT_RECORDS: u64 = (STRIPES / crate::prefetch::PREFETCH_THREADS) as u64;
+
+/// The lock of record `record` (see `STRIPES`): consecutive records take
+/// consecutive locks, so no two of `STRIPES` records in a row share one.
+fn stripe_of(record: u64) -> usize {
+    (record % STRIPES as u64) as usize
+}
+
 /// Compressed records at least this large are kept decompressed in RAM once
 /// read or written in part, so small IO on large records costs what it
 /// costs on small ones (see `Cache::keep_decompressed`).
@@ -485,7 +502,7 @@ impl Volume {
     }
 
     fn stripe(&self, record: u64) -> usize {
-        (self.key(record).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % STRIPES
+        stripe_of(record)
     }
 
     /// Write-through for `sync=always` without a log: each write goes to
@@ -832,6 +849,21 @@ fn runs(sorted: &[u64]) -> Vec<Range<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As many units in a row as the prefetch threads may read at once,
+    /// wherever the stream is, never share a lock (with the hashed 1,024
+    /// locks this fails at the third unit).
+    #[test]
+    fn the_units_a_stream_reads_at_once_have_locks_of_their_own() {
+        let span = MAX_UNIT_RECORDS * crate::prefetch::PREFETCH_THREADS as u64;
+        const { assert!(MAX_UNIT_RECORDS >= 512, "S3's 8 MiB of 16K records is one unit") };
+        for start in [0, 1, 511, 4095, 4096, 1 << 20, (1 << 40) + 17] {
+            let mut locks: Vec<usize> = (start..start + span).map(stripe_of).collect();
+            locks.sort_unstable();
+            locks.dedup();
+            assert_eq!(locks.len() as u64, span, "records from {start}");
+        }
+    }
 
     fn big_record_volume() -> (Arc<Volume>, Arc<blockdev::MemDev>) {
         let cache = Cache::new(crate::CacheConfig {

@@ -13,7 +13,7 @@ mod persist;
 mod rebuild;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arcache_batch::Batch;
@@ -189,6 +189,21 @@ pub struct L2Arc {
     uring: std::sync::OnceLock<Arc<blockdev::uring::Uring>>,
     /// `l2arc_ring_reads`: whether reads may use the ring once started.
     ring_on: sync_atomic::AtomicBool,
+    /// Counts every time a key left the index, or a feed of it ended
+    /// without it entering: what the ARC learnt of a record being on L2
+    /// holds while this is unchanged (see [`L2Arc::drop_generation`]).
+    drops: AtomicU64,
+}
+
+/// What [`L2Arc::begin_feed_checked`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedStart {
+    /// Marked in flight: the caller writes it.
+    Started,
+    /// On L2 already, or being fed.
+    Held,
+    /// A write of it to the backing store is under way: not now.
+    Busy,
 }
 
 /// Whether a record is stored as it is: uncompressed and a whole number of
@@ -311,6 +326,7 @@ impl L2Arc {
             commit_every: AtomicU64::new(0),
             uring: std::sync::OnceLock::new(),
             ring_on: sync_atomic::AtomicBool::new(true),
+            drops: AtomicU64::new(0),
         })
     }
 
@@ -376,12 +392,35 @@ impl L2Arc {
     /// Marks `key` as being fed; false if it is on L2 already or being fed.
     /// Call while the record's bytes cannot change (under the ARC lock).
     pub fn begin_feed(&self, key: u64) -> bool {
+        self.begin_feed_checked(key) == FeedStart::Started
+    }
+
+    /// [`L2Arc::begin_feed`], saying why not.
+    pub fn begin_feed_checked(&self, key: u64) -> FeedStart {
         let mut m = self.meta.lock();
-        if m.index.get(key).is_some() || m.in_flight.contains_key(&key) || m.writing.contains_key(&key) {
-            return false;
+        if m.index.get(key).is_some() || m.in_flight.contains_key(&key) {
+            return FeedStart::Held;
+        }
+        if m.writing.contains_key(&key) {
+            return FeedStart::Busy;
         }
         m.in_flight.insert(key, false);
-        true
+        FeedStart::Started
+    }
+
+    /// Changes whenever a key leaves L2's index or a feed ends without
+    /// indexing its key. A key found [`FeedStart::Held`] after this was
+    /// read stays on L2 (or in flight to it) for as long as this is
+    /// unchanged, so the feed need not ask again for each record at each
+    /// scan (the scans walk past every record fed already: with the lock
+    /// and lookups of each, a sixth of the server's time on a cold
+    /// stream).
+    pub fn drop_generation(&self) -> u64 {
+        self.drops.load(Ordering::Acquire)
+    }
+
+    fn note_drops(&self) {
+        self.drops.fetch_add(1, Ordering::Release);
     }
 
     /// Forgets any L2 copy of `key`, including one the feed is writing now.
@@ -404,6 +443,7 @@ impl L2Arc {
         if let Some(p) = m.index.remove(key) {
             m.size -= p.lsize();
             m.asize -= p.blob_len();
+            self.note_drops();
             self.stats.l2_invalidated.fetch_add(1, Relaxed);
             devs |= 1 << p.dev();
         }
@@ -504,6 +544,7 @@ impl L2Arc {
         let mut m = self.meta.lock();
         if m.index.get(key) == Some(ptr) {
             m.index.remove(key);
+            self.note_drops();
             m.size -= ptr.lsize();
             m.asize -= ptr.blob_len();
             if self.rebuilding.iter().any(|r| r.load(Relaxed)) {
@@ -759,6 +800,7 @@ impl L2Arc {
                     m.index.get(k).filter(|p| p.dev() == dev_idx && p.daddr() >= start && p.daddr() < b.end)
                 {
                     m.index.remove(k);
+                    self.note_drops();
                     m.size -= p.lsize();
                     m.asize -= p.blob_len();
                     // The rebuild takes "in the index" for "met in a newer
@@ -825,6 +867,7 @@ impl L2Arc {
             for it in &items {
                 m.in_flight.remove(&it.key);
             }
+            self.note_drops();
             why
         };
         if dev.is_degraded() {
@@ -862,6 +905,7 @@ impl L2Arc {
             for (key, rel, blob_len, cksum, flags) in placed {
                 let dirty = m.in_flight.remove(&key).unwrap_or(true);
                 if dirty {
+                    self.note_drops();
                     continue;
                 }
                 let ptr = L2Ptr::new(dev_idx, res.offset + rel, blob_len, flags, cksum);
@@ -955,6 +999,7 @@ impl L2Arc {
                     m.index.get(k).filter(|p| p.dev() == dev_idx && p.daddr() >= *start && p.daddr() < b.end);
                 if let Some(p) = here {
                     m.index.remove(k);
+                    self.note_drops();
                     m.size -= p.lsize();
                     m.asize -= p.blob_len();
                     if self.is_rebuilding() {

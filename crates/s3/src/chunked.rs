@@ -323,10 +323,9 @@ impl S3ChunkDev {
                 range: Some(GetRange::Bounded(range.clone())),
                 ..Default::default()
             };
-            let got = with_retries(self.budget, &path, || {
-                block(async {
-                    crate::body::read_into(self.store.get_opts(&path, opts.clone()).await?, out).await
-                })
+            let got = with_retries(self.budget, &path, || match runtime() {
+                Ok(rt) => crate::body::get_into(rt, &self.store, &path, opts.clone(), out),
+                Err(e) => Err(object_store::Error::Generic { store: "S3", source: Box::new(e) }),
             });
             match got {
                 Ok(n) if n == out.len() => return Ok(()),

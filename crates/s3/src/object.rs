@@ -211,10 +211,7 @@ impl BlockDev for S3ObjectDev {
         let rt = runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
         let got = with_retries(retry_budget(&self.location), &what, || {
-            rt.block_on(async {
-                let got = self.store.get_opts(&self.path, opts.clone()).await?;
-                crate::body::read_into(got, buf).await
-            })
+            crate::body::get_into(rt, &self.store, &self.path, opts.clone(), buf)
         });
         match got {
             Ok(n) if n == buf.len() => Ok(()),
