@@ -203,7 +203,7 @@ for at in range(0, size, unit):
 print("\nnext\n".join(blocks))
 PY
 c0=$(ceph_ticks)
-curl_s=$(timed_cpu bash -c "curl -s --parallel --parallel-max 8 -K '$work/ranges.cfg' >'$work/codes'")
+curl_s=$(timed_cpu bash -c "curl -s --no-progress-meter --parallel --parallel-max 8 -K '$work/ranges.cfg' >'$work/codes'")
 curl_cpu=$(cat "$work/cpu") curl_ceph=$(secs_of $(($(ceph_ticks) - c0)))
 curl_gets=$(wc -l <"$work/codes")
 [ "$(grep -cx 206 "$work/codes")" = "$curl_gets" ] || { echo "bench: a ranged GET of curl failed: $(sort "$work/codes" | uniq -c)" >&2; exit 1; }
