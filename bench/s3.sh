@@ -265,6 +265,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| rclone cat (one streaming GET) | $(mbps "$rclone_s") | 1 | $rclone_ceph | $rclone_cpu | |"
     echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $(mbps "$curl_s") | $curl_gets | $curl_ceph | $curl_cpu | |"
     echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
+    echo
   fi
   if want write; then
     echo "The written disk: $txg_syncs txgs synced to the bucket during the job, none failed (checked)."
