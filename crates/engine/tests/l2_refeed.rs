@@ -1,7 +1,9 @@
 //! The feed skips records it found on L2 (or sent there) without asking L2
-//! again, but only while L2 has dropped nothing since: a record whose copy
-//! never landed (a failed batch write) or was dropped while the record
-//! stayed in RAM is fed at a later cycle.
+//! again while L2 has dropped nothing since but by its hand's turnover: a
+//! record whose copy never landed (a failed batch write) is fed at a later
+//! cycle; one whose copy the hand overwrote, for room for newer records,
+//! is not fed again while it stays in RAM, so an L2 smaller than what RAM
+//! holds is not rewritten in circles.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -11,41 +13,85 @@ use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
 use blockdev::{BlockDev, FaultPlan, FaultyDev, MemDev};
 
 const RS: u64 = 16 << 10;
-const RECORDS: u64 = 64;
-const L2_BYTES: u64 = HEADER_RESERVED + (8 << 20);
+
+struct Rig {
+    cache: Arc<Cache>,
+    feed: Feed,
+    l2: Arc<L2Arc>,
+    records: u64,
+}
+
+impl Rig {
+    /// `records` records of an export written into an ARC twice their size
+    /// (all stay in RAM), with an L2 on `l2dev`; nothing fed yet.
+    fn new(l2dev: Arc<dyn BlockDev>, records: u64) -> Rig {
+        let l2 = L2Arc::new(vec![L2Device::new("l2".into(), l2dev).unwrap()]).unwrap();
+        let arc_max = 2 * RS * records;
+        let cache = Cache::with_l2(
+            CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: false },
+            Some(Arc::new(l2)),
+        );
+        let tun = Arc::new(FeedTunables::default());
+        tun.dwpd_limit.store(0, Relaxed);
+        let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(arc_max))).unwrap();
+        let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: false };
+        let vol = Volume::new(0, cfg, Arc::new(MemDev::new(RS * records)), Arc::clone(&cache));
+        cache.zfetch.disable.store(true, Relaxed);
+        let data: Vec<u8> = (0..RS * records).map(|i| (i * 7 / 3) as u8).collect();
+        vol.write(0, &data, false).unwrap();
+        let l2 = Arc::clone(cache.l2().unwrap());
+        Rig { cache, feed, l2, records }
+    }
+
+    fn on_l2(&self) -> u64 {
+        (0..self.records).filter(|&r| self.l2.contains(r)).count() as u64
+    }
+
+    fn all_in_ram(&self) -> bool {
+        self.cache.count_cached(&(0..self.records).collect::<Vec<_>>()) == self.records
+    }
+}
 
 #[test]
 fn records_of_a_failed_batch_are_fed_at_the_next_cycle() {
+    const L2_BYTES: u64 = HEADER_RESERVED + (8 << 20);
     let l2dev = Arc::new(FaultyDev::new(MemDev::new(L2_BYTES), 1));
-    let l2 = L2Arc::new(vec![L2Device::new("l2".into(), Arc::clone(&l2dev) as Arc<dyn BlockDev>).unwrap()])
-        .unwrap();
-    let cache = Cache::with_l2(
-        CacheConfig { arc_min: 16 << 20, arc_max: 32 << 20, min_prefetch_ms: 0, compress: false },
-        Some(Arc::new(l2)),
-    );
-    let tun = Arc::new(FeedTunables::default());
-    tun.dwpd_limit.store(0, Relaxed);
-    let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(32 << 20))).unwrap();
-    let vol = Volume::new(
-        0,
-        VolumeConfig { name: "t".into(), recordsize: RS, read_only: false },
-        Arc::new(MemDev::new(RS * RECORDS)),
-        Arc::clone(&cache),
-    );
-    cache.zfetch.disable.store(true, Relaxed);
-    let data: Vec<u8> = (0..RS * RECORDS).map(|i| (i * 7 / 3) as u8).collect();
-    vol.write(0, &data, false).unwrap();
-    let l2 = Arc::clone(cache.l2().unwrap());
-    let on_l2 = || (0..RECORDS).filter(|&r| l2.contains(r)).count() as u64;
+    let rig = Rig::new(Arc::clone(&l2dev) as Arc<dyn BlockDev>, 64);
 
     let data_area = HEADER_RESERVED..L2_BYTES;
     l2dev.set_plan(FaultPlan { fail_writes: Vec::from([data_area]), ..FaultPlan::default() });
-    let (wrote, _) = feed.cycle_once();
-    assert_eq!((wrote, on_l2()), (0, 0), "the batch write failed");
-    assert!(l2.stats.l2_writes_error.load(Relaxed) > 0, "a write was tried");
+    let (wrote, _) = rig.feed.cycle_once();
+    assert_eq!((wrote, rig.on_l2()), (0, 0), "the batch write failed");
+    assert!(rig.l2.stats.l2_writes_error.load(Relaxed) > 0, "a write was tried");
 
     l2dev.set_plan(FaultPlan::default());
-    feed.cycle_once();
-    assert_eq!(on_l2(), RECORDS, "every record fed once the device takes writes");
-    assert_eq!(cache.count_cached(&(0..RECORDS).collect::<Vec<_>>()), RECORDS, "all still in RAM");
+    rig.feed.cycle_once();
+    assert_eq!(rig.on_l2(), 64, "every record fed once the device takes writes");
+    assert!(rig.all_in_ram());
+}
+
+#[test]
+fn an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles() {
+    // Room for about 1,024 of the 1,536 records RAM holds (and for the
+    // feed's batches of 8 MiB).
+    let rig = Rig::new(Arc::new(MemDev::new(HEADER_RESERVED + (16 << 20))), 1536);
+    let written = || rig.l2.stats.l2_write_bytes.load(Relaxed);
+    let cycles = |n| {
+        for _ in 0..n {
+            rig.feed.cycle_once();
+            rig.l2.commit_pending();
+        }
+    };
+
+    cycles(4);
+    let filled = written();
+    assert!(filled >= 16 << 20, "{filled} bytes written: the test needs the hand to wrap");
+    assert!(
+        filled <= RS * 1536 + (1 << 20),
+        "{filled} bytes written to fill a 16 MiB L2 from 24 MiB of records"
+    );
+    cycles(4);
+    assert_eq!(written(), filled, "nothing new in RAM, yet the feed wrote again");
+    assert!(rig.all_in_ram());
+    assert!(rig.on_l2() > 768, "{} records on L2: it is full of them", rig.on_l2());
 }
