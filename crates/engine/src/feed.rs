@@ -278,7 +278,9 @@ impl Feed {
             while left >= 64 << 10 {
                 let rules = FeedRules {
                     scan_bytes: if headroom == 0 { u64::MAX } else { budget.saturating_mul(headroom) },
-                    budget: left.min(MAX_BATCH),
+                    // A batch must fit the device: on one smaller than two
+                    // batches every batch failed and nothing was ever fed.
+                    budget: left.min(MAX_BATCH).min(dev.capacity() / 2),
                     mfu_only: t.mfuonly.load(Relaxed),
                     include_prefetch,
                 };

@@ -3,7 +3,8 @@
 //! record whose copy never landed (a failed batch write) is fed at a later
 //! cycle; one whose copy the hand overwrote, for room for newer records,
 //! is not fed again while it stays in RAM, so an L2 smaller than what RAM
-//! holds is not rewritten in circles.
+//! holds is not rewritten in circles. A device smaller than two of the
+//! feed's batches gets smaller batches.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -94,4 +95,16 @@ fn an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles() {
     assert_eq!(written(), filled, "nothing new in RAM, yet the feed wrote again");
     assert!(rig.all_in_ram());
     assert!(rig.on_l2() > 768, "{} records on L2: it is full of them", rig.on_l2());
+}
+
+#[test]
+fn an_l2_smaller_than_a_batch_is_fed_in_smaller_ones() {
+    // 4 MiB for records, below the feed's 8 MiB batches; 6 MiB of records.
+    let rig = Rig::new(Arc::new(MemDev::new(HEADER_RESERVED + (4 << 20))), 384);
+    for _ in 0..2 {
+        rig.feed.cycle_once();
+        rig.l2.commit_pending();
+    }
+    assert!(rig.on_l2() > 128, "{} records on L2", rig.on_l2());
+    assert_eq!(rig.l2.stats.l2_writes_error.load(Relaxed), 0);
 }
