@@ -666,7 +666,8 @@ impl Cache {
                     rec.set_fed(tag);
                 }
                 if start == FeedStart::Started {
-                    taken += rec.psize();
+                    // What it takes on the device, which a batch must fit.
+                    taken += arcache_l2::device_len((**rec).as_ref(), rec.is_compressed());
                     let lshift = lshift_of(rec.lsize());
                     let flags = BlobFlags {
                         raw: false,

@@ -19,8 +19,8 @@ pub struct Record {
     lsize: u32,
     compressed: bool,
     /// The L2 drop generation (plus one, modulo 2^16) at which the feed
-    /// last found this record on L2 or sent it there; 0: never (see
-    /// `L2Arc::drop_generation`). In the struct's padding, so it costs no
+    /// last found this record on L2 or sent it there; 0: never, or changed
+    /// since (see `L2Arc::drop_generation`). In the struct's padding, so it costs no
     /// memory. Wrapping can at worst make the feed pass over a record
     /// whose copy was dropped, never serve anything wrong: reads look
     /// L2's index up themselves.
@@ -94,6 +94,8 @@ impl Record {
         match at.checked_add(bytes.len()).and_then(|end| self.stored.get_mut(at..end)) {
             Some(dst) => {
                 dst.copy_from_slice(bytes);
+                // New bytes: the feed must send them again.
+                self.fed.store(0, Relaxed);
                 true
             }
             None => false,

@@ -3,7 +3,8 @@
 //! record whose copy never landed (a failed batch write) is fed at a later
 //! cycle; one whose copy the hand overwrote, for room for newer records,
 //! is not fed again while it stays in RAM, so an L2 smaller than what RAM
-//! holds is not rewritten in circles. A device smaller than two of the
+//! holds is not rewritten in circles, nor is it once clients write; a
+//! record a write changed is fed again. A device smaller than two of the
 //! feed's batches gets smaller batches.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -19,6 +20,7 @@ struct Rig {
     cache: Arc<Cache>,
     feed: Feed,
     l2: Arc<L2Arc>,
+    vol: Arc<Volume>,
     records: u64,
 }
 
@@ -41,7 +43,7 @@ impl Rig {
         let data: Vec<u8> = (0..RS * records).map(|i| (i * 7 / 3) as u8).collect();
         vol.write(0, &data, false).unwrap();
         let l2 = Arc::clone(cache.l2().unwrap());
-        Rig { cache, feed, l2, records }
+        Rig { cache, feed, l2, vol, records }
     }
 
     fn on_l2(&self) -> u64 {
@@ -95,6 +97,16 @@ fn an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles() {
     assert_eq!(written(), filled, "nothing new in RAM, yet the feed wrote again");
     assert!(rig.all_in_ram());
     assert!(rig.on_l2() > 768, "{} records on L2: it is full of them", rig.on_l2());
+
+    // A client writes a few records: those are fed again, and only those
+    // (a write once made every overwritten record look dropped).
+    for r in [3u64, 700, 1500] {
+        rig.vol.write(r * RS + 4096, &[0xa5; 4096], false).unwrap();
+    }
+    cycles(4);
+    let more = written() - filled;
+    assert!(more <= 3 * RS + (64 << 10), "{more} bytes written after three records changed");
+    assert!([3, 700, 1500].iter().all(|&r| rig.l2.contains(r)), "the changed records fed again");
 }
 
 #[test]

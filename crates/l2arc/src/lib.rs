@@ -211,6 +211,17 @@ fn stored_raw(data: &[u8], flags: BlobFlags) -> bool {
     !flags.compressed && !data.is_empty() && (data.len() as u64).is_multiple_of(SECTOR)
 }
 
+/// Bytes a record stored as `data` takes in a batch on the device: a
+/// small compressed record takes a whole sector.
+pub fn device_len(data: &[u8], compressed: bool) -> u64 {
+    let flags = BlobFlags { raw: false, compressed, prefetch: false, mfu: false, lshift: 0 };
+    if stored_raw(data, flags) {
+        data.len() as u64
+    } else {
+        framed_len(data.len())
+    }
+}
+
 /// Bytes a record of `len` bytes takes on the device once framed.
 pub fn framed_len(len: usize) -> u64 {
     (4 + len as u64).div_ceil(SECTOR) * SECTOR
@@ -406,18 +417,19 @@ impl L2Arc {
         FeedStart::Started
     }
 
-    /// Changes whenever a key leaves L2's index other than by the write
-    /// hand's turnover (an invalidation, a bad copy, a device retired), or
-    /// a feed ends without indexing its key. While it is unchanged, a
-    /// record the feed found [`FeedStart::Held`] after reading it needs no
-    /// second look: its copy is there, or the hand has overwritten it to
-    /// make room for newer records, and then the record, still in RAM, is
-    /// not fed again. Feeding those again had an L2 smaller than what RAM
-    /// holds rewritten in circles at the device's full speed, idle server
-    /// and all (by hand: 3 GB/s into a 64 MiB L2 under 200 MiB of
-    /// records). And the
-    /// scans walk past every record fed already: asking L2 about each, a
-    /// lock and lookups, was a sixth of the server's time on a cold stream.
+    /// Changes when copies are lost to a fault: a batch that failed, a
+    /// device retired, a copy found bad. Not when the write hand
+    /// overwrites copies to make room for newer records, nor when a write
+    /// invalidates one (the record it belonged to is replaced in RAM, or
+    /// changed in place and unmarked). So the feed sends a record once per
+    /// stay in RAM and, until a fault, passes over every record it marked
+    /// without asking L2 again. Feeding records whose copies the hand had
+    /// overwritten had an L2 smaller than what RAM holds rewritten in
+    /// circles at the device's full speed, idle server and all (by hand:
+    /// 3 GB/s into a 64 MiB L2 under 200 MiB of records), and any client
+    /// write re-armed that while writes changed the generation. And asking
+    /// L2 about each record at each scan, a lock and lookups, was a sixth
+    /// of the server's time on a cold stream.
     pub fn drop_generation(&self) -> u64 {
         self.drops.load(Ordering::Acquire)
     }
@@ -446,7 +458,6 @@ impl L2Arc {
         if let Some(p) = m.index.remove(key) {
             m.size -= p.lsize();
             m.asize -= p.blob_len();
-            self.note_drops();
             self.stats.l2_invalidated.fetch_add(1, Relaxed);
             devs |= 1 << p.dev();
         }
@@ -908,7 +919,6 @@ impl L2Arc {
             for (key, rel, blob_len, cksum, flags) in placed {
                 let dirty = m.in_flight.remove(&key).unwrap_or(true);
                 if dirty {
-                    self.note_drops();
                     continue;
                 }
                 let ptr = L2Ptr::new(dev_idx, res.offset + rel, blob_len, flags, cksum);
@@ -1064,5 +1074,19 @@ fn cached_entry(tag: u16, record: u64, lpos: u64, blob_len: u64, flags: BlobFlag
         record,
         lpos_or_count: lpos,
         cksum,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The feed sizes its batches by this: a small compressed record takes
+    /// a whole sector, several times its stored size.
+    #[test]
+    fn a_small_compressed_record_takes_a_sector_and_a_raw_one_its_length() {
+        assert_eq!(device_len(&[7u8; 75], true), SECTOR);
+        assert_eq!(device_len(&[7u8; 16384], false), 16384);
+        assert_eq!(device_len(&[7u8; 16384], true), framed_len(16384));
     }
 }
