@@ -45,15 +45,33 @@ pub(crate) fn get_into(
         // SAFETY: `target` is `out`, which the caller cannot touch or free
         // until this function returns, and it returns only once this task
         // has ended (block_on below waits for its end whatever its
-        // outcome: result, error or panic). The runtime is a static one
-        // that is never shut down, so the task is never dropped unfinished
-        // while `out` is gone.
+        // outcome: result, error or panic; were the wait to unwind, the
+        // process aborts). The runtime is a static one that is never shut
+        // down, so the task is never dropped unfinished while `out` is
+        // gone.
         let out = unsafe { std::slice::from_raw_parts_mut(target.at, target.len) };
         read_into(got, out).await
     });
-    match rt.block_on(task) {
+    // Should waiting unwind instead of returning (tokio failing to park a
+    // thread being torn down), the task would live on and write into
+    // `out` after its owner freed it: end the process rather.
+    let guard = AbortOnUnwind;
+    let joined = rt.block_on(task);
+    std::mem::forget(guard);
+    match joined {
         Ok(result) => result,
         Err(source) => Err(object_store::Error::JoinError { source }),
+    }
+}
+
+/// Aborts the process if dropped while unwinding.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::process::abort();
+        }
     }
 }
 
