@@ -161,7 +161,6 @@ echo "bench: sequential reads" >&2
 rc=(env -u AWS_CA_BUNDLE RCLONE_CONFIG_CEPH_TYPE=s3 RCLONE_CONFIG_CEPH_PROVIDER=Ceph RCLONE_CONFIG_CEPH_ENDPOINT="$ep"
   RCLONE_CONFIG_CEPH_ACCESS_KEY_ID=test RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY=testtesttest)
 mbps() { python3 -c "import sys; print(round(2048 / float(sys.argv[1])))" "$1"; }
-timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$t1"; }
 # Where each reader's time goes: the Ceph daemons share the two cores with
 # the reader, so what serving a reader costs them counts against every
 # reader's rate. CPU seconds of this run's daemons, from /proc.
@@ -212,7 +211,7 @@ c0=$(ceph_ticks) a0=$(pid_ticks "$serve_pid")
 seq_cold=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 nbdcopy_cpu=$(cat "$work/cpu") arc_ceph=$(secs_of $(($(ceph_ticks) - c0))) arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 seq_gets=$("$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['backing_reads'])")
-seq_again=$(timed nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+seq_again=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
 stop_serve
 fi
@@ -265,9 +264,9 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| rclone cat (one streaming GET) | $(mbps "$rclone_s") | 1 | $rclone_ceph | $rclone_cpu | |"
     echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $(mbps "$curl_s") | $curl_gets | $curl_ceph | $curl_cpu | |"
     echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
-    echo
   fi
   if want write; then
+    echo
     echo "The written disk: $txg_syncs txgs synced to the bucket during the job, none failed (checked)."
   fi
   echo

@@ -19,11 +19,11 @@ pub struct Record {
     lsize: u32,
     compressed: bool,
     /// The L2 drop generation (plus one, modulo 2^16) at which the feed
-    /// last found this record on L2 or sent it there; 0: never, or changed
-    /// since (see `L2Arc::drop_generation`). In the struct's padding, so it costs no
-    /// memory. Wrapping can at worst make the feed pass over a record
-    /// whose copy was dropped, never serve anything wrong: reads look
-    /// L2's index up themselves.
+    /// last found this record on L2 or sent it there; 0: never, or its
+    /// bytes changed since (see `L2Arc::drop_generation`). In the struct's
+    /// padding, so it costs no memory. Wrapping can at worst make the feed
+    /// pass over a record whose copy was lost, never serve anything wrong:
+    /// reads look L2's index up themselves.
     fed: AtomicU16,
 }
 

@@ -66,8 +66,8 @@ impl SyncMode {
 /// share a lock. Before, 1,024 locks taken by a hash of the key left only
 /// 610 records in a row (Fibonacci hashing's spacing) on locks of their
 /// own, two units of 256: a stream's third unit waited for its first, and
-/// its requests behind both (S3: a cold stream at three quarters of the
-/// rate it has now, bench/s3.sh). 64 KiB per volume.
+/// its requests behind both (part of what held bench/s3.sh's cold stream
+/// at 417 MB/s, bench/results/s3-ddd3858.md). 64 KiB per volume.
 const STRIPES: usize = 4096;
 
 /// Most records one backing IO fills or writes at once; bounds the locks
@@ -82,7 +82,7 @@ const MAX_UNIT_RECORDS: u64 = (STRIPES / crate::prefetch::PREFETCH_THREADS) as u
 
 /// The lock of record `record` (see `STRIPES`): consecutive records take
 /// consecutive locks, so no two of `STRIPES` records in a row share one.
-fn stripe_of(record: u64) -> usize {
+pub(super) fn stripe_of(record: u64) -> usize {
     (record % STRIPES as u64) as usize
 }
 
@@ -297,7 +297,7 @@ impl Volume {
     /// The stripes of `records`, in ascending order: the order every path
     /// takes them in, so two requests never wait on each other in a cycle.
     fn stripes_of(&self, records: Range<u64>) -> Vec<usize> {
-        let mut idx: Vec<usize> = records.map(|r| self.stripe(r)).collect();
+        let mut idx: Vec<usize> = records.map(stripe_of).collect();
         idx.sort_unstable();
         idx.dedup();
         idx
@@ -499,10 +499,6 @@ impl Volume {
 
     fn try_lock_records(&self, records: Range<u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
         self.stripes_of(records).into_iter().map(|i| self.stripes[i].lock.try_lock()).collect()
-    }
-
-    fn stripe(&self, record: u64) -> usize {
-        stripe_of(record)
     }
 
     /// Write-through for `sync=always` without a log: each write goes to

@@ -1,5 +1,5 @@
-//! The feed skips records it found on L2 (or sent there) without asking L2
-//! again while L2 has dropped nothing since but by its hand's turnover: a
+//! The feed sends a record once per stay in RAM, and skips the records it
+//! marked without asking L2 again until copies are lost to a fault: a
 //! record whose copy never landed (a failed batch write) is fed at a later
 //! cycle; one whose copy the hand overwrote, for room for newer records,
 //! is not fed again while it stays in RAM, so an L2 smaller than what RAM

@@ -207,15 +207,14 @@ pub enum FeedStart {
 /// Whether a record is stored as it is: uncompressed and a whole number of
 /// sectors, so its length is the blob's and a 16K record stays 16K (and
 /// 4K-aligned among its peers) on the device.
-fn stored_raw(data: &[u8], flags: BlobFlags) -> bool {
-    !flags.compressed && !data.is_empty() && (data.len() as u64).is_multiple_of(SECTOR)
+fn stored_raw(data: &[u8], compressed: bool) -> bool {
+    !compressed && !data.is_empty() && (data.len() as u64).is_multiple_of(SECTOR)
 }
 
 /// Bytes a record stored as `data` takes in a batch on the device: a
 /// small compressed record takes a whole sector.
 pub fn device_len(data: &[u8], compressed: bool) -> u64 {
-    let flags = BlobFlags { raw: false, compressed, prefetch: false, mfu: false, lshift: 0 };
-    if stored_raw(data, flags) {
+    if stored_raw(data, compressed) {
         data.len() as u64
     } else {
         framed_len(data.len())
@@ -844,19 +843,10 @@ impl L2Arc {
         let mut items = items;
         items.sort_unstable_by_key(|it| it.key);
         for it in items.iter_mut() {
-            it.flags.raw = stored_raw((*it.data).as_ref(), it.flags);
+            it.flags.raw = stored_raw((*it.data).as_ref(), it.flags.compressed);
         }
-        let framed: Vec<u64> = items
-            .iter()
-            .map(|it| {
-                let n = (*it.data).as_ref().len();
-                if it.flags.raw {
-                    n as u64
-                } else {
-                    framed_len(n)
-                }
-            })
-            .collect();
+        let framed: Vec<u64> =
+            items.iter().map(|it| device_len((*it.data).as_ref(), it.flags.compressed)).collect();
         let len = framed.iter().sum::<u64>().div_ceil(ALIGN) * ALIGN;
         let mut buf = self.batch_buffer(len as usize);
         let mut placed = Vec::with_capacity(items.len());

@@ -18,19 +18,20 @@ use futures::StreamExt;
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
 use object_store::{GetOptions, GetResult, ObjectStore};
-use tokio::runtime::Runtime;
+
+use crate::runtime::runtime;
 
 /// GETs `path` with `opts` and copies its body into `out` from its start;
 /// returns the body's length, which may differ from `out`'s (bytes past
 /// `out` are counted, not kept), so the caller can refuse a short or long
 /// answer. Blocks until the GET is over: call from outside the runtime.
 pub(crate) fn get_into(
-    rt: &Runtime,
     store: &Arc<AmazonS3>,
     path: &Path,
     opts: GetOptions,
     out: &mut [u8],
 ) -> object_store::Result<usize> {
+    let rt = runtime().map_err(|e| object_store::Error::Generic { store: "S3", source: Box::new(e) })?;
     if tokio::runtime::Handle::try_current().is_ok() {
         // block_on would panic after the task had been given `out`.
         return Err(object_store::Error::NotSupported {

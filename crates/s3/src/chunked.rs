@@ -323,9 +323,8 @@ impl S3ChunkDev {
                 range: Some(GetRange::Bounded(range.clone())),
                 ..Default::default()
             };
-            let got = with_retries(self.budget, &path, || match runtime() {
-                Ok(rt) => crate::body::get_into(rt, &self.store, &path, opts.clone(), out),
-                Err(e) => Err(object_store::Error::Generic { store: "S3", source: Box::new(e) }),
+            let got = with_retries(self.budget, &path, || {
+                crate::body::get_into(&self.store, &path, opts.clone(), out)
             });
             match got {
                 Ok(n) if n == out.len() => return Ok(()),

@@ -208,10 +208,10 @@ impl BlockDev for S3ObjectDev {
             range: Some(GetRange::Bounded(offset..offset + len)),
             ..Default::default()
         };
-        let rt = runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
+        runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
         let got = with_retries(retry_budget(&self.location), &what, || {
-            crate::body::get_into(rt, &self.store, &self.path, opts.clone(), buf)
+            crate::body::get_into(&self.store, &self.path, opts.clone(), buf)
         });
         match got {
             Ok(n) if n == buf.len() => Ok(()),

@@ -139,7 +139,7 @@ impl Volume {
         if s.end - s.first != 1 {
             return None;
         }
-        let writes = self.stripes[self.stripe(s.first)].writes.load(SeqCst);
+        let writes = self.stripes[super::stripe_of(s.first)].writes.load(SeqCst);
         if writes % 2 == 1 {
             return None;
         }
@@ -268,7 +268,7 @@ impl Volume {
         done: ReadDone,
         out: &mut Batch,
     ) -> Option<(MutexGuard<'_, ()>, ReadDone)> {
-        let Some(lock) = self.stripes[self.stripe(w.r)].lock.try_lock() else {
+        let Some(lock) = self.stripes[super::stripe_of(w.r)].lock.try_lock() else {
             self.finish_blocking(w, done, out);
             return None;
         };
@@ -290,7 +290,7 @@ impl Volume {
     /// record since the read started, and for an L2 read the copy must
     /// still be the record's (the hand may have passed it).
     fn unchanged_since(&self, w: Want, fetch: Fetch) -> bool {
-        if self.stripes[self.stripe(w.r)].writes.load(SeqCst) != w.writes {
+        if self.stripes[super::stripe_of(w.r)].writes.load(SeqCst) != w.writes {
             return false;
         }
         match fetch {
