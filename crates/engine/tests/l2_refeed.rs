@@ -7,11 +7,11 @@
 //! record a write changed is fed again. A device smaller than two of the
 //! feed's batches gets smaller batches.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arcache_engine::{Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
-use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
+use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions, HEADER_RESERVED};
 use blockdev::{BlockDev, FaultPlan, FaultyDev, MemDev};
 
 const RS: u64 = 16 << 10;
@@ -28,8 +28,26 @@ impl Rig {
     /// `records` records of an export written into an ARC twice their size
     /// (all stay in RAM), with an L2 on `l2dev`; nothing fed yet.
     fn new(l2dev: Arc<dyn BlockDev>, records: u64) -> Rig {
-        let l2 = L2Arc::new(vec![L2Device::new("l2".into(), l2dev).unwrap()]).unwrap();
-        let arc_max = 2 * RS * records;
+        Rig::on_devices(vec![l2dev], records, records, false)
+    }
+
+    /// The same with an L2 of several devices, persistent (each with its
+    /// log) or not, and an export of `size` records of which the first
+    /// `records` are written.
+    fn on_devices(l2devs: Vec<Arc<dyn BlockDev>>, records: u64, size: u64, persistent: bool) -> Rig {
+        let devices =
+            l2devs.into_iter().enumerate().map(|(i, d)| L2Device::new(format!("l2-{i}"), d).unwrap());
+        let l2 = if persistent {
+            let desc =
+                ExportDesc { id: 0, name: "t".into(), recordsize: RS as u32, size: RS * size, identity: 7 };
+            let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0 };
+            let l2 = L2Arc::open(devices.collect(), &[desc], &opts).unwrap();
+            l2.rebuild(1 << 20, &|_: &[u64]| 0, &AtomicBool::new(false));
+            l2
+        } else {
+            L2Arc::new(devices.collect()).unwrap()
+        };
+        let arc_max = 2 * RS * size;
         let cache = Cache::with_l2(
             CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: false },
             Some(Arc::new(l2)),
@@ -38,7 +56,7 @@ impl Rig {
         tun.dwpd_limit.store(0, Relaxed);
         let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(arc_max))).unwrap();
         let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: false };
-        let vol = Volume::new(0, cfg, Arc::new(MemDev::new(RS * records)), Arc::clone(&cache));
+        let vol = Volume::new(0, cfg, Arc::new(MemDev::new(RS * size)), Arc::clone(&cache));
         cache.zfetch.disable.store(true, Relaxed);
         let data: Vec<u8> = (0..RS * records).map(|i| (i * 7 / 3) as u8).collect();
         vol.write(0, &data, false).unwrap();
@@ -119,4 +137,64 @@ fn an_l2_smaller_than_a_batch_is_fed_in_smaller_ones() {
     }
     assert!(rig.on_l2() > 128, "{} records on L2", rig.on_l2());
     assert_eq!(rig.l2.stats.l2_writes_error.load(Relaxed), 0);
+}
+
+#[test]
+fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
+    const L2_BYTES: u64 = HEADER_RESERVED + (8 << 20);
+    let failing = Arc::new(FaultyDev::new(MemDev::new(L2_BYTES), 1));
+    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(L2_BYTES));
+    let rig = Rig::on_devices(vec![Arc::clone(&failing) as Arc<dyn BlockDev>, healthy], 64, 80, false);
+    let on_device =
+        |dev: usize| (0..80).filter(|&r| rig.l2.lookup(r).is_some_and(|p| p.dev() == dev)).count();
+
+    rig.feed.cycle_once();
+    rig.l2.commit_pending();
+    assert_eq!(on_device(0), 64, "the first device takes the first batch whole");
+
+    // The first device fails every write from now on; each cycle one new
+    // record gives it a batch to fail, until it is taken out of service.
+    let data_area = HEADER_RESERVED..L2_BYTES;
+    failing.set_plan(FaultPlan { fail_writes: Vec::from([data_area]), ..FaultPlan::default() });
+    let mut cycles = 0;
+    while !rig.l2.devices()[0].is_degraded() {
+        assert!(cycles < 20, "the failing device was never retired");
+        rig.vol.write((64 + cycles as u64) * RS, &[0x5a; RS as usize], false).unwrap();
+        rig.feed.cycle_once();
+        rig.l2.commit_pending();
+        cycles += 1;
+    }
+    assert_eq!(on_device(0), 0, "a retired device's copies are forgotten");
+
+    rig.feed.cycle_once();
+    rig.l2.commit_pending();
+    assert!(rig.all_in_ram());
+    assert_eq!(on_device(1) as u64, 64 + cycles as u64, "every record in RAM is on the device left");
+}
+
+#[test]
+fn copies_lost_when_a_devices_log_fails_are_fed_to_the_device_left() {
+    const L2_BYTES: u64 = HEADER_RESERVED + (8 << 20);
+    let failing = Arc::new(FaultyDev::new(MemDev::new(L2_BYTES), 1));
+    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(L2_BYTES));
+    let rig = Rig::on_devices(vec![Arc::clone(&failing) as Arc<dyn BlockDev>, healthy], 64, 64, true);
+    let on_device =
+        |dev: usize| (0..64).filter(|&r| rig.l2.lookup(r).is_some_and(|p| p.dev() == dev)).count();
+    rig.feed.cycle_once();
+    rig.l2.commit_pending();
+    assert_eq!(on_device(0), 64);
+
+    // A client's write must make the forgetting of its record's copy
+    // durable in the first device's log; the log cannot be written, so the
+    // device is retired, with no failed batch or read to say copies went.
+    let whole = 0..L2_BYTES;
+    failing.set_plan(FaultPlan { fail_writes: Vec::from([whole]), ..FaultPlan::default() });
+    rig.vol.write(5 * RS, &[0x5a; RS as usize], false).unwrap();
+    assert!(rig.l2.devices()[0].is_degraded(), "the device whose log failed is out of service");
+    assert_eq!(on_device(0), 0);
+
+    rig.feed.cycle_once();
+    rig.l2.commit_pending();
+    assert!(rig.all_in_ram());
+    assert_eq!(on_device(1), 64, "every record in RAM is on the device left, not only the one written");
 }

@@ -153,6 +153,12 @@ impl L2Device {
         self.degraded.load(Relaxed)
     }
 
+    /// Takes the device out of service whatever its error count: its log
+    /// or header could not be written, so nothing on it may be trusted.
+    pub(crate) fn take_out_of_service(&self) {
+        self.degraded.store(true, Relaxed);
+    }
+
     /// Takes `len` bytes at the hand (wrapping if they do not fit before the
     /// end) plus `ahead` more to keep clear, evicting every batch that
     /// overlaps. `len` must be a multiple of [`ALIGN`].

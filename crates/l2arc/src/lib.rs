@@ -804,6 +804,10 @@ impl L2Arc {
     /// Drops every entry of a device that left service, and tries to make
     /// its log unrestorable (it will not hear of later writes).
     fn retire(&self, dev_idx: usize) {
+        // Before its entries go: a feed cycle must not write it again, nor a
+        // read use it (a failed log or header write retires a device whose
+        // error count never reached the limit).
+        self.devices[dev_idx].take_out_of_service();
         self.abandon_log(dev_idx);
         let batches = self.devices[dev_idx].clear();
         let mut m = self.meta.lock();
