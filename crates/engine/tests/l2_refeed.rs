@@ -4,8 +4,9 @@
 //! cycle; one whose copy the hand overwrote, for room for newer records,
 //! is not fed again while it stays in RAM, so an L2 smaller than what RAM
 //! holds is not rewritten in circles, nor is it once clients write; a
-//! record a write changed is fed again. A device smaller than two of the
-//! feed's batches gets smaller batches.
+//! record a write changed is fed again. Copies lost with a retired device
+//! are fed to the device left. A device smaller than two of the feed's
+//! batches gets smaller batches.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -66,6 +67,11 @@ impl Rig {
 
     fn on_l2(&self) -> u64 {
         (0..self.records).filter(|&r| self.l2.contains(r)).count() as u64
+    }
+
+    /// Records among the export's first `n` whose copy is on device `dev`.
+    fn on_device(&self, dev: usize, n: u64) -> usize {
+        (0..n).filter(|&r| self.l2.lookup(r).is_some_and(|p| p.dev() == dev)).count()
     }
 
     fn all_in_ram(&self) -> bool {
@@ -139,22 +145,28 @@ fn an_l2_smaller_than_a_batch_is_fed_in_smaller_ones() {
     assert_eq!(rig.l2.stats.l2_writes_error.load(Relaxed), 0);
 }
 
-#[test]
-fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
-    const L2_BYTES: u64 = HEADER_RESERVED + (8 << 20);
-    let failing = Arc::new(FaultyDev::new(MemDev::new(L2_BYTES), 1));
-    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(L2_BYTES));
-    let rig = Rig::on_devices(vec![Arc::clone(&failing) as Arc<dyn BlockDev>, healthy], 64, 80, false);
-    let on_device =
-        |dev: usize| (0..80).filter(|&r| rig.l2.lookup(r).is_some_and(|p| p.dev() == dev)).count();
+const TWO_DEV_BYTES: u64 = HEADER_RESERVED + (8 << 20);
 
+/// 64 records in RAM, an export of `size`, all fed to the first of two L2
+/// devices, which fails as its returned handle is told.
+fn fed_to_the_first_of_two(size: u64, persistent: bool) -> (Rig, Arc<FaultyDev<MemDev>>) {
+    let failing = Arc::new(FaultyDev::new(MemDev::new(TWO_DEV_BYTES), 1));
+    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(TWO_DEV_BYTES));
+    let rig = Rig::on_devices(vec![Arc::clone(&failing) as Arc<dyn BlockDev>, healthy], 64, size, persistent);
     rig.feed.cycle_once();
     rig.l2.commit_pending();
-    assert_eq!(on_device(0), 64, "the first device takes the first batch whole");
+    assert_eq!(rig.on_device(0, size), 64, "the first device takes the first batch whole");
+    (rig, failing)
+}
+
+#[test]
+fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
+    let (rig, failing) = fed_to_the_first_of_two(80, false);
+    let on_device = |dev| rig.on_device(dev, 80);
 
     // The first device fails every write from now on; each cycle one new
     // record gives it a batch to fail, until it is taken out of service.
-    let data_area = HEADER_RESERVED..L2_BYTES;
+    let data_area = HEADER_RESERVED..TWO_DEV_BYTES;
     failing.set_plan(FaultPlan { fail_writes: Vec::from([data_area]), ..FaultPlan::default() });
     let mut cycles = 0;
     while !rig.l2.devices()[0].is_degraded() {
@@ -174,20 +186,13 @@ fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
 
 #[test]
 fn copies_lost_when_a_devices_log_fails_are_fed_to_the_device_left() {
-    const L2_BYTES: u64 = HEADER_RESERVED + (8 << 20);
-    let failing = Arc::new(FaultyDev::new(MemDev::new(L2_BYTES), 1));
-    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(L2_BYTES));
-    let rig = Rig::on_devices(vec![Arc::clone(&failing) as Arc<dyn BlockDev>, healthy], 64, 64, true);
-    let on_device =
-        |dev: usize| (0..64).filter(|&r| rig.l2.lookup(r).is_some_and(|p| p.dev() == dev)).count();
-    rig.feed.cycle_once();
-    rig.l2.commit_pending();
-    assert_eq!(on_device(0), 64);
+    let (rig, failing) = fed_to_the_first_of_two(64, true);
+    let on_device = |dev| rig.on_device(dev, 64);
 
     // A client's write must make the forgetting of its record's copy
     // durable in the first device's log; the log cannot be written, so the
     // device is retired, with no failed batch or read to say copies went.
-    let whole = 0..L2_BYTES;
+    let whole = 0..TWO_DEV_BYTES;
     failing.set_plan(FaultPlan { fail_writes: Vec::from([whole]), ..FaultPlan::default() });
     rig.vol.write(5 * RS, &[0x5a; RS as usize], false).unwrap();
     assert!(rig.l2.devices()[0].is_degraded(), "the device whose log failed is out of service");
