@@ -190,7 +190,9 @@ rclone_cpu=$(cat "$work/cpu") rclone_ceph=$(secs_of $(($(ceph_ticks) - c0)))
 # A bare client sending the GETs arcache's stream sends (the object's read
 # unit, 8 MiB, eight at once: its prefetch threads) and keeping nothing:
 # what reading in those GETs costs on this host, without a cache's work.
-python3 - "$ep/bench/seq.img" $((2 << 30)) $((8 << 20)) >"$work/ranges.cfg" <<'PY'
+# Also in GETs of 32 MiB, 4 at once: what the GET size alone costs Ceph.
+ranges_cfg() { # UNIT_MIB -> a curl config of ranged GETs of the object
+python3 - "$ep/bench/seq.img" $((2 << 30)) $(($1 << 20)) <<'PY'
 import sys
 url, size, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 blocks = []
@@ -201,17 +203,47 @@ for at in range(0, size, unit):
         'header = "x-amz-content-sha256: UNSIGNED-PAYLOAD"', 'write-out = "%{http_code}\\n"']))
 print("\nnext\n".join(blocks))
 PY
-c0=$(ceph_ticks)
-curl_s=$(timed_cpu bash -c "curl -s --no-progress-meter --parallel --parallel-max 8 -K '$work/ranges.cfg' >'$work/codes'")
-curl_cpu=$(cat "$work/cpu") curl_ceph=$(secs_of $(($(ceph_ticks) - c0)))
-curl_gets=$(wc -l <"$work/codes")
-[ "$(grep -cx 206 "$work/codes")" = "$curl_gets" ] || { echo "bench: a ranged GET of curl failed: $(sort "$work/codes" | uniq -c)" >&2; exit 1; }
+}
+# curl_run UNIT_MIB PARALLEL: sets curl_s, curl_cpu, curl_ceph, curl_gets
+curl_run() {
+  ranges_cfg "$1" >"$work/ranges.cfg"
+  c0=$(ceph_ticks)
+  curl_s=$(timed_cpu bash -c "curl -s --no-progress-meter --parallel --parallel-max $2 -K '$work/ranges.cfg' >'$work/codes'")
+  curl_cpu=$(cat "$work/cpu") curl_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+  curl_gets=$(wc -l <"$work/codes")
+  [ "$(grep -cx 206 "$work/codes")" = "$curl_gets" ] || { echo "bench: a ranged GET of curl failed: $(sort "$work/codes" | uniq -c)" >&2; exit 1; }
+}
+curl_run 32 4
+curl32=("$curl_s" "$curl_gets" "$curl_ceph" "$curl_cpu")
+curl_run 8 8
+# How many of arcache's GETs are under way at once, sampled every 50 ms
+# during the cold pass: connections to the endpoint whose received bytes
+# grew since the sample before.
+gets_in_flight() {
+  local port=${ep##*:} prev="" cur n
+  : >"$work/inflight"
+  while kill -0 "$1" 2>/dev/null; do
+    cur=$(ss -tinH state established "( dport = :$port )" | awk '/bytes_received/ {for (i = 1; i <= NF; i++) if ($i ~ /^bytes_received:/) print $i}' | sort)
+    if [ -n "$prev" ]; then
+      n=$(comm -13 <(echo "$prev") <(echo "$cur") | grep -c . || true)
+      echo "$n" >>"$work/inflight"
+    fi
+    prev=$cur
+    sleep 0.05
+  done
+}
 serve --export "s=s3://bench/seq.img" --l2 "$work/l2s.img:3G"
 c0=$(ceph_ticks) a0=$(pid_ticks "$serve_pid")
+sleep 1000 & sampling_until=$!
+gets_in_flight "$sampling_until" & sampler=$!; pids+=("$sampling_until" "$sampler")
 seq_cold=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+kill "$sampling_until"; wait "$sampler" 2>/dev/null || true
 nbdcopy_cpu=$(cat "$work/cpu") arc_ceph=$(secs_of $(($(ceph_ticks) - c0))) arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
+inflight=$(python3 -c "import sys; v=[int(x) for x in open(sys.argv[1]) if x.strip()]; print(f'{sum(v)/len(v):.1f}' if v else 'n/a')" "$work/inflight")
 seq_gets=$("$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['backing_reads'])")
+a0=$(pid_ticks "$serve_pid")
 seq_again=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
+again_nbdcopy_cpu=$(cat "$work/cpu") again_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
 stop_serve
 fi
@@ -263,7 +295,11 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "|---|---:|---:|---:|---:|---:|"
     echo "| rclone cat (one streaming GET) | $(mbps "$rclone_s") | 1 | $rclone_ceph | $rclone_cpu | |"
     echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $(mbps "$curl_s") | $curl_gets | $curl_ceph | $curl_cpu | |"
+    echo "| curl, ranged GETs of 32 MiB, 4 at once, bytes dropped | $(mbps "${curl32[0]}") | ${curl32[1]} | ${curl32[2]} | ${curl32[3]} | |"
     echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
+    echo "| arcache, the same again (from RAM and L2; no GETs) | $(mbps "$seq_again") | | | $again_cpu | $again_nbdcopy_cpu |"
+    echo
+    echo "GETs under way at once during arcache's cold pass (connections receiving, sampled every 50 ms): $inflight on average; curl above keeps 8 (or 4) under way by construction."
   fi
   if want write; then
     echo
