@@ -99,3 +99,41 @@ async fn read_into(got: GetResult, out: &mut [u8]) -> object_store::Result<usize
     }
     Ok(at)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    const CHILD: &str = "ARCACHE_TEST_UNWIND_CHILD";
+
+    /// The guard's one job, checked in a child process (the abort would end
+    /// the test runner): a wait that unwinds ends the process, so a task
+    /// can never write into a buffer its owner has freed.
+    #[test]
+    fn a_wait_that_unwinds_ends_the_process() {
+        if std::env::var_os(CHILD).is_some() {
+            let _guard = super::AbortOnUnwind;
+            panic!("the wait for the GET's task unwound");
+        }
+        let me = std::env::current_exe().expect("the test binary");
+        let child = std::process::Command::new(me)
+            .args(["--exact", "body::tests::a_wait_that_unwinds_ends_the_process", "--nocapture"])
+            .env(CHILD, "1")
+            .output()
+            .expect("the child runs");
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        assert!(
+            stderr.contains("the wait for the GET's task unwound"),
+            "the child did not reach the panic: {stderr}"
+        );
+        assert_eq!(child.status.signal(), Some(libc::SIGABRT), "{:?}: {stderr}", child.status);
+    }
+
+    #[test]
+    fn a_wait_that_returns_leaves_the_process_alone() {
+        let guard = super::AbortOnUnwind;
+        std::mem::forget(guard);
+        let dropped = super::AbortOnUnwind;
+        drop(dropped);
+    }
+}
