@@ -9,17 +9,20 @@
 #   2. a 2 GiB object read sequentially, cold (arcache: nbdcopy; rclone cat),
 #      then again through the same server;
 #   3. 4K random writes QD16 with a FLUSH (fsync) after each: arcache's
-#      chunked disk on a --log against s3backer's disk.
+#      chunked disk on a --log against s3backer's disk;
+#   4. Ceph RBD: the random job of 1. over a 1 GiB image, warm, against the
+#      image read directly (fio's rbd engine) and nbdkit's memory plugin.
 # s3backer stores a disk as its own block objects, so it reads a copy of the
 # 1 GiB object written through it, not the object itself, and cannot read
 # the 2 GiB object at all.
 #
 # Usage: bench/s3.sh [SECONDS]   (each timed job; default 20)
-#   S3_BENCH_PARTS="random seq write" (the default) picks the parts; a
+#   S3_BENCH_PARTS="random seq write rbd" (the default) picks the parts; a
 #   run of only some writes bench/results/s3-PART[-PART].md instead.
 # Needs: ceph-mon ceph-osd radosgw (see tests/ceph/ceph-up.sh), s3backer,
-# rclone, fio, nbdcopy, curl (7.75 or later: --aws-sigv4), /usr/bin/time,
-# and the venv .ci/run makes (boto3).
+# rclone, fio (with its rbd engine), nbdcopy, nbdkit, curl (7.75 or later:
+# --aws-sigv4), /usr/bin/time, the venv .ci/run makes (boto3), and for the
+# RBD part a binary built with `cargo build --release --features rbd`.
 # Writes bench/results/s3.md.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -29,12 +32,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/bench/lib.sh"
 bin=${ARCACHE_BIN:-$root/target/release/arcache}
 py=${ARCACHE_MOTO_VENV:-/var/tmp/arcache-moto-venv}/bin/python
-for t in fio nbdcopy s3backer rclone curl /usr/bin/time ceph-mon radosgw fusermount3 "$py" "$bin"; do
+for t in fio nbdcopy nbdkit rbd s3backer rclone curl /usr/bin/time ceph-mon radosgw fusermount3 "$py" "$bin"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
-parts=${S3_BENCH_PARTS:-random seq write}
+parts=${S3_BENCH_PARTS:-random seq write rbd}
 want() { [[ " $parts " == *" $1 "* ]]; }
-if [ "$parts" = "random seq write" ]; then
+if want rbd && ! nm -D "$bin" | grep -q " U rbd_open$"; then
+  echo "bench: $bin has no RBD support: cargo build --release --features rbd" >&2
+  exit 2
+fi
+if [ "$parts" = "random seq write rbd" ]; then
   result=$(bench_results s3.md)
 else
   result=$(bench_results "s3-${parts// /-}.md")
@@ -106,29 +113,33 @@ sb_umount() {
   wait "$sb_pid" || true
 }
 
-arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
+rr=(--size=1G --runtime="$secs" --time_based)
+# warm_up EXPORT: the export (1 GiB) read once whole, then the random job
+# itself until L2 holds nearly all of it (the feed writes what leaves the
+# 256M ARC) or stops growing; at most 8 runs. Sets warm_runs.
+l2_size() { "$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['l2_size'])"; }
+warm_up() {
+  local last=0 now i
+  nbdcopy "nbd+unix:///$1?socket=$work/nbd.sock" null:
+  for i in $(seq 8); do
+    fio_job "warm-$1-$i" randread $(nbd_args "$1") "${rr[@]}" >/dev/null
+    now=$(l2_size)
+    echo "bench: warm-up run $i: L2 holds $((now >> 20)) MiB" >&2
+    [ "$now" -ge $((900 << 20)) ] && break
+    [ "$now" -le $((last + last / 20)) ] && break
+    last=$now
+  done
+  warm_runs=$i
+}
+
+rbd_direct= rbd_warm= rbd_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
 origin=$(s3t randget bench rand.img "$secs" 16 4096)
 echo "bench: random reads, arcache" >&2
 serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
-rr=(--size=1G --runtime="$secs" --time_based)
-# Warm: the object read once whole, then the job itself until L2 holds
-# nearly all of it (the feed writes what leaves the 256M ARC) or stops
-# growing; at most 8 runs.
-nbdcopy "nbd+unix:///r?socket=$work/nbd.sock" null:
-l2_size() { "$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['l2_size'])"; }
-last=0
-for i in $(seq 8); do
-  fio_job "warm$i" randread $(nbd_args r) "${rr[@]}" >/dev/null
-  now=$(l2_size)
-  echo "bench: warm-up run $i: L2 holds $((now >> 20)) MiB" >&2
-  [ "$now" -ge $((900 << 20)) ] && break
-  [ "$now" -le $((last + last / 20)) ] && break
-  last=$now
-done
-warm_runs=$i
+warm_up r
 arc_warm=$(fio_job arcwarm randread $(nbd_args r) "${rr[@]}")
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-warm.json"
 stop_serve
@@ -266,6 +277,27 @@ sb_w=$(fio_job sbw randwrite --filename="$work/sbw/file" --ioengine=libaio --dir
 sb_umount
 fi
 
+# 4. Ceph RBD: the same random job over a 1 GiB image, warm, against the
+# image read directly (fio's rbd engine, librbd) and against the fastest an
+# NBD server can answer this job on this host (nbdkit's memory plugin: the
+# data in RAM, no cache at all).
+if want rbd; then
+echo "bench: RBD" >&2
+conf=$work/ceph/ceph.conf
+head -c $((1 << 30)) /dev/urandom >"$work/rbd.img"
+rbd -c "$conf" import --no-progress "$work/rbd.img" rbd/bench
+rm -f "$work/rbd.img"
+rbd_direct=$(CEPH_CONF=$conf fio_job rbddirect randread --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench "${rr[@]}")
+serve --export "b=rbd:rbd/bench?conf=$conf" --l2 "$work/l2b.img:2G"
+warm_up b
+rbd_warm_runs=$warm_runs
+rbd_warm=$(fio_job rbdwarm randread $(nbd_args b) "${rr[@]}")
+stop_serve
+nbdkit -U "$work/mem.sock" --exit-with-parent -f memory 1G & pids+=($!)
+wait_sock "$work/mem.sock"
+nbd_ceiling=$(fio_job memory randread --ioengine=nbd --uri="nbd+unix:///?socket=$work/mem.sock" "${rr[@]}")
+fi
+
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}x' if b else 'n/a')" "$1" "$2"; }
 {
   echo "$header"
@@ -284,6 +316,16 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   fi
   if want write; then
     echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
+  fi
+  if want rbd; then
+    echo
+    echo "Ceph RBD (the same OSD: memstore, in RAM), 4K random reads QD16 over a 1 GiB image of random bytes; arcache warm as above ($rbd_warm_runs warm-up run(s) of the job):"
+    echo
+    echo "| server | IOPS | vs RBD direct |"
+    echo "|---|---:|---:|"
+    echo "| RBD direct (fio's rbd engine) | $rbd_direct | 1.00x |"
+    echo "| arcache over rbd:rbd/bench, warm | $rbd_warm | $(ratio "$rbd_warm" "$rbd_direct") |"
+    echo "| nbdkit memory plugin (the data in RAM, no cache; this host's NBD ceiling for the job) | $nbd_ceiling | $(ratio "$nbd_ceiling" "$rbd_direct") |"
   fi
   echo
   if want seq; then
