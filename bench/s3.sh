@@ -37,7 +37,7 @@ for t in fio nbdcopy nbdkit rbd s3backer rclone curl /usr/bin/time ceph-mon rado
 done
 parts=${S3_BENCH_PARTS:-random seq write rbd}
 want() { [[ " $parts " == *" $1 "* ]]; }
-if want rbd && ! nm -D "$bin" | grep -q " U rbd_open$"; then
+if want rbd && [[ "$(nm -D "$bin")" != *" U rbd_open"$'\n'* ]]; then
   echo "bench: $bin has no RBD support: cargo build --release --features rbd" >&2
   exit 2
 fi
