@@ -327,8 +327,8 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| arcache over rbd:rbd/bench, warm | $rbd_warm | $(ratio "$rbd_warm" "$rbd_direct") |"
     echo "| nbdkit memory plugin (the data in RAM, no cache; this host's NBD ceiling for the job) | $nbd_ceiling | $(ratio "$nbd_ceiling" "$rbd_direct") |"
   fi
-  echo
   if want seq; then
+    echo
     echo "The cold sequential pass sent $seq_gets GETs for the 2 GiB object (backing_reads)."
     echo
     echo "Where the cold read's time goes (CPU seconds for the 2 GiB object; the Ceph daemons' from /proc, the others' own; two cores in all):"
