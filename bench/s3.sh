@@ -132,11 +132,28 @@ warm_up() {
   warm_runs=$i
 }
 
-rbd_direct= rbd_warm= rbd_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
+origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
-origin=$(s3t randget bench rand.img "$secs" 16 4096)
+origin_py=$(s3t randget bench rand.img "$secs" 16 4096)
+# The same from curl (C, 16 GETs at once; 1,000 GETs per second of the
+# job, all of them, timed): the origin's figure is RGW's, not the
+# client's, when both agree. The faster one is the origin.
+python3 - "$ep/bench/rand.img" $((secs * 1000)) >"$work/rr.cfg" <<'PY'
+import random, sys
+rng = random.Random(7)
+blocks = (1 << 30) // 4096
+for i in range(int(sys.argv[2])):
+    at = rng.randrange(blocks) * 4096
+    print(("next\n" if i else "") + f'url = "{sys.argv[1]}"\nrange = "{at}-{at + 4095}"\noutput = "/dev/null"\nwrite-out = "%{{http_code}}\\n"')
+PY
+t0=$(date +%s.%N)
+curl -s --no-progress-meter --parallel --parallel-immediate --parallel-max 16 -K "$work/rr.cfg" >"$work/rr.codes"
+t1=$(date +%s.%N)
+[ "$(grep -cx 206 "$work/rr.codes")" = $((secs * 1000)) ] || { echo "bench: curl's ranged GETs: $(sort "$work/rr.codes" | uniq -c)" >&2; exit 1; }
+origin_curl=$(python3 -c "import sys; print(round(int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2]))))" "$(grep -c 206 "$work/rr.codes")" "$t0" "$t1")
+origin=$(( origin_py > origin_curl ? origin_py : origin_curl ))
 echo "bench: random reads, arcache" >&2
 serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
 warm_up r
@@ -350,6 +367,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   echo "Parts run: $parts."
   if want random; then
+    echo "The origin alone: $origin_py IOPS from bench/s3tool.py (16 threads of plain ranged GETs), $origin_curl from curl (16 GETs at once); the table's figure is the faster."
     echo "arcache's warm-up: the object read whole with nbdcopy, then $warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
   fi
 } >"$result"
