@@ -203,3 +203,82 @@ fn copies_lost_when_a_devices_log_fails_are_fed_to_the_device_left() {
     assert!(rig.all_in_ram());
     assert_eq!(on_device(1), 64, "every record in RAM is on the device left, not only the one written");
 }
+
+/// An L2 device that, once armed, holds the next large write (a feed
+/// batch) until released, and fails every smaller write (log blocks,
+/// headers) while it holds it: a batch under way while its device fails
+/// and is retired.
+struct GateDev {
+    inner: MemDev,
+    armed: AtomicBool,
+    entered: AtomicBool,
+    released: AtomicBool,
+}
+
+impl GateDev {
+    fn wait_for(flag: &AtomicBool, what: &str) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !flag.load(Relaxed) {
+            assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+impl BlockDev for GateDev {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> blockdev::DevResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> blockdev::DevResult<()> {
+        if self.armed.load(Relaxed) {
+            if buf.len() < 512 << 10 {
+                if self.entered.load(Relaxed) && !self.released.load(Relaxed) {
+                    return blockdev::injected("gate", offset);
+                }
+            } else if !self.entered.swap(true, Relaxed) {
+                GateDev::wait_for(&self.released, "the gate's release");
+            }
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> blockdev::DevResult<()> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        "gate".into()
+    }
+}
+
+#[test]
+fn a_batch_under_way_when_its_device_is_retired_is_not_indexed_there() {
+    let gate = Arc::new(GateDev {
+        inner: MemDev::new(TWO_DEV_BYTES),
+        armed: AtomicBool::new(false),
+        entered: AtomicBool::new(false),
+        released: AtomicBool::new(false),
+    });
+    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(TWO_DEV_BYTES));
+    let rig = Rig::on_devices(vec![Arc::clone(&gate) as Arc<dyn BlockDev>, healthy], 64, 104, true);
+    rig.feed.cycle_once();
+    rig.l2.commit_pending();
+    assert_eq!(rig.on_device(0, 104), 64);
+
+    // 40 new records in RAM: the next cycle's batch for the first device.
+    rig.vol.write(64 * RS, &vec![0x77; 40 * RS as usize], false).unwrap();
+    gate.armed.store(true, Relaxed);
+    std::thread::scope(|s| {
+        let feeding = s.spawn(|| rig.feed.cycle_once());
+        GateDev::wait_for(&gate.entered, "the batch's write");
+        // A client's write must have its record's copy forgotten in the
+        // first device's log, which fails: the device is retired while the
+        // batch is being written to it.
+        rig.vol.write(5 * RS, &[0x5a; RS as usize], false).unwrap();
+        assert!(rig.l2.devices()[0].is_degraded());
+        gate.released.store(true, Relaxed);
+        feeding.join().unwrap();
+    });
+    assert_eq!(rig.on_device(0, 104), 0, "records indexed on a retired device");
+}

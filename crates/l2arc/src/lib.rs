@@ -809,8 +809,12 @@ impl L2Arc {
         // error count never reached the limit).
         self.devices[dev_idx].take_out_of_service();
         self.abandon_log(dev_idx);
-        let batches = self.devices[dev_idx].clear();
+        // The entries' lock before the device's batches, the order a batch
+        // is indexed in (`write_batch`): a batch indexed before this is
+        // among those cleared here; one indexed after finds the device out
+        // of service and is not indexed at all.
         let mut m = self.meta.lock();
+        let batches = self.devices[dev_idx].clear();
         for (start, b) in batches {
             for &k in b.keys.iter() {
                 if let Some(p) =
@@ -910,6 +914,11 @@ impl L2Arc {
         let logging = self.is_persistent(dev_idx);
         let upto = {
             let mut m = self.meta.lock();
+            if dev.is_degraded() {
+                // Retired while this batch was written (see `retire`).
+                drop(m);
+                return Err(abort(format!("{} was taken out of service during the write", dev.path)));
+            }
             for (key, rel, blob_len, cksum, flags) in placed {
                 let dirty = m.in_flight.remove(&key).unwrap_or(true);
                 if dirty {
@@ -937,8 +946,8 @@ impl L2Arc {
                     log.appended += 1;
                 }
             }
-            // Under the same lock as the entries: a retirement in between
-            // would otherwise leave batches of a cleared device.
+            // Under the same lock as the entries, which `retire` takes
+            // before it clears the batches.
             dev.commit(res.offset, len, keys);
             m.logs[dev_idx].appended
         };
