@@ -53,16 +53,24 @@ pub(crate) fn get_into(
         let out = unsafe { std::slice::from_raw_parts_mut(target.at, target.len) };
         read_into(got, out).await
     });
-    // Should waiting unwind instead of returning (tokio failing to park a
-    // thread being torn down), the task would live on and write into
-    // `out` after its owner freed it: end the process rather.
-    let guard = AbortOnUnwind;
-    let joined = rt.block_on(task);
-    std::mem::forget(guard);
-    match joined {
+    match wait_or_abort(rt, task) {
         Ok(result) => result,
         Err(source) => Err(object_store::Error::JoinError { source }),
     }
+}
+
+/// Waits for `task` to end, whatever its outcome. Should the wait unwind
+/// instead of returning (tokio failing to park a thread being torn down),
+/// a task writing into a caller's buffer would live on and write into it
+/// after its owner freed it: the process ends rather.
+fn wait_or_abort<T>(
+    rt: &tokio::runtime::Runtime,
+    task: tokio::task::JoinHandle<T>,
+) -> Result<T, tokio::task::JoinError> {
+    let guard = AbortOnUnwind;
+    let joined = rt.block_on(task);
+    std::mem::forget(guard);
+    joined
 }
 
 /// Aborts the process if dropped while unwinding.
@@ -106,14 +114,29 @@ mod tests {
 
     const CHILD: &str = "ARCACHE_TEST_UNWIND_CHILD";
 
-    /// The guard's one job, checked in a child process (the abort would end
-    /// the test runner): a wait that unwinds ends the process, so a task
-    /// can never write into a buffer its owner has freed.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .expect("a runtime")
+    }
+
+    /// The wait's one job, checked in a child process (the abort would end
+    /// the test runner): a wait that unwinds (here `block_on` called from
+    /// inside another runtime's task, which panics) ends the process, so the task can
+    /// never write into a buffer its owner has freed.
     #[test]
     fn a_wait_that_unwinds_ends_the_process() {
         if std::env::var_os(CHILD).is_some() {
-            let _guard = super::AbortOnUnwind;
-            panic!("the wait for the GET's task unwound");
+            let rt = runtime();
+            let task = rt.spawn(async { tokio::time::sleep(std::time::Duration::from_secs(5)).await });
+            let outer = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+            outer.block_on(async {
+                eprintln!("the child waits from inside the runtime");
+                let _ = super::wait_or_abort(&rt, task);
+            });
+            return;
         }
         let me = std::env::current_exe().expect("the test binary");
         let child = std::process::Command::new(me)
@@ -123,17 +146,20 @@ mod tests {
             .expect("the child runs");
         let stderr = String::from_utf8_lossy(&child.stderr);
         assert!(
-            stderr.contains("the wait for the GET's task unwound"),
-            "the child did not reach the panic: {stderr}"
+            stderr.contains("the child waits from inside the runtime"),
+            "the child did not get there: {stderr}"
         );
         assert_eq!(child.status.signal(), Some(libc::SIGABRT), "{:?}: {stderr}", child.status);
     }
 
     #[test]
-    fn a_wait_that_returns_leaves_the_process_alone() {
-        let guard = super::AbortOnUnwind;
-        std::mem::forget(guard);
-        let dropped = super::AbortOnUnwind;
-        drop(dropped);
+    fn a_wait_that_returns_gives_the_tasks_outcome() {
+        let rt = runtime();
+        assert_eq!(super::wait_or_abort(&rt, rt.spawn(async { 7 })).expect("joined"), 7);
+        let failed = super::wait_or_abort(&rt, rt.spawn(async { panic!("a task's own panic") }));
+        assert!(
+            failed.expect_err("the task panicked").is_panic(),
+            "a task's panic is its outcome, not the wait's"
+        );
     }
 }
