@@ -18,7 +18,7 @@
 # trace's hot set moves.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
-# repository's traces/, which has 6 of the 10 traces; about 2 minutes on
+# repository's traces/, which has 6 of the 10 traces; about 3 minutes on
 # the full set, 2 cores)
 # Writes bench/results/policy.md (commit and date on its first line, the
 # trace set it ran on on the second).
@@ -46,10 +46,17 @@ for name, t in refs["traces"].items():
     if m and os.path.exists(os.path.join(d, t["csv"])):
         print(name, os.path.join(d, t["csv"]), ",".join(str(s) for s in m["sizes_blocks"]))
 EOF
+# sim_lines NAME TRACE SIZES OUT: every policy on TRACE at SIZES, JSON lines
+# tagged with NAME appended to OUT; what sim says on stderr kept in
+# $work/NAME.err, and shown if it fails.
+sim_lines() {
+  "$bin" sim --json --trace "$2" --policy "$policies" --cache-blocks "$3" 2>"$work/$1.err" >"$work/$1.out" \
+    || { cat "$work/$1.err" >&2; echo "bench: sim failed on $2" >&2; exit 1; }
+  sed "s/^{/{\"trace\":\"$1\",/" "$work/$1.out" >> "$4"
+}
 while read -r name csv sizes; do
   echo "bench: $name" >&2
-  "$bin" sim --json --trace "$csv" --policy "$policies" --cache-blocks "$sizes" 2>"$work/$name.err" \
-    | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/sim.jsonl"
+  sim_lines "$name" "$csv" "$sizes" "$work/sim.jsonl"
   grep -h "no timestamps" "$work/$name.err" >> "$work/clock" || true
 done < "$work/runs"
 
@@ -125,8 +132,7 @@ for set in tuned held-out fresh; do
   : > "$work/$set.jsonl"
   while read -r name sizes; do
     echo "bench: synthetic ($set) $name" >&2
-    "$bin" sim --json --trace "$work/$set/$name.csv.gz" --policy "$policies" --cache-blocks "$sizes" 2>/dev/null \
-      | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/$set.jsonl"
+    sim_lines "$name" "$work/$set/$name.csv.gz" "$sizes" "$work/$set.jsonl"
     if [ $lcs = yes ]; then
       python3 "$here/traces/tools/lcs_hits.py" "$work/$set/$name.csv.gz" "$sizes" LRU,ARC,S3FIFO,TwoQ,LIRS,Sieve \
         | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/$set.jsonl"
@@ -171,8 +177,7 @@ echo "bench: random family, $family_seeds traces" >&2
 python3 "$here/traces/tools/random_family.py" "$work/family" 1000 "$family_seeds" > "$work/family.txt"
 : > "$work/family.jsonl"
 while read -r name sizes; do
-  "$bin" sim --json --trace "$work/family/$name.csv.gz" --policy "$policies" --cache-blocks "$sizes" 2>/dev/null \
-    | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/family.jsonl"
+  sim_lines "$name" "$work/family/$name.csv.gz" "$sizes" "$work/family.jsonl"
 done < "$work/family/sizes.txt"
 python3 - "$work/family.jsonl" "$work/family.txt" "$family_seeds" >> "$result" <<'EOF'
 import json, sys

@@ -32,12 +32,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/bench/lib.sh"
 bin=${ARCACHE_BIN:-$root/target/release/arcache}
 py=${ARCACHE_MOTO_VENV:-/var/tmp/arcache-moto-venv}/bin/python
-for t in fio nbdcopy nbdkit rbd s3backer rclone curl /usr/bin/time ceph-mon radosgw fusermount3 "$py" "$bin"; do
-  command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
-done
 parts=${S3_BENCH_PARTS:-random seq write rbd}
 want() { [[ " $parts " == *" $1 "* ]]; }
-if want rbd && [[ "$(nm -D "$bin")" != *" U rbd_open"$'\n'* ]]; then
+needs=(fio nbdcopy s3backer rclone curl ss /usr/bin/time ceph-mon radosgw fusermount3 "$py" "$bin")
+want rbd && needs+=(nbdkit rbd nm)
+for t in "${needs[@]}"; do
+  command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
+done
+if want rbd && ! nm -D "$bin" | awk '$1 == "U" && $2 == "rbd_open" {found = 1} END {exit !found}'; then
   echo "bench: $bin has no RBD support: cargo build --release --features rbd" >&2
   exit 2
 fi
@@ -132,7 +134,7 @@ warm_up() {
   warm_runs=$i
 }
 
-origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
+origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
@@ -157,6 +159,7 @@ origin=$(( origin_py > origin_curl ? origin_py : origin_curl ))
 echo "bench: random reads, arcache" >&2
 serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
 warm_up r
+random_warm_runs=$warm_runs
 arc_warm=$(fio_job arcwarm randread $(nbd_args r) "${rr[@]}")
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-warm.json"
 stop_serve
@@ -244,21 +247,28 @@ curl_run() {
 curl_run 32 4
 curl32=("$curl_s" "$curl_gets" "$curl_ceph" "$curl_cpu")
 curl_run 8 8
-# How many of arcache's GETs are under way at once, sampled every 50 ms
-# during the cold pass: connections to the endpoint whose received bytes
-# grew since the sample before.
-gets_in_flight() {
-  local port=${ep##*:} prev="" cur n
-  : >"$work/inflight"
-  while kill -0 "$1" 2>/dev/null; do
-    cur=$(ss -tinH state established "( dport = :$port )" | awk '/bytes_received/ {for (i = 1; i <= NF; i++) if ($i ~ /^bytes_received:/) print $i}' | sort)
-    if [ -n "$prev" ]; then
-      n=$(comm -13 <(echo "$prev") <(echo "$cur") | grep -c . || true)
-      echo "$n" >>"$work/inflight"
-    fi
-    prev=$cur
-    sleep 0.05
-  done
+# How many of arcache's GETs are under way at once during the cold pass:
+# every 0.2 s (one `ss` a sample, so the sampling takes little of the CPU
+# the pass is bound by), the connections to the endpoint whose received
+# bytes grew since the sample before, told apart by their local port.
+gets_in_flight() { # PID: samples until PID ends, one count a line
+  python3 - "${ep##*:}" "$1" >"$work/inflight" <<'PY'
+import os, re, subprocess, sys, time
+port, until = sys.argv[1], int(sys.argv[2])
+prev = None
+while True:
+    try:
+        os.kill(until, 0)
+    except ProcessLookupError:
+        break
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True).stdout
+    cur = dict(re.findall(r":(\d+)\s+\S+:" + port + r"\b[^\n]*\n[^\n]*?bytes_received:(\d+)", out))
+    if prev is not None:
+        print(sum(1 for k, v in cur.items() if prev.get(k) != v), flush=True)
+    prev = cur
+    time.sleep(0.2)
+PY
 }
 serve --export "s=s3://bench/seq.img" --l2 "$work/l2s.img:3G"
 c0=$(ceph_ticks) a0=$(pid_ticks "$serve_pid")
@@ -303,6 +313,11 @@ echo "bench: RBD" >&2
 conf=$work/ceph/ceph.conf
 head -c $((1 << 30)) /dev/urandom >"$work/rbd.img"
 rbd -c "$conf" import --no-progress "$work/rbd.img" rbd/bench
+# The NBD ceiling's server holds the same bytes (a memory plugin never
+# written would answer zeros from holes).
+nbdkit -U "$work/mem.sock" --exit-with-parent -f memory 1G & pids+=($!)
+wait_sock "$work/mem.sock"
+nbdcopy "$work/rbd.img" "nbd+unix:///?socket=$work/mem.sock"
 rm -f "$work/rbd.img"
 rbd_direct=$(CEPH_CONF=$conf fio_job rbddirect randread --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench "${rr[@]}")
 serve --export "b=rbd:rbd/bench?conf=$conf" --l2 "$work/l2b.img:2G"
@@ -310,8 +325,6 @@ warm_up b
 rbd_warm_runs=$warm_runs
 rbd_warm=$(fio_job rbdwarm randread $(nbd_args b) "${rr[@]}")
 stop_serve
-nbdkit -U "$work/mem.sock" --exit-with-parent -f memory 1G & pids+=($!)
-wait_sock "$work/mem.sock"
 nbd_ceiling=$(fio_job memory randread --ioengine=nbd --uri="nbd+unix:///?socket=$work/mem.sock" "${rr[@]}")
 fi
 
@@ -321,6 +334,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   echo "One-node Ceph 16.2 (memstore OSD, RGW on 127.0.0.1), arcache with default tunables, --arc-max 256M and an L2 file; s3backer with --blockSize=64K --blockCacheSize=4096 (256 MiB); 4K jobs at QD16 (fio; arcache through its NBD engine, s3backer's FUSE file with libaio and O_DIRECT); ${secs} s per timed job."
   echo
+  if want random || want seq || want write; then
   echo "| job | arcache | s3backer | origin alone / rclone | arcache vs s3backer | arcache vs origin |"
   echo "|---|---:|---:|---:|---:|---:|"
   if want random; then
@@ -334,15 +348,16 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   if want write; then
     echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
   fi
+  fi
   if want rbd; then
     echo
-    echo "Ceph RBD (the same OSD: memstore, in RAM), 4K random reads QD16 over a 1 GiB image of random bytes; arcache warm as above ($rbd_warm_runs warm-up run(s) of the job):"
+    echo "Ceph RBD (the same OSD: memstore, in RAM), 4K random reads QD16 over a 1 GiB image of random bytes; arcache warm (the image read whole with nbdcopy, then $rbd_warm_runs run(s) of the job until L2 held 900 MiB or stopped growing); nbdkit's memory plugin holding the same bytes:"
     echo
     echo "| server | IOPS | vs RBD direct |"
     echo "|---|---:|---:|"
     echo "| RBD direct (fio's rbd engine) | $rbd_direct | 1.00x |"
     echo "| arcache over rbd:rbd/bench, warm | $rbd_warm | $(ratio "$rbd_warm" "$rbd_direct") |"
-    echo "| nbdkit memory plugin (the data in RAM, no cache; this host's NBD ceiling for the job) | $nbd_ceiling | $(ratio "$nbd_ceiling" "$rbd_direct") |"
+    echo "| nbdkit memory plugin (the image's bytes in RAM, no cache; this host's NBD ceiling for the job) | $nbd_ceiling | $(ratio "$nbd_ceiling" "$rbd_direct") |"
   fi
   if want seq; then
     echo
@@ -368,7 +383,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo "Parts run: $parts."
   if want random; then
     echo "The origin alone: $origin_py IOPS from bench/s3tool.py (16 threads of plain ranged GETs), $origin_curl from curl (16 GETs at once); the table's figure is the faster."
-    echo "arcache's warm-up: the object read whole with nbdcopy, then $warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
+    echo "arcache's warm-up: the object read whole with nbdcopy, then $random_warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
   fi
 } >"$result"
 cat "$result"
