@@ -373,7 +373,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
     echo "| arcache, the same again (from RAM and L2; no GETs) | $(mbps "$seq_again") | | | $again_cpu | $again_nbdcopy_cpu |"
     echo
-    echo "GETs under way at once during arcache's cold pass (connections receiving, sampled every 50 ms): $inflight on average; curl above keeps 8 (or 4) under way by construction."
+    echo "GETs under way at once during arcache's cold pass (connections receiving, sampled every 0.2 s): $inflight on average; curl above keeps 8 (or 4) under way by construction."
   fi
   if want write; then
     echo
