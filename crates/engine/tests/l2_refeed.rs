@@ -159,6 +159,10 @@ fn fed_to_the_first_of_two(size: u64, persistent: bool) -> (Rig, Arc<FaultyDev<M
     (rig, failing)
 }
 
+/// Retired by its error count, whose path always marked it out of
+/// service, and whose failed batches each bump the drop generation: a
+/// regression test of that path (the log-failure test below is the one
+/// that needs retire's own marking and bump).
 #[test]
 fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
     let (rig, failing) = fed_to_the_first_of_two(80, false);
