@@ -67,8 +67,11 @@ impl SyncMode {
 /// 610 records in a row (Fibonacci hashing's spacing) on locks of their
 /// own, two units of 256: a stream's third unit waited for its first, and
 /// its requests behind both (part of what held bench/s3.sh's cold stream
-/// at 417 MB/s, bench/results/s3-ddd3858.md). 64 KiB per volume.
-const STRIPES: usize = 4096;
+/// at 417 MB/s, bench/results/s3-ddd3858.md). Nine units of 512 records:
+/// the eight prefetch threads' and the one a stream's own miss reads on to
+/// the end of (with eight, that ninth unit shared locks with the first and
+/// waited for it). 72 KiB per volume.
+const STRIPES: usize = 9 * 512;
 
 /// Most records one backing IO fills or writes at once; bounds the locks
 /// one request holds and the size of a single device request.
@@ -78,7 +81,7 @@ const MAX_RECORDS_PER_IO: u64 = 64;
 /// exports of small records still read an object store in megabytes
 /// (S3's 8 MiB of 16K records: half the GETs of 4 MiB ones), but no more
 /// than lets the prefetch threads' units be on locks of their own.
-const MAX_UNIT_RECORDS: u64 = (STRIPES / crate::prefetch::PREFETCH_THREADS) as u64;
+const MAX_UNIT_RECORDS: u64 = (STRIPES / (crate::prefetch::PREFETCH_THREADS + 1)) as u64;
 
 /// The lock of record `record` (see `STRIPES`): consecutive records take
 /// consecutive locks, so no two of `STRIPES` records in a row share one.
@@ -851,7 +854,8 @@ mod tests {
     /// locks this fails at the third unit).
     #[test]
     fn the_units_a_stream_reads_at_once_have_locks_of_their_own() {
-        let span = MAX_UNIT_RECORDS * crate::prefetch::PREFETCH_THREADS as u64;
+        // The prefetch threads' units and the stream's own.
+        let span = MAX_UNIT_RECORDS * (crate::prefetch::PREFETCH_THREADS as u64 + 1);
         const { assert!(MAX_UNIT_RECORDS >= 512, "S3's 8 MiB of 16K records is one unit") };
         for start in [0, 1, 511, 4095, 4096, 1 << 20, (1 << 40) + 17] {
             let mut locks: Vec<usize> = (start..start + span).map(stripe_of).collect();
