@@ -116,32 +116,32 @@ sb_umount() {
 }
 
 rr=(--size=1G --runtime="$secs" --time_based)
+stat_field() { "$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 # warm_up EXPORT: the export (1 GiB) read once whole, then the random job
 # itself until L2 holds nearly all of it (the feed writes what leaves the
-# 256M ARC) or stops growing; at most 8 runs. Sets warm_runs.
-l2_size() { "$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['l2_size'])"; }
+# 256M ARC) or stops growing; at most 8 runs. Prints how many ran.
 warm_up() {
   local last=0 now i
   nbdcopy "nbd+unix:///$1?socket=$work/nbd.sock" null:
   for i in $(seq 8); do
     fio_job "warm-$1-$i" randread $(nbd_args "$1") "${rr[@]}" >/dev/null
-    now=$(l2_size)
+    now=$(stat_field l2_size)
     echo "bench: warm-up run $i: L2 holds $((now >> 20)) MiB" >&2
     [ "$now" -ge $((900 << 20)) ] && break
     [ "$now" -le $((last + last / 20)) ] && break
     last=$now
   done
-  warm_runs=$i
+  echo "$i"
 }
 
-origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= warm_runs= txg_syncs= seq_gets=
+origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
 origin_py=$(s3t randget bench rand.img "$secs" 16 4096)
 # The same from curl (C, 16 GETs at once; 1,000 GETs per second of the
-# job, all of them, timed): the origin's figure is RGW's, not the
-# client's, when both agree. The faster one is the origin.
+# job, all of them, timed), so the origin's figure is RGW's and not one
+# client's: the faster of the two is the origin.
 python3 - "$ep/bench/rand.img" $((secs * 1000)) >"$work/rr.cfg" <<'PY'
 import random, sys
 rng = random.Random(7)
@@ -154,12 +154,11 @@ t0=$(date +%s.%N)
 curl -s --no-progress-meter --parallel --parallel-immediate --parallel-max 16 -K "$work/rr.cfg" >"$work/rr.codes"
 t1=$(date +%s.%N)
 [ "$(grep -cx 206 "$work/rr.codes")" = $((secs * 1000)) ] || { echo "bench: curl's ranged GETs: $(sort "$work/rr.codes" | uniq -c)" >&2; exit 1; }
-origin_curl=$(python3 -c "import sys; print(round(int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2]))))" "$(grep -c 206 "$work/rr.codes")" "$t0" "$t1")
+origin_curl=$(python3 -c "import sys; print(round(int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2]))))" $((secs * 1000)) "$t0" "$t1")
 origin=$(( origin_py > origin_curl ? origin_py : origin_curl ))
 echo "bench: random reads, arcache" >&2
 serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
-warm_up r
-random_warm_runs=$warm_runs
+random_warm_runs=$(warm_up r)
 arc_warm=$(fio_job arcwarm randread $(nbd_args r) "${rr[@]}")
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-warm.json"
 stop_serve
@@ -278,7 +277,7 @@ seq_cold=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 kill "$sampling_until"; wait "$sampler" 2>/dev/null || true
 nbdcopy_cpu=$(cat "$work/cpu") arc_ceph=$(secs_of $(($(ceph_ticks) - c0))) arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 inflight=$(python3 -c "import sys; v=[int(x) for x in open(sys.argv[1]) if x.strip()]; print(f'{sum(v)/len(v):.1f}' if v else 'n/a')" "$work/inflight")
-seq_gets=$("$bin" stat --json --control "$work/ctl.sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['backing_reads'])")
+seq_gets=$(stat_field backing_reads)
 a0=$(pid_ticks "$serve_pid")
 seq_again=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 again_nbdcopy_cpu=$(cat "$work/cpu") again_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
@@ -321,8 +320,7 @@ nbdcopy "$work/rbd.img" "nbd+unix:///?socket=$work/mem.sock"
 rm -f "$work/rbd.img"
 rbd_direct=$(CEPH_CONF=$conf fio_job rbddirect randread --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench "${rr[@]}")
 serve --export "b=rbd:rbd/bench?conf=$conf" --l2 "$work/l2b.img:2G"
-warm_up b
-rbd_warm_runs=$warm_runs
+rbd_warm_runs=$(warm_up b)
 rbd_warm=$(fio_job rbdwarm randread $(nbd_args b) "${rr[@]}")
 stop_serve
 nbd_ceiling=$(fio_job memory randread --ioengine=nbd --uri="nbd+unix:///?socket=$work/mem.sock" "${rr[@]}")

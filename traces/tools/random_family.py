@@ -34,7 +34,7 @@ class Zipf:
         self.z = zipf_sampler(rng, self.n, self.alpha)
         self.move = rng.choice(["still", "still", "drift", "jump"])
         self.every = rng.choice([10, 25, 100]) if self.move == "drift" else rng.choice([30_000, 60_000, 100_000])
-        self.base, self.rng = base, rng
+        self.base = base
 
     def next(self, i):
         if self.move == "drift":

@@ -857,7 +857,8 @@ mod tests {
         // The prefetch threads' units and the stream's own.
         let span = MAX_UNIT_RECORDS * (crate::prefetch::PREFETCH_THREADS as u64 + 1);
         const { assert!(MAX_UNIT_RECORDS >= 512, "S3's 8 MiB of 16K records is one unit") };
-        for start in [0, 1, 511, 4095, 4096, 1 << 20, (1 << 40) + 17] {
+        let stripes = STRIPES as u64;
+        for start in [0, 1, 511, stripes - 1, stripes, 1 << 20, (1 << 40) + 17] {
             let mut locks: Vec<usize> = (start..start + span).map(stripe_of).collect();
             locks.sort_unstable();
             locks.dedup();

@@ -74,6 +74,12 @@ impl Rig {
         (0..n).filter(|&r| self.l2.lookup(r).is_some_and(|p| p.dev() == dev)).count()
     }
 
+    /// One feed cycle, its log committed (`cycle_once` leaves it open).
+    fn cycle(&self) {
+        self.feed.cycle_once();
+        self.l2.commit_pending();
+    }
+
     fn all_in_ram(&self) -> bool {
         self.cache.count_cached(&(0..self.records).collect::<Vec<_>>()) == self.records
     }
@@ -103,12 +109,7 @@ fn an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles() {
     // feed's batches of 8 MiB).
     let rig = Rig::new(Arc::new(MemDev::new(HEADER_RESERVED + (16 << 20))), 1536);
     let written = || rig.l2.stats.l2_write_bytes.load(Relaxed);
-    let cycles = |n| {
-        for _ in 0..n {
-            rig.feed.cycle_once();
-            rig.l2.commit_pending();
-        }
-    };
+    let cycles = |n| (0..n).for_each(|_| rig.cycle());
 
     cycles(4);
     let filled = written();
@@ -137,26 +138,27 @@ fn an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles() {
 fn an_l2_smaller_than_a_batch_is_fed_in_smaller_ones() {
     // 4 MiB for records, below the feed's 8 MiB batches; 6 MiB of records.
     let rig = Rig::new(Arc::new(MemDev::new(HEADER_RESERVED + (4 << 20))), 384);
-    for _ in 0..2 {
-        rig.feed.cycle_once();
-        rig.l2.commit_pending();
-    }
+    rig.cycle();
+    rig.cycle();
     assert!(rig.on_l2() > 128, "{} records on L2", rig.on_l2());
     assert_eq!(rig.l2.stats.l2_writes_error.load(Relaxed), 0);
 }
 
 const TWO_DEV_BYTES: u64 = HEADER_RESERVED + (8 << 20);
 
-/// 64 records in RAM, an export of `size`, all fed to the first of two L2
-/// devices, which fails as its returned handle is told.
-fn fed_to_the_first_of_two(size: u64, persistent: bool) -> (Rig, Arc<FaultyDev<MemDev>>) {
-    let failing = Arc::new(FaultyDev::new(MemDev::new(TWO_DEV_BYTES), 1));
+/// 64 records in RAM, an export of `size`, all fed to `first`, the first
+/// of two L2 devices of `TWO_DEV_BYTES` (the caller keeps a handle on it to
+/// make it fail).
+fn fed_to_the_first_of_two(first: Arc<dyn BlockDev>, size: u64, persistent: bool) -> Rig {
     let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(TWO_DEV_BYTES));
-    let rig = Rig::on_devices(vec![Arc::clone(&failing) as Arc<dyn BlockDev>, healthy], 64, size, persistent);
-    rig.feed.cycle_once();
-    rig.l2.commit_pending();
+    let rig = Rig::on_devices(vec![first, healthy], 64, size, persistent);
+    rig.cycle();
     assert_eq!(rig.on_device(0, size), 64, "the first device takes the first batch whole");
-    (rig, failing)
+    rig
+}
+
+fn failing_device() -> Arc<FaultyDev<MemDev>> {
+    Arc::new(FaultyDev::new(MemDev::new(TWO_DEV_BYTES), 1))
 }
 
 /// Retired by its error count, whose path always marked it out of
@@ -165,7 +167,8 @@ fn fed_to_the_first_of_two(size: u64, persistent: bool) -> (Rig, Arc<FaultyDev<M
 /// that needs retire's own marking and bump).
 #[test]
 fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
-    let (rig, failing) = fed_to_the_first_of_two(80, false);
+    let failing = failing_device();
+    let rig = fed_to_the_first_of_two(Arc::clone(&failing) as Arc<dyn BlockDev>, 80, false);
     let on_device = |dev| rig.on_device(dev, 80);
 
     // The first device fails every write from now on; each cycle one new
@@ -176,21 +179,20 @@ fn copies_lost_with_a_retired_device_are_fed_to_the_device_left() {
     while !rig.l2.devices()[0].is_degraded() {
         assert!(cycles < 20, "the failing device was never retired");
         rig.vol.write((64 + cycles as u64) * RS, &[0x5a; RS as usize], false).unwrap();
-        rig.feed.cycle_once();
-        rig.l2.commit_pending();
+        rig.cycle();
         cycles += 1;
     }
     assert_eq!(on_device(0), 0, "a retired device's copies are forgotten");
 
-    rig.feed.cycle_once();
-    rig.l2.commit_pending();
+    rig.cycle();
     assert!(rig.all_in_ram());
     assert_eq!(on_device(1) as u64, 64 + cycles as u64, "every record in RAM is on the device left");
 }
 
 #[test]
 fn copies_lost_when_a_devices_log_fails_are_fed_to_the_device_left() {
-    let (rig, failing) = fed_to_the_first_of_two(64, true);
+    let failing = failing_device();
+    let rig = fed_to_the_first_of_two(Arc::clone(&failing) as Arc<dyn BlockDev>, 64, true);
     let on_device = |dev| rig.on_device(dev, 64);
 
     // A client's write must make the forgetting of its record's copy
@@ -202,8 +204,7 @@ fn copies_lost_when_a_devices_log_fails_are_fed_to_the_device_left() {
     assert!(rig.l2.devices()[0].is_degraded(), "the device whose log failed is out of service");
     assert_eq!(on_device(0), 0);
 
-    rig.feed.cycle_once();
-    rig.l2.commit_pending();
+    rig.cycle();
     assert!(rig.all_in_ram());
     assert_eq!(on_device(1), 64, "every record in RAM is on the device left, not only the one written");
 }
@@ -264,11 +265,7 @@ fn a_batch_under_way_when_its_device_is_retired_is_not_indexed_there() {
         entered: AtomicBool::new(false),
         released: AtomicBool::new(false),
     });
-    let healthy: Arc<dyn BlockDev> = Arc::new(MemDev::new(TWO_DEV_BYTES));
-    let rig = Rig::on_devices(vec![Arc::clone(&gate) as Arc<dyn BlockDev>, healthy], 64, 104, true);
-    rig.feed.cycle_once();
-    rig.l2.commit_pending();
-    assert_eq!(rig.on_device(0, 104), 64);
+    let rig = fed_to_the_first_of_two(Arc::clone(&gate) as Arc<dyn BlockDev>, 104, true);
 
     // 40 new records in RAM: the next cycle's batch for the first device.
     rig.vol.write(64 * RS, &vec![0x77; 40 * RS as usize], false).unwrap();
