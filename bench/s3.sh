@@ -134,7 +134,7 @@ warm_up() {
   echo "$i"
 }
 
-origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
+origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= seq_hwm= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
@@ -278,6 +278,7 @@ kill "$sampling_until"; wait "$sampler" 2>/dev/null || true
 nbdcopy_cpu=$(cat "$work/cpu") arc_ceph=$(secs_of $(($(ceph_ticks) - c0))) arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 inflight=$(python3 -c "import sys; v=[int(x) for x in open(sys.argv[1]) if x.strip()]; print(f'{sum(v)/len(v):.1f}' if v else 'n/a')" "$work/inflight")
 seq_gets=$(stat_field backing_reads)
+seq_hwm=$(awk '/^VmHWM:/ {printf "%d", $2 / 1024}' "/proc/$serve_pid/status")
 a0=$(pid_ticks "$serve_pid")
 seq_again=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 again_nbdcopy_cpu=$(cat "$work/cpu") again_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
@@ -372,6 +373,8 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| arcache, the same again (from RAM and L2; no GETs) | $(mbps "$seq_again") | | | $again_cpu | $again_nbdcopy_cpu |"
     echo
     echo "GETs under way at once during arcache's cold pass (connections receiving, sampled every 0.2 s): $inflight on average; curl above keeps 8 (or 4) under way by construction."
+    echo
+    echo "arcache's peak resident memory by the end of the cold pass (VmHWM): $seq_hwm MiB, for an ARC of at most 256 MiB."
   fi
   if want write; then
     echo

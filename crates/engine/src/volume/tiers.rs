@@ -25,12 +25,6 @@ pub(super) type Snapshot = Vec<(u64, Arc<Page>)>;
 /// An L2 copy and its verified bytes.
 type L2Copy = (L2Ptr, Box<[u8]>);
 
-arcache_sync::thread_local! {
-    /// Each thread's buffer for reads from the backing store: a fresh
-    /// megabyte per fill would cost page faults on every miss.
-    static FILL_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
@@ -402,7 +396,7 @@ impl Volume {
         snap: &[(u64, Arc<Page>)],
     ) -> DevResult<()> {
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
-        with_fill_buf((bytes.end - bytes.start) as usize, |block| {
+        self.fill_bufs.with((bytes.end - bytes.start) as usize, |block| {
             let started = std::time::Instant::now();
             let read = read_backing(self.dev.as_ref(), block, bytes.start);
             self.count_backing_read(block.len(), started, read)?;
@@ -478,15 +472,6 @@ impl Volume {
         }
         self.cache.count(Found::Miss, prefetch, need.end - need.start);
     }
-}
-
-/// Runs `f` on this thread's fill buffer, sized to `len`.
-fn with_fill_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
-    FILL_BUF.with(|cell| {
-        let mut block = cell.borrow_mut();
-        block.resize(len, 0);
-        f(&mut block[..len])
-    })
 }
 
 /// The fail point `backing.read` of fault-test builds: an injected error
