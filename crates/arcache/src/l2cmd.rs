@@ -102,6 +102,12 @@ fn print_header(h: &Header) {
         );
     }
     println!("  last owner   {}", h.owner.describe());
+    // Other devices' logs this one's header says never to restore
+    // (docs/format.md, "Abandoned-logs block").
+    println!("  abandoned    {}", h.abandoned.len());
+    for a in &h.abandoned {
+        println!("    device {:032x} incarnation {:016x}", a.uuid, a.incarnation);
+    }
 }
 
 fn dump(path: &Path, verbose: u8) -> Result<()> {

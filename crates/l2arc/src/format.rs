@@ -19,6 +19,10 @@ pub const MAX_EXPORTS: usize = 32;
 const EXPORT_ENTRY: usize = 96;
 const EXPORTS_AT: usize = 192;
 const NAME_LEN: usize = 64;
+/// The abandoned-logs block (docs/format.md).
+const ABANDONED_AT: usize = 3416;
+const ABANDONED_ENTRY: usize = 24;
+pub const MAX_ABANDONED: usize = 16;
 
 pub const LOG_HEADER: usize = 128;
 pub const ENTRY_SIZE: usize = 32;
@@ -174,6 +178,34 @@ pub struct Header {
     pub exports: Vec<ExportId>,
     /// Who wrote this header, and whether they had closed the device.
     pub owner: Owner,
+    /// Other devices' logs never to be restored, oldest first.
+    pub abandoned: Vec<Abandoned>,
+}
+
+/// The log of one incarnation of a device taken out of service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Abandoned {
+    pub uuid: u128,
+    pub incarnation: u64,
+}
+
+impl Abandoned {
+    pub fn of(h: &Header) -> Abandoned {
+        Abandoned { uuid: h.uuid, incarnation: h.incarnation }
+    }
+
+    /// Adds `a` to `list` unless there, dropping the oldest beyond
+    /// [`MAX_ABANDONED`]; true if it was added.
+    pub fn add(list: &mut Vec<Abandoned>, a: Abandoned) -> bool {
+        if list.contains(&a) {
+            return false;
+        }
+        list.push(a);
+        if list.len() > MAX_ABANDONED {
+            list.remove(0);
+        }
+        true
+    }
 }
 
 impl Header {
@@ -184,6 +216,9 @@ impl Header {
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
         if self.exports.len() > MAX_EXPORTS {
             return Err(FormatError::Corrupt("too many exports"));
+        }
+        if self.abandoned.len() > MAX_ABANDONED {
+            return Err(FormatError::Corrupt("too many abandoned logs"));
         }
         let mut b = vec![0u8; HEADER_SIZE];
         put_u64(&mut b, 0, HEADER_MAGIC);
@@ -216,6 +251,12 @@ impl Header {
             b[at + 32..at + 32 + name.len()].copy_from_slice(name.as_bytes());
         }
         self.owner.write(&mut b);
+        put_u32(&mut b, ABANDONED_AT, self.abandoned.len() as u32);
+        for (i, a) in self.abandoned.iter().enumerate() {
+            let at = ABANDONED_AT + 8 + i * ABANDONED_ENTRY;
+            b[at..at + 16].copy_from_slice(&a.uuid.to_le_bytes());
+            put_u64(&mut b, at + 16, a.incarnation);
+        }
         Self::seal(&mut b);
         Ok(b)
     }
@@ -249,6 +290,18 @@ impl Header {
         if n > MAX_EXPORTS {
             return Err(FormatError::Corrupt("export count"));
         }
+        let abandoned_count = get_u32(b, ABANDONED_AT) as usize;
+        if abandoned_count > MAX_ABANDONED {
+            return Err(FormatError::Corrupt("abandoned log count"));
+        }
+        let abandoned = (0..abandoned_count)
+            .map(|i| {
+                let at = ABANDONED_AT + 8 + i * ABANDONED_ENTRY;
+                let mut id = [0u8; 16];
+                id.copy_from_slice(&b[at..at + 16]);
+                Abandoned { uuid: u128::from_le_bytes(id), incarnation: get_u64(b, at + 16) }
+            })
+            .collect();
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         let exports = (0..n)
@@ -284,6 +337,7 @@ impl Header {
             last_tag: get_u32(b, 188).min(u32::from(u16::MAX)) as u16,
             exports,
             owner: Owner::read(b),
+            abandoned,
         })
     }
 }
@@ -531,7 +585,51 @@ mod tests {
                 since: 1_800_000_000,
                 host: "nas".into(),
             },
+            abandoned: vec![
+                Abandoned { uuid: 0xaaaa_0000_0000_0001, incarnation: 9 },
+                Abandoned { uuid: u128::MAX - 3, incarnation: u64::MAX },
+            ],
         }
+    }
+
+    #[test]
+    fn the_abandoned_logs_block_holds_sixteen_and_refuses_more() {
+        let mut h = header();
+        h.abandoned = (0..MAX_ABANDONED as u64)
+            .map(|i| Abandoned { uuid: u128::from(i) << 70, incarnation: i })
+            .collect();
+        let b = h.encode().unwrap();
+        assert_eq!(Header::decode(&b).unwrap(), h);
+        // The block ends where the reserved bytes begin.
+        assert!(b[ABANDONED_AT + 8 + MAX_ABANDONED * ABANDONED_ENTRY..HEADER_SIZE - 8]
+            .iter()
+            .all(|&x| x == 0));
+        let mut bad = b.clone();
+        put_u32(&mut bad, ABANDONED_AT, MAX_ABANDONED as u32 + 1);
+        Header::seal(&mut bad);
+        assert_eq!(Header::decode(&bad), Err(FormatError::Corrupt("abandoned log count")));
+        h.abandoned.push(Abandoned { uuid: 1, incarnation: 1 });
+        assert!(h.encode().is_err());
+    }
+
+    #[test]
+    fn adding_an_abandoned_log_keeps_the_newest_sixteen_once_each() {
+        let mut list = Vec::new();
+        for i in 0..20u64 {
+            assert!(Abandoned::add(&mut list, Abandoned { uuid: 7, incarnation: i }));
+        }
+        assert!(!Abandoned::add(&mut list, Abandoned { uuid: 7, incarnation: 19 }), "added twice");
+        assert_eq!(list.len(), MAX_ABANDONED);
+        assert_eq!(list[0].incarnation, 4, "not the oldest dropped");
+    }
+
+    #[test]
+    fn a_header_from_before_the_block_reads_as_none_abandoned() {
+        let mut h = header();
+        h.abandoned.clear();
+        let b = h.encode().unwrap();
+        assert!(b[ABANDONED_AT..ABANDONED_AT + 392].iter().all(|&x| x == 0));
+        assert!(Header::decode(&b).unwrap().abandoned.is_empty());
     }
 
     #[test]

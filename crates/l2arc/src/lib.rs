@@ -95,6 +95,9 @@ pub struct L2Stats {
     pub l2_rebuild_invalid_entries: AtomicU64,
     /// Records of exports whose backing store changed, discarded at start.
     pub l2_rebuild_discarded_exports: AtomicU64,
+    /// Devices not rebuilt because another device's header recorded their
+    /// log as abandoned (docs/format.md).
+    pub l2_rebuild_abandoned: AtomicU64,
 }
 
 impl L2Stats {
@@ -104,6 +107,7 @@ impl L2Stats {
             (&self.l2_rebuild_dh_errors, &o.l2_rebuild_dh_errors),
             (&self.l2_rebuild_unsupported, &o.l2_rebuild_unsupported),
             (&self.l2_rebuild_discarded_exports, &o.l2_rebuild_discarded_exports),
+            (&self.l2_rebuild_abandoned, &o.l2_rebuild_abandoned),
         ] {
             a.fetch_add(b.load(Relaxed), Relaxed);
         }

@@ -9,7 +9,7 @@ use blockdev::owner::{Owner, OwnerState};
 use tracing::{info, warn};
 
 use crate::format::{
-    self, ExportId, Header, LogBlock, LogPtr, FLAG_FIRST_PASS, FLAG_PERSISTENT, HEADER_OFFSETS,
+    self, Abandoned, ExportId, Header, LogBlock, LogPtr, FLAG_FIRST_PASS, FLAG_PERSISTENT, HEADER_OFFSETS,
 };
 use crate::{EntryKind, ExportMap, L2Arc, L2Device, Ticket, ALIGN, MAX_DEVICES};
 
@@ -180,8 +180,10 @@ impl L2Arc {
         let stats = crate::L2Stats::default();
         let mut persist = Vec::with_capacity(devices.len());
         let mut rebuild = Vec::with_capacity(devices.len());
-        for (d, dev) in devices.iter().enumerate() {
-            let (p, needs_rebuild) = open_device(dev, exports, opts, &stats)?;
+        let headers: Vec<HeaderRead> = devices.iter().map(read_header).collect();
+        let abandoned = AbandonedLogs::found(&devices, &headers);
+        for ((d, dev), old) in devices.iter().enumerate().zip(headers) {
+            let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
             if let Some(p) = &p {
                 for e in exports {
                     let tag =
@@ -358,7 +360,7 @@ impl L2Arc {
                     self.write_header(d, p)
                 }
                 // Nothing to restore from it: a fresh empty header says so.
-                None => reset_header(dev, None, false, &[], OwnerState::Closed).map(|_| ()),
+                None => reset_header(dev, None, false, &[], OwnerState::Closed, &[]).map(|_| ()),
             };
             if let Err(e) = written {
                 warn!("L2 device {}: recording the clean stop: {e}", dev.path);
@@ -367,8 +369,17 @@ impl L2Arc {
     }
 
     /// Stops logging on a device leaving service, and tries to reset its
-    /// header so its old log is never restored.
+    /// header so its old log is never restored. First, while writes still
+    /// wait for this device's log (and so fail and come here too), its log
+    /// is recorded as abandoned on every other persistent device: the
+    /// reset may fail on a failing device, which could work again at the
+    /// next start, and no write may be acknowledged unlogged before some
+    /// header says that log is not to be trusted.
     pub(crate) fn abandon_log(&self, d: usize) {
+        let id = self.persist[d].lock().as_ref().map(|p| Abandoned::of(&p.hdr));
+        if let Some(id) = id {
+            self.record_abandoned(d, id);
+        }
         self.logs_on[d].store(false, Relaxed);
         self.committed[d].store(u64::MAX, Relaxed);
         let had = self.persist[d].lock().take();
@@ -377,10 +388,34 @@ impl L2Arc {
             m.logs[d] = Default::default();
         }
         if let Some(p) = had {
-            if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[], OwnerState::InUse) {
+            let kept = p.hdr.abandoned.clone();
+            if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[], OwnerState::InUse, &kept)
+            {
                 warn!(
                     "could not reset the header of {} ({e}); run `arcache l2 forget {}` before using it again",
                     self.devices[d].path, self.devices[d].path
+                );
+            }
+        }
+    }
+
+    /// Writes `id` (device `d`'s log) into the header of every other
+    /// persistent device, durably. An entry already there was made durable
+    /// by whoever added it (under the same lock); one whose header write
+    /// fails is taken back out, as that device is failing too.
+    fn record_abandoned(&self, d: usize, id: Abandoned) {
+        for (o, dev) in self.devices.iter().enumerate().filter(|&(o, _)| o != d) {
+            let mut g = self.persist[o].lock();
+            let Some(p) = g.as_mut() else { continue };
+            let before = p.hdr.abandoned.clone();
+            if !Abandoned::add(&mut p.hdr.abandoned, id) {
+                continue;
+            }
+            if let Err(e) = self.write_header(o, p) {
+                p.hdr.abandoned = before;
+                warn!(
+                    "L2 device {}: could not record that the log of {} must not be restored ({e})",
+                    dev.path, self.devices[d].path
                 );
             }
         }
@@ -399,15 +434,63 @@ fn matches(x: &ExportId, e: &ExportDesc) -> bool {
     x.kind == e.kind() && x.recordsize == e.recordsize && x.size == e.size && x.identity == e.identity
 }
 
-/// Opens one device; returns its persistent state (None when it keeps no
-/// log) and whether it has a log to rebuild from.
+/// The abandoned-logs blocks found at start (docs/format.md): which logs
+/// must not be restored, and what every header written from now on
+/// carries.
+struct AbandonedLogs {
+    /// Every entry found, with the path of a device that recorded it.
+    found: Vec<(Abandoned, String)>,
+    /// What headers carry on: the entries of devices not present now.
+    carried: Vec<Abandoned>,
+}
+
+impl AbandonedLogs {
+    fn found(devices: &[L2Device], headers: &[HeaderRead]) -> AbandonedLogs {
+        let mut found: Vec<(Abandoned, String)> = Vec::new();
+        for (dev, h) in devices.iter().zip(headers) {
+            if let HeaderRead::Valid(h) = h {
+                for a in &h.abandoned {
+                    if !found.iter().any(|(x, _)| x == a) {
+                        found.push((*a, dev.path.clone()));
+                    }
+                }
+            }
+        }
+        // A device present now either has a new incarnation already or
+        // gets one at this start (its log is refused below), so no entry
+        // of its can match again.
+        let present: Vec<u128> = headers
+            .iter()
+            .filter_map(|h| match h {
+                HeaderRead::Valid(h) => Some(h.uuid),
+                _ => None,
+            })
+            .collect();
+        let mut carried = Vec::new();
+        for (a, _) in found.iter().filter(|(a, _)| !present.contains(&a.uuid)) {
+            Abandoned::add(&mut carried, *a);
+        }
+        AbandonedLogs { found, carried }
+    }
+
+    /// The device that recorded `h`'s log as abandoned, if one did.
+    fn recorded_by(&self, h: &Header) -> Option<&str> {
+        let me = Abandoned::of(h);
+        self.found.iter().find(|(a, _)| *a == me).map(|(_, by)| by.as_str())
+    }
+}
+
+/// Opens one device whose header read as `old`; returns its persistent
+/// state (None when it keeps no log) and whether it has a log to rebuild
+/// from.
 fn open_device(
     dev: &L2Device,
+    old: HeaderRead,
+    abandoned: &AbandonedLogs,
     exports: &[ExportDesc],
     opts: &PersistOptions,
     stats: &crate::L2Stats,
 ) -> Result<(Option<DevPersist>, bool), String> {
-    let old = read_header(dev);
     let persistent = dev.size() >= opts.min_l2size;
     let previous = match &old {
         HeaderRead::Valid(h) => Some(h.clone()),
@@ -425,8 +508,9 @@ fn open_device(
         if let Some(why) = why {
             warn!("L2 device {}: starting empty: {why}", dev.path);
         }
-        let hdr = reset_header(dev, previous.as_ref(), persistent, exports, OwnerState::InUse)
-            .map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
+        let hdr =
+            reset_header(dev, previous.as_ref(), persistent, exports, OwnerState::InUse, &abandoned.carried)
+                .map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
         dev.restore_hand(0);
         Ok((persistent.then(|| persist_state(hdr)), false))
     };
@@ -446,6 +530,12 @@ fn open_device(
         }
         HeaderRead::Valid(h) => h,
     };
+    if let Some(by) = abandoned.recorded_by(&h) {
+        stats.l2_rebuild_abandoned.fetch_add(1, Relaxed);
+        return reset(Some(format!(
+            "an earlier server took it out of service and recorded on {by} that its log must not be restored"
+        )));
+    }
     if let Some(why) = unusable(&h, dev) {
         stats.l2_rebuild_unsupported.fetch_add(1, Relaxed);
         return reset(Some(why));
@@ -488,6 +578,7 @@ fn open_device(
     add_new_exports(&mut hdr, exports)?;
     let has_log = !hdr.newest[0].is_none();
     hdr.owner = Owner::this_process(OwnerState::InUse);
+    hdr.abandoned = abandoned.carried.clone();
     let mut p = persist_state(hdr);
     dev.restore_hand(p.hdr.evict_lpos);
     // The export table must be durable before any entry uses a new tag.
@@ -547,6 +638,7 @@ pub(crate) fn reset_header(
     persistent: bool,
     exports: &[ExportDesc],
     state: OwnerState,
+    abandoned: &[Abandoned],
 ) -> Result<Header, String> {
     let uuid =
         previous.map_or_else(|| (u128::from(random_u64()) << 64) | u128::from(random_u64()), |h| h.uuid);
@@ -568,6 +660,7 @@ pub(crate) fn reset_header(
         last_tag: 0,
         exports: Vec::new(),
         owner: Owner::this_process(state),
+        abandoned: abandoned.to_vec(),
     };
     if persistent {
         add_new_exports(&mut hdr, exports)?;
@@ -585,7 +678,10 @@ pub fn forget(dev: &L2Device) -> Result<(), String> {
         _ => None,
     };
     let persistent = previous.as_ref().is_some_and(|h| h.persistent());
-    reset_header(dev, previous.as_ref(), persistent, &[], OwnerState::Closed)?;
+    // Other devices' abandoned logs stay recorded: forgetting this one's
+    // contents says nothing of theirs.
+    let abandoned = previous.as_ref().map_or_else(Vec::new, |h| h.abandoned.clone());
+    reset_header(dev, previous.as_ref(), persistent, &[], OwnerState::Closed, &abandoned)?;
     info!("L2 device {}: contents forgotten", dev.path);
     Ok(())
 }

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use arcache_l2::format::{
-    log_seed, Entry, EntryKind, ExportId, Header, LogBlock, LogPtr, EF_COMPRESSED, EF_MFU, EF_RAW,
+    log_seed, Abandoned, Entry, EntryKind, ExportId, Header, LogBlock, LogPtr, EF_COMPRESSED, EF_MFU, EF_RAW,
     FLAG_PERSISTENT,
 };
 use blockdev::owner::{Owner, OwnerState};
@@ -51,6 +51,7 @@ fn header() -> Header {
         last_tag: 2,
         exports: vec![export(1, "vm"), export(2, "media")],
         owner: Owner { state: OwnerState::Closed, pid: 4242, since: 1_800_000_000, host: "nas".into() },
+        abandoned: vec![Abandoned { uuid: 11, incarnation: 5 }],
     }
 }
 
