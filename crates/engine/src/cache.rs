@@ -185,6 +185,8 @@ pub struct Cache {
     /// Copies of `State::reserved` and `zfs_arc_max`, read without the lock.
     reserved_hint: AtomicU64,
     arc_max_hint: AtomicU64,
+    /// Buffers for reads from the backing stores, shared by every volume.
+    pub(crate) fill_bufs: crate::fill_bufs::FillBufs,
 }
 
 impl Cache {
@@ -232,6 +234,7 @@ impl Cache {
             dnode_limit: AtomicU64::new(cfg.arc_max / 10),
             reserved_hint: AtomicU64::new(0),
             arc_max_hint: AtomicU64::new(cfg.arc_max),
+            fill_bufs: crate::fill_bufs::FillBufs::default(),
         }))
     }
 

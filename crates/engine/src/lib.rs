@@ -8,6 +8,7 @@ mod committer;
 mod dirty;
 mod extents;
 mod feed;
+mod fill_bufs;
 mod prefetch;
 mod record;
 mod replay;

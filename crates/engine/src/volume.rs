@@ -21,7 +21,6 @@ use crate::record::Record;
 use crate::writeback::{write_backing, Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
-mod fill_bufs;
 mod recent;
 mod record_write;
 mod ring_read;
@@ -129,8 +128,6 @@ pub struct Volume {
     wb: Option<Arc<WriteBack>>,
     sync: AtomicU8,
     counts: VolumeCounts,
-    /// Buffers for reads from the backing store.
-    fill_bufs: fill_bufs::FillBufs,
 }
 
 /// The lock of the records hashed to it, and the count of write guards
@@ -216,7 +213,6 @@ impl Volume {
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
             counts: VolumeCounts::default(),
-            fill_bufs: fill_bufs::FillBufs::default(),
         })
     }
 

@@ -396,7 +396,7 @@ impl Volume {
         snap: &[(u64, Arc<Page>)],
     ) -> DevResult<()> {
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
-        self.fill_bufs.with((bytes.end - bytes.start) as usize, |block| {
+        self.cache.fill_bufs.with((bytes.end - bytes.start) as usize, |block| {
             let started = std::time::Instant::now();
             let read = read_backing(self.dev.as_ref(), block, bytes.start);
             self.count_backing_read(block.len(), started, read)?;

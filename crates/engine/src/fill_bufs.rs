@@ -1,14 +1,13 @@
-//! Buffers for reads from the backing store, shared by a volume's threads.
+//! Buffers for reads from the backing store, shared by the cache's threads.
 //!
 //! A read from the backing store lands in a buffer before its records are
 //! copied into the ARC. Each thread used to keep its own: with 32 NBD
 //! workers and 8 prefetch threads each at some time reading a whole S3
-//! unit (8 MiB), the buffers alone came to hundreds of MiB, every one
-//! first touched page by page, and each was zeroed again whenever it grew
-//! back from a smaller read (perf of bench/s3.sh's cold pass: page faults
-//! and that zeroing were a sixth of the server's time). A few buffers
-//! shared by all serve as well: that many reads of the store are rarely
-//! under way at once.
+//! unit (8 MiB), the buffers alone came to hundreds of MiB beside a 256M
+//! ARC, every one first touched page by page, and each was zeroed again
+//! whenever it grew back from a smaller read (perf of bench/s3.sh's cold
+//! pass). A few buffers shared by every volume of a cache serve as well:
+//! that many reads of the stores are rarely under way at once.
 
 use arcache_sync::Mutex;
 
@@ -16,16 +15,21 @@ use arcache_sync::Mutex;
 /// read and dropped after). Enough for the prefetch threads' units and a
 /// stream's own miss with one to spare.
 const KEPT: usize = crate::prefetch::PREFETCH_THREADS + 2;
+/// Larger buffers are not kept: reads this large (64 records of 1M, an
+/// object store's chunk of tens of MiB) are rare, and ten of them kept
+/// would hold more RAM than many an ARC. An S3 object's unit (8 MiB) is
+/// kept.
+const KEPT_MAX_LEN: usize = 16 << 20;
 
 #[derive(Default)]
-pub(super) struct FillBufs {
+pub(crate) struct FillBufs {
     kept: Mutex<Vec<Vec<u8>>>,
 }
 
 impl FillBufs {
     /// Runs `f` on a buffer of `len` bytes whose contents are unspecified
     /// (earlier reads' bytes): `f` must overwrite what it uses.
-    pub(super) fn with<T>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    pub(crate) fn with<T>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
         let mut buf = self.take(len);
         if buf.len() < len {
             // Zeroed once, when it first grows this large; kept at that
@@ -34,9 +38,11 @@ impl FillBufs {
             buf.resize(len, 0);
         }
         let out = f(&mut buf[..len]);
-        let mut kept = self.kept.lock();
-        if kept.len() < KEPT {
-            kept.push(buf);
+        if buf.len() <= KEPT_MAX_LEN {
+            let mut kept = self.kept.lock();
+            if kept.len() < KEPT {
+                kept.push(buf);
+            }
         }
         out
     }
@@ -80,13 +86,21 @@ mod tests {
             bufs.with(4096, |_| ());
         });
         assert_eq!(bufs.kept_lens(), vec![4096, 1 << 20]);
-        bufs.with(4096, |b| assert_eq!(b.len(), 4096));
-        bufs.with(64 << 10, |b| assert_eq!(b.len(), 64 << 10));
+        bufs.with(4096, |_| assert_eq!(bufs.kept_lens(), vec![1 << 20], "not the 4K buffer"));
+        bufs.with(64 << 10, |_| assert_eq!(bufs.kept_lens(), vec![4096], "not the megabyte"));
         // Both fitted a buffer kept: nothing grew.
         assert_eq!(bufs.kept_lens(), vec![4096, 1 << 20]);
         // None fits: the largest grows, the small one stays for small reads.
         bufs.with(2 << 20, |_| ());
         assert_eq!(bufs.kept_lens(), vec![4096, 2 << 20]);
+    }
+
+    #[test]
+    fn buffers_beyond_the_size_kept_are_dropped_after_use() {
+        let bufs = FillBufs::default();
+        bufs.with(KEPT_MAX_LEN + 1, |_| ());
+        bufs.with(KEPT_MAX_LEN, |_| ());
+        assert_eq!(bufs.kept_lens(), vec![KEPT_MAX_LEN]);
     }
 
     #[test]
