@@ -195,6 +195,10 @@ pub struct L2Arc {
     ring_on: sync_atomic::AtomicBool,
     /// See [`L2Arc::drop_generation`].
     drops: AtomicU64,
+    /// Logs of devices never to be restored (docs/format.md,
+    /// "Abandoned-logs block"): those found at start and those retired
+    /// since. Every header this server writes carries it. A leaf lock.
+    pub(crate) abandoned: parking_lot::Mutex<Vec<format::Abandoned>>,
 }
 
 /// What [`L2Arc::begin_feed_checked`] found.
@@ -339,6 +343,7 @@ impl L2Arc {
             uring: std::sync::OnceLock::new(),
             ring_on: sync_atomic::AtomicBool::new(true),
             drops: AtomicU64::new(0),
+            abandoned: parking_lot::Mutex::new(Vec::new()),
         })
     }
 

@@ -199,6 +199,7 @@ impl L2Arc {
             rebuild.push(needs_rebuild);
         }
         let l2 = Self::assemble(devices, maps, view, persist)?;
+        *l2.abandoned.lock() = abandoned.all;
         for (d, r) in rebuild.into_iter().enumerate() {
             l2.rebuilding[d].store(r, Relaxed);
         }
@@ -234,6 +235,7 @@ impl L2Arc {
         p.hdr.flags = FLAG_PERSISTENT | if p.hdr.hand_lpos < p.hdr.capacity { FLAG_FIRST_PASS } else { 0 };
         p.hdr.lb_count = p.live.len() as u64;
         p.hdr.lb_asize = p.live.iter().map(|b| u64::from(b.asize)).sum();
+        p.hdr.abandoned = self.abandoned.lock().clone();
         write_header_copy(dev, &mut p.hdr)?;
         self.stats.l2_header_writes.fetch_add(1, Relaxed);
         Ok(())
@@ -359,8 +361,12 @@ impl L2Arc {
                     p.hdr.owner = Owner::this_process(OwnerState::Closed);
                     self.write_header(d, p)
                 }
-                // Nothing to restore from it: a fresh empty header says so.
-                None => reset_header(dev, None, false, &[], OwnerState::Closed, &[]).map(|_| ()),
+                // Nothing to restore from it: a fresh empty header says so
+                // (and still names the logs never to restore).
+                None => {
+                    let abandoned = self.abandoned.lock().clone();
+                    reset_header(dev, None, false, &[], OwnerState::Closed, &abandoned).map(|_| ())
+                }
             };
             if let Err(e) = written {
                 warn!("L2 device {}: recording the clean stop: {e}", dev.path);
@@ -388,7 +394,7 @@ impl L2Arc {
             m.logs[d] = Default::default();
         }
         if let Some(p) = had {
-            let kept = p.hdr.abandoned.clone();
+            let kept = self.abandoned.lock().clone();
             if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[], OwnerState::InUse, &kept)
             {
                 warn!(
@@ -399,20 +405,16 @@ impl L2Arc {
         }
     }
 
-    /// Writes `id` (device `d`'s log) into the header of every other
-    /// persistent device, durably. An entry already there was made durable
-    /// by whoever added it (under the same lock); one whose header write
-    /// fails is taken back out, as that device is failing too.
+    /// Adds `id` (device `d`'s log) to the abandoned logs and writes the
+    /// header of every other persistent device, durably. Every header
+    /// write carries the whole list, so a device whose write fails here
+    /// (failing too) still records it at its next successful one.
     fn record_abandoned(&self, d: usize, id: Abandoned) {
+        Abandoned::add(&mut self.abandoned.lock(), id);
         for (o, dev) in self.devices.iter().enumerate().filter(|&(o, _)| o != d) {
             let mut g = self.persist[o].lock();
             let Some(p) = g.as_mut() else { continue };
-            let before = p.hdr.abandoned.clone();
-            if !Abandoned::add(&mut p.hdr.abandoned, id) {
-                continue;
-            }
             if let Err(e) = self.write_header(o, p) {
-                p.hdr.abandoned = before;
                 warn!(
                     "L2 device {}: could not record that the log of {} must not be restored ({e})",
                     dev.path, self.devices[d].path
@@ -435,42 +437,32 @@ fn matches(x: &ExportId, e: &ExportDesc) -> bool {
 }
 
 /// The abandoned-logs blocks found at start (docs/format.md): which logs
-/// must not be restored, and what every header written from now on
-/// carries.
+/// must not be restored.
 struct AbandonedLogs {
     /// Every entry found, with the path of a device that recorded it.
     found: Vec<(Abandoned, String)>,
-    /// What headers carry on: the entries of devices not present now.
-    carried: Vec<Abandoned>,
+    /// The same entries, oldest first: what every header carries on. None
+    /// is dropped because its device is present: headers are written one
+    /// device at a time, and a crash (or a failing device's reset) between
+    /// them must not leave the only record gone. An entry whose device got
+    /// a new incarnation can never match again; it costs 24 bytes.
+    all: Vec<Abandoned>,
 }
 
 impl AbandonedLogs {
     fn found(devices: &[L2Device], headers: &[HeaderRead]) -> AbandonedLogs {
         let mut found: Vec<(Abandoned, String)> = Vec::new();
+        let mut all = Vec::new();
         for (dev, h) in devices.iter().zip(headers) {
             if let HeaderRead::Valid(h) = h {
                 for a in &h.abandoned {
-                    if !found.iter().any(|(x, _)| x == a) {
+                    if Abandoned::add(&mut all, *a) {
                         found.push((*a, dev.path.clone()));
                     }
                 }
             }
         }
-        // A device present now either has a new incarnation already or
-        // gets one at this start (its log is refused below), so no entry
-        // of its can match again.
-        let present: Vec<u128> = headers
-            .iter()
-            .filter_map(|h| match h {
-                HeaderRead::Valid(h) => Some(h.uuid),
-                _ => None,
-            })
-            .collect();
-        let mut carried = Vec::new();
-        for (a, _) in found.iter().filter(|(a, _)| !present.contains(&a.uuid)) {
-            Abandoned::add(&mut carried, *a);
-        }
-        AbandonedLogs { found, carried }
+        AbandonedLogs { found, all }
     }
 
     /// The device that recorded `h`'s log as abandoned, if one did.
@@ -509,7 +501,7 @@ fn open_device(
             warn!("L2 device {}: starting empty: {why}", dev.path);
         }
         let hdr =
-            reset_header(dev, previous.as_ref(), persistent, exports, OwnerState::InUse, &abandoned.carried)
+            reset_header(dev, previous.as_ref(), persistent, exports, OwnerState::InUse, &abandoned.all)
                 .map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
         dev.restore_hand(0);
         Ok((persistent.then(|| persist_state(hdr)), false))
@@ -578,7 +570,7 @@ fn open_device(
     add_new_exports(&mut hdr, exports)?;
     let has_log = !hdr.newest[0].is_none();
     hdr.owner = Owner::this_process(OwnerState::InUse);
-    hdr.abandoned = abandoned.carried.clone();
+    hdr.abandoned = abandoned.all.clone();
     let mut p = persist_state(hdr);
     dev.restore_hand(p.hdr.evict_lpos);
     // The export table must be durable before any entry uses a new tag.

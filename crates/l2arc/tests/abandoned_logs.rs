@@ -40,14 +40,18 @@ fn devices(images: Vec<Option<Vec<u8>>>) -> (Vec<Arc<CrashDev>>, Vec<Faulty>) {
 
 /// Opens `devs` (named by their letters) and runs the rebuild to its end.
 fn open(devs: &[(&str, &Faulty)]) -> L2Arc {
+    try_open(devs).unwrap()
+}
+
+fn try_open(devs: &[(&str, &Faulty)]) -> Result<L2Arc, String> {
     let l2devs = devs
         .iter()
         .map(|(name, d)| L2Device::new((*name).into(), Arc::clone(d) as Arc<dyn BlockDev>).unwrap())
         .collect();
     let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0 };
-    let l2 = L2Arc::open(l2devs, &[export()], &opts).unwrap();
+    let l2 = L2Arc::open(l2devs, &[export()], &opts)?;
     l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
-    l2
+    Ok(l2)
 }
 
 fn feed(l2: &L2Arc, dev: usize, keys: std::ops::Range<u64>) {
@@ -140,7 +144,7 @@ fn a_device_refused_once_is_trusted_again_with_its_new_log() {
     let l2 = stop_and_start_both(l2, &crash);
     assert_eq!(on_device(&l2, 0), 10, "the refused device's new log was not restored");
     assert_eq!(on_device(&l2, 1), 20);
-    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 0, "the entry outlived the log it named");
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 0, "refused again for its old incarnation's entry");
 }
 
 #[test]
@@ -163,4 +167,56 @@ fn an_entry_names_one_incarnation_of_its_device_only() {
     assert_eq!(on_device(&l2, 0), 10, "a log of another incarnation was refused");
     assert_eq!(on_device(&l2, 1), 20);
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 0);
+}
+
+#[test]
+fn a_start_where_the_retired_device_still_fails_keeps_the_record() {
+    let images = first_device_retired_unreset();
+    let (crash, faulty) = devices(images.into_iter().map(Some).collect());
+    // Listed after the device that recorded it, and still failing writes:
+    // its reset cannot be written and the start fails, after the recorder's
+    // header was written.
+    faulty[0]
+        .set_plan(FaultPlan { fail_writes: std::iter::once(0..DEV_SIZE).collect(), ..Default::default() });
+    assert!(
+        try_open(&[("b", &faulty[1]), ("a", &faulty[0])]).is_err(),
+        "a device that cannot be written opened"
+    );
+    let (_, faulty) = devices(crash.iter().map(|c| Some(c.image_bytes(|_| true))).collect());
+    let l2 = open(&[("b", &faulty[1]), ("a", &faulty[0])]);
+    assert!(l2.lookup(5).is_none(), "record 5 restored: the failed start dropped the record");
+    assert_eq!(on_device(&l2, 1), 0);
+    assert_eq!(on_device(&l2, 0), 20);
+}
+
+#[test]
+fn a_recorder_retired_in_turn_still_names_the_first_at_a_clean_stop() {
+    let (crash, faulty) = devices(vec![None, None]);
+    let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
+    feed(&l2, 0, 0..20);
+    feed(&l2, 1, 20..40);
+    l2.sync_logs();
+    faulty[0]
+        .set_plan(FaultPlan { fail_writes: std::iter::once(0..DEV_SIZE).collect(), ..Default::default() });
+    l2.begin_write(&[5]);
+    l2.end_write(&[5]);
+    // The second device fails writes to its data area only (its header
+    // stays writable) and is retired by a write of one of its records.
+    faulty[1].set_plan(FaultPlan {
+        fail_writes: std::iter::once(HEADER_RESERVED..DEV_SIZE).collect(),
+        ..Default::default()
+    });
+    l2.begin_write(&[25]);
+    l2.end_write(&[25]);
+    assert_eq!(l2.healthy_devices(), 0);
+    // A clean stop writes a fresh header on both: the second's must still
+    // name the first's log.
+    l2.sync_logs();
+    l2.mark_closed();
+    drop(l2);
+    let (_, faulty) = devices(crash.iter().map(|c| Some(c.image_bytes(|_| true))).collect());
+    let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
+    assert!(l2.lookup(5).is_none(), "record 5 restored from the first device's log");
+    assert_eq!(on_device(&l2, 0), 0);
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }
