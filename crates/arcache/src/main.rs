@@ -67,7 +67,8 @@ fn init_logging(default_level: &str) {
 }
 
 /// mimalloc's `mi_option_purge_delay` (missing from the Rust bindings'
-/// constants; its place in mimalloc v2's option enum).
+/// constants; its place in the option enum of mimalloc v3, which
+/// libmimalloc-sys builds, and of v2).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// `mi_option_arena_eager_commit`, likewise.
 const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
