@@ -435,9 +435,10 @@ impl L2Arc {
     /// overwritten had an L2 smaller than what RAM holds rewritten in
     /// circles at the device's full speed, idle server and all, and any
     /// client write re-armed that while writes changed the generation
-    /// (engine test `an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles`). And asking
-    /// L2 about each record at each scan, a lock and lookups, was a sixth
-    /// of the server's time on a cold stream.
+    /// (engine test
+    /// `an_l2_smaller_than_ram_is_filled_once_not_rewritten_in_circles`).
+    /// And asking L2 about each record at each scan, a lock and lookups,
+    /// was a sixth of the server's time on a cold stream.
     pub fn drop_generation(&self) -> u64 {
         self.drops.load(Ordering::Acquire)
     }

@@ -394,8 +394,9 @@ impl L2Arc {
             m.logs[d] = Default::default();
         }
         if let Some(p) = had {
-            let kept = self.abandoned.lock().clone();
-            if let Err(e) = reset_header(&self.devices[d], Some(&p.hdr), false, &[], OwnerState::InUse, &kept)
+            let abandoned = self.abandoned.lock().clone();
+            if let Err(e) =
+                reset_header(&self.devices[d], Some(&p.hdr), false, &[], OwnerState::InUse, &abandoned)
             {
                 warn!(
                     "could not reset the header of {} ({e}); run `arcache l2 forget {}` before using it again",

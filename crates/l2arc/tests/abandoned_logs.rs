@@ -4,8 +4,9 @@
 //! devices' headers record that log as abandoned (docs/format.md,
 //! "Abandoned-logs block").
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arcache_l2::{
     BlobFlags, ExportDesc, FeedItem, L2Arc, L2Device, PersistOptions, SharedBytes, HEADER_RESERVED,
@@ -62,12 +63,17 @@ fn feed(l2: &L2Arc, dev: usize, keys: std::ops::Range<u64>) {
     l2.write_batch(dev, items, 0, false).unwrap();
 }
 
+/// Fresh devices over what `crash` holds as a kill -9 leaves it.
+fn restarted(crash: &[Arc<CrashDev>]) -> (Vec<Arc<CrashDev>>, Vec<Faulty>) {
+    devices(crash.iter().map(|c| Some(c.image_bytes(|_| true))).collect())
+}
+
 /// Stops `l2` cleanly and starts again over both devices' images.
 fn stop_and_start_both(l2: L2Arc, crash: &[Arc<CrashDev>]) -> L2Arc {
     l2.sync_logs();
     l2.mark_closed();
     drop(l2);
-    let (_, faulty) = devices(crash.iter().map(|c| Some(c.image_bytes(|_| true))).collect());
+    let (_, faulty) = restarted(crash);
     open(&[("a", &faulty[0]), ("b", &faulty[1])])
 }
 
@@ -78,8 +84,8 @@ fn on_device(l2: &L2Arc, dev: usize) -> usize {
 /// Two devices, records 0..20 on the first and 20..40 on the second, all
 /// logged; then the first fails every write and flush, and a client write
 /// of record 5 retires it (its log commit fails) and cannot reset its
-/// header. Returns the devices' images as a kill -9 leaves them.
-fn first_device_retired_unreset() -> Vec<Vec<u8>> {
+/// header. Returns new devices over what a kill -9 then leaves.
+fn first_device_retired_unreset() -> (Vec<Arc<CrashDev>>, Vec<Faulty>) {
     first_device_retired(FaultPlan {
         fail_writes: std::iter::once(0..DEV_SIZE).collect(),
         fail_flush: true,
@@ -88,7 +94,7 @@ fn first_device_retired_unreset() -> Vec<Vec<u8>> {
 }
 
 /// As [`first_device_retired_unreset`], the first device failing as `plan` says.
-fn first_device_retired(plan: FaultPlan) -> Vec<Vec<u8>> {
+fn first_device_retired(plan: FaultPlan) -> (Vec<Arc<CrashDev>>, Vec<Faulty>) {
     let (crash, faulty) = devices(vec![None, None]);
     let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
     feed(&l2, 0, 0..20);
@@ -101,15 +107,14 @@ fn first_device_retired(plan: FaultPlan) -> Vec<Vec<u8>> {
     l2.begin_write(&[5]);
     l2.end_write(&[5]);
     assert_eq!(l2.healthy_devices(), 1, "the failing device was not retired");
-    crash.iter().map(|c| c.image_bytes(|_| true)).collect()
+    restarted(&crash)
 }
 
 #[test]
 fn a_retired_device_whose_header_could_not_be_reset_restores_nothing() {
-    let images = first_device_retired_unreset();
     // The first device works again at the next start; its log still
     // describes record 5 as it was before the write.
-    let (_, faulty) = devices(images.into_iter().map(Some).collect());
+    let (_, faulty) = first_device_retired_unreset();
     let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
     assert!(
         l2.lookup(5).is_none(),
@@ -122,8 +127,7 @@ fn a_retired_device_whose_header_could_not_be_reset_restores_nothing() {
 
 #[test]
 fn the_record_survives_a_start_without_the_retired_device() {
-    let images = first_device_retired_unreset();
-    let (crash, faulty) = devices(images.into_iter().map(Some).collect());
+    let (crash, faulty) = first_device_retired_unreset();
     // A start with the second device only: the first's entry is carried on.
     let l2 = open(&[("b", &faulty[1])]);
     assert_eq!(on_device(&l2, 0), 20, "the healthy device is now the first");
@@ -135,8 +139,7 @@ fn the_record_survives_a_start_without_the_retired_device() {
 
 #[test]
 fn a_device_refused_once_is_trusted_again_with_its_new_log() {
-    let images = first_device_retired_unreset();
-    let (crash, faulty) = devices(images.into_iter().map(Some).collect());
+    let (crash, faulty) = first_device_retired_unreset();
     let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
     assert_eq!(on_device(&l2, 0), 0);
     // Its new incarnation's log is its own, and is restored as any other.
@@ -152,11 +155,10 @@ fn an_entry_names_one_incarnation_of_its_device_only() {
     // The first device fails writes to its data area only: retired, its
     // header is reset (a new, empty incarnation), and the second device
     // records the old incarnation anyway.
-    let images = first_device_retired(FaultPlan {
+    let (crash, faulty) = first_device_retired(FaultPlan {
         fail_writes: std::iter::once(HEADER_RESERVED..DEV_SIZE).collect(),
         ..Default::default()
     });
-    let (crash, faulty) = devices(images.into_iter().map(Some).collect());
     // Started alone, it fills its new incarnation.
     let l2 = open(&[("a", &faulty[0])]);
     assert_eq!(on_device(&l2, 0), 0, "the reset header still described the old log");
@@ -171,8 +173,7 @@ fn an_entry_names_one_incarnation_of_its_device_only() {
 
 #[test]
 fn a_start_where_the_retired_device_still_fails_keeps_the_record() {
-    let images = first_device_retired_unreset();
-    let (crash, faulty) = devices(images.into_iter().map(Some).collect());
+    let (crash, faulty) = first_device_retired_unreset();
     // Listed after the device that recorded it, and still failing writes:
     // its reset cannot be written and the start fails, after the recorder's
     // header was written.
@@ -182,7 +183,7 @@ fn a_start_where_the_retired_device_still_fails_keeps_the_record() {
         try_open(&[("b", &faulty[1]), ("a", &faulty[0])]).is_err(),
         "a device that cannot be written opened"
     );
-    let (_, faulty) = devices(crash.iter().map(|c| Some(c.image_bytes(|_| true))).collect());
+    let (_, faulty) = restarted(&crash);
     let l2 = open(&[("b", &faulty[1]), ("a", &faulty[0])]);
     assert!(l2.lookup(5).is_none(), "record 5 restored: the failed start dropped the record");
     assert_eq!(on_device(&l2, 1), 0);
@@ -211,12 +212,112 @@ fn a_recorder_retired_in_turn_still_names_the_first_at_a_clean_stop() {
     assert_eq!(l2.healthy_devices(), 0);
     // A clean stop writes a fresh header on both: the second's must still
     // name the first's log.
-    l2.sync_logs();
-    l2.mark_closed();
-    drop(l2);
-    let (_, faulty) = devices(crash.iter().map(|c| Some(c.image_bytes(|_| true))).collect());
-    let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
+    let l2 = stop_and_start_both(l2, &crash);
     assert!(l2.lookup(5).is_none(), "record 5 restored from the first device's log");
     assert_eq!(on_device(&l2, 0), 0);
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
+}
+
+/// A device whose header writes wait, once armed, until released.
+struct HeaderGate {
+    inner: CrashDev,
+    armed: AtomicBool,
+    entered: AtomicBool,
+    released: AtomicBool,
+}
+
+impl BlockDev for HeaderGate {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> blockdev::DevResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> blockdev::DevResult<()> {
+        if offset < HEADER_RESERVED && self.armed.load(SeqCst) {
+            self.entered.store(true, SeqCst);
+            wait_for(&self.released, "the gate's release");
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> blockdev::DevResult<()> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        "header gate".into()
+    }
+}
+
+fn wait_for(flag: &AtomicBool, what: &str) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !flag.load(SeqCst) {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// While the first writer to find the device failing is still recording
+/// its log as abandoned on the other device, a second write of a record
+/// on it must not be acknowledged: its invalidation is not logged, and no
+/// header says yet that the log is not to be trusted.
+#[test]
+fn no_write_is_acknowledged_before_the_abandoned_log_is_recorded() {
+    let (_, faulty) = devices(vec![None]);
+    let gate = Arc::new(HeaderGate {
+        inner: CrashDev::new(DEV_SIZE),
+        armed: AtomicBool::new(false),
+        entered: AtomicBool::new(false),
+        released: AtomicBool::new(false),
+    });
+    let devs = vec![
+        L2Device::new("a".into(), Arc::clone(&faulty[0]) as Arc<dyn BlockDev>).unwrap(),
+        L2Device::new("b".into(), Arc::clone(&gate) as Arc<dyn BlockDev>).unwrap(),
+    ];
+    let l2 =
+        L2Arc::open(devs, &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    feed(&l2, 0, 0..20);
+    l2.sync_logs();
+    faulty[0]
+        .set_plan(FaultPlan { fail_writes: std::iter::once(0..DEV_SIZE).collect(), ..Default::default() });
+    gate.armed.store(true, SeqCst);
+    let (second_started, second_done) = (AtomicBool::new(false), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            l2.begin_write(&[5]);
+            l2.end_write(&[5]);
+        });
+        // The race: the first writer is recording the abandoned log.
+        wait_for(&gate.entered, "the first writer's record on the other device");
+        let second = s.spawn(|| {
+            second_started.store(true, SeqCst);
+            l2.begin_write(&[6]);
+            second_done.store(true, SeqCst);
+            l2.end_write(&[6]);
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(second_started.load(SeqCst), "the second writer never reached its write");
+        let early = second_done.load(SeqCst);
+        gate.released.store(true, SeqCst);
+        second.join().unwrap();
+        assert!(!early, "a write was acknowledged while the abandoned log was not yet recorded");
+    });
+    assert!(second_done.load(SeqCst));
+    assert_eq!(l2.healthy_devices(), 1);
+}
+
+/// `arcache l2 forget` of the device holding the record forgets that
+/// device's own contents, not the other device's abandoned log.
+#[test]
+fn forgetting_the_recorder_keeps_the_record() {
+    let (crash, faulty) = first_device_retired_unreset();
+    let recorder = L2Device::new("b".into(), Arc::clone(&faulty[1]) as Arc<dyn BlockDev>).unwrap();
+    arcache_l2::forget(&recorder).unwrap();
+    drop(recorder);
+    let (_, faulty) = restarted(&crash);
+    let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
+    assert!(l2.lookup(5).is_none(), "record 5 restored after the recorder was forgotten");
+    assert_eq!(on_device(&l2, 0), 0);
+    assert_eq!(on_device(&l2, 1), 0, "the forgotten device kept its records");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }
