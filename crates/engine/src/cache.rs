@@ -363,6 +363,20 @@ impl Cache {
         keys.all(|k| s.data.contains_key(&k))
     }
 
+    /// The copy another request cached while this demand read waited for
+    /// the record's lock (an iohit), recorded as this read's access: a read
+    /// that joins a prefetch makes the record a demand record, as a hit
+    /// would, so the feed's and the policy's prefetch rules no longer treat
+    /// it as speculative. (A prefetch that finds a record cached leaves it
+    /// where it is, and uses `peek`.)
+    pub(crate) fn joined(&self, key: Key) -> Option<RecordData> {
+        let a = self.access(false);
+        let mut s = self.state.lock();
+        let data = s.data.get(&key).cloned()?;
+        s.policy.lookup(key, a);
+        Some(data)
+    }
+
     /// The cached copy, without counting an access.
     pub(crate) fn peek(&self, key: Key) -> Option<RecordData> {
         self.state.lock().data.get(&key).cloned()

@@ -225,6 +225,109 @@ fn feed_rules_decide_what_reaches_l2() {
     assert!(l2dev.counts().trims > trims_before, "trim_ahead trims beyond the batch");
 }
 
+/// A backing store whose reads of one offset wait, once armed, until
+/// released: holds a prefetch in flight while a demand read arrives.
+struct HeldRead {
+    inner: MemDev,
+    held: AtomicU64,
+    entered: AtomicBool,
+    released: AtomicBool,
+}
+
+impl HeldRead {
+    fn wait_for(flag: &AtomicBool) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !flag.load(Relaxed) {
+            assert!(std::time::Instant::now() < until, "timed out");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+impl BlockDev for HeldRead {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> blockdev::DevResult<()> {
+        if offset == self.held.load(Relaxed) {
+            self.entered.store(true, Relaxed);
+            HeldRead::wait_for(&self.released);
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> blockdev::DevResult<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> blockdev::DevResult<()> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        "held".into()
+    }
+}
+
+/// A demand read that arrives while a prefetch of its record is in flight
+/// (an iohit) is the demand that prefetch was made for: the record must
+/// become a demand record, as after a hit, or `l2arc_noprefetch=1` never
+/// feeds a record a stream's reads waited for (CI saw the feed-rules test
+/// fail this way when zfetch raced its reads).
+#[test]
+fn a_demand_read_joining_a_prefetch_makes_a_demand_record() {
+    let held = Arc::new(HeldRead {
+        inner: MemDev::new(DEV),
+        held: AtomicU64::new(u64::MAX),
+        entered: AtomicBool::new(false),
+        released: AtomicBool::new(false),
+    });
+    let l2dev = Arc::new(MemDev::new(HEADER_RESERVED + (8 << 20)));
+    let l2 = L2Arc::new(vec![L2Device::new("l2".into(), l2dev as Arc<dyn BlockDev>).unwrap()]).unwrap();
+    let cache = Cache::with_l2(
+        CacheConfig { arc_min: 1 << 20, arc_max: 4 << 20, min_prefetch_ms: 1000, compress: false },
+        Some(Arc::new(l2)),
+    );
+    let tun = Arc::new(FeedTunables::default());
+    tun.dwpd_limit.store(0, Relaxed);
+    tun.noprefetch.store(1, Relaxed);
+    let feed = Feed::new(Arc::clone(&cache), tun, Arc::new(AtomicU64::new(4 << 20))).unwrap();
+    let vol = Volume::new(
+        0,
+        VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false },
+        held.clone() as Arc<dyn BlockDev>,
+        Arc::clone(&cache),
+    );
+    // Records far apart, so zfetch sees no stream; a few tries in case the
+    // demand read was not yet waiting when the prefetch ended.
+    let mut joined = 0;
+    for r in (16u64..).step_by(64).take(5) {
+        let before = cache.stats();
+        held.entered.store(false, Relaxed);
+        held.released.store(false, Relaxed);
+        held.held.store(r * 4096, Relaxed);
+        std::thread::scope(|s| {
+            s.spawn(|| vol.prefetch(r * 4096, 4096).unwrap());
+            HeldRead::wait_for(&held.entered);
+            s.spawn(|| {
+                let mut b = vec![0u8; 4096];
+                vol.read(r * 4096, &mut b).unwrap();
+            });
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            held.released.store(true, Relaxed);
+        });
+        let after = cache.stats();
+        if after.demand_data_iohits == before.demand_data_iohits + 1 {
+            joined += 1;
+            assert_eq!(
+                after.demand_hit_predictive_prefetch,
+                before.demand_hit_predictive_prefetch + 1,
+                "the join counted as the prefetch's demand"
+            );
+            feed.cycle_once();
+            assert!(cache.l2().unwrap().contains(r), "l2arc_noprefetch=1 feeds the joined record");
+        }
+    }
+    assert!(joined > 0, "no demand read reached the prefetch in flight");
+}
+
 /// The feed stops when L2 headers would take more than
 /// `l2arc_meta_percent` of the ARC target, and says so.
 #[test]

@@ -272,7 +272,7 @@ impl Volume {
             self.finish_blocking(w, done, out);
             return None;
         };
-        let Some(data) = self.cache.peek(self.key(w.r)) else { return Some((lock, done)) };
+        let Some(data) = self.cache.joined(self.key(w.r)) else { return Some((lock, done)) };
         self.cache.count(Found::IoHit, false, 1);
         let mut buf = vec![0u8; w.len];
         match self.copy_out(w.r, &data, w.offset, &mut buf) {

@@ -152,7 +152,7 @@ impl Volume {
         let _lock = self.lock_records(r..r + 1);
         let half = self.half_range(r, which);
         let snap = self.dirty_snapshot(half.clone());
-        if let Some(data) = self.cache.peek(key) {
+        if let Some(data) = self.cache.joined(key) {
             let ok = self.copy_out(r, &data, offset, buf).is_ok();
             if ok {
                 self.cache.count(Found::IoHit, false, 1);
@@ -264,7 +264,8 @@ impl Volume {
         let mut absent: Vec<u64> = Vec::new();
         let mut ahead_from_backing: Vec<u64> = Vec::new();
         for r in rs {
-            let cached = self.cache.peek(self.key(r));
+            let key = self.key(r);
+            let cached = if prefetch || r >= ahead { self.cache.peek(key) } else { self.cache.joined(key) };
             if r >= ahead {
                 // Only what must come from the backing store is read
                 // ahead: a record on L2 is left to its own request, so a
