@@ -5,7 +5,9 @@
 # origin alone (plain ranged GETs from 16 threads, bench/s3tool.py):
 #   1. 4K random reads QD16 over a 1 GiB object, warm (one run of the job
 #      first), and the first 10 s after a restart (arcache: persistent L2;
-#      s3backer: its cache is RAM only);
+#      s3backer: its cache is RAM only), and the L2 device's own ceiling
+#      for the warm job (the L2 file read directly at the size and share of
+#      reads the job sent it);
 #   2. a 2 GiB object read sequentially, cold (arcache: nbdcopy; rclone cat),
 #      then again through the same server;
 #   3. 4K random writes QD16 with a FLUSH (fsync) after each: arcache's
@@ -134,7 +136,7 @@ warm_up() {
   echo "$i"
 }
 
-origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= seq_hwm= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
+origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= l2_per_read= l2_read_kib= l2_raw= l2_raw4= l2_ceiling= l2_ceiling4= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= seq_hwm= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
@@ -159,12 +161,34 @@ origin=$(( origin_py > origin_curl ? origin_py : origin_curl ))
 echo "bench: random reads, arcache" >&2
 serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
 random_warm_runs=$(warm_up r)
+"$bin" stat --json --control "$work/ctl.sock" >"$work/stat-before-warm.json"
 arc_warm=$(fio_job arcwarm randread $(nbd_args r) "${rr[@]}")
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-warm.json"
 stop_serve
 serve --export "r=s3://bench/rand.img" --l2 "$work/l2.img:2G"
 arc_restart=$(fio_job arcrestart randread $(nbd_args r) --size=1G --runtime=10 --time_based)
 stop_serve
+# The L2 device's own ceiling for the warm job: the timed job's L2 reads per
+# client read and their mean size (from the stats around it), and the L2
+# file read directly at that size, O_DIRECT at QD16 (no more than 16 client
+# reads, so no more than 16 L2 reads, are ever under way). No cache with
+# this ARC over this device serves more than raw / (L2 reads per read).
+read -r l2_per_read l2_read_kib < <(python3 - "$work/stat-before-warm.json" "$work/stat-warm.json" "$work/arcwarm.json" <<'PY'
+import json, sys
+a, b, f = (json.load(open(p)) for p in sys.argv[1:])
+reads = f["jobs"][0]["read"]["total_ios"]
+dev = lambda s, k: sum(d[k] for d in s["l2_devices"])
+n = dev(b, "reads") - dev(a, "reads")
+size = (dev(b, "read_bytes") - dev(a, "read_bytes")) / max(n, 1)
+print(f"{n / reads:.3f}", max(4, -(-int(size) // 4096) * 4))
+PY
+)
+l2_raw=$(fio_job l2raw randread --filename="$work/l2.img" --direct=1 --ioengine=io_uring \
+  --bs="${l2_read_kib}k" --runtime="$secs" --time_based)
+l2_raw4=$(fio_job l2raw4 randread --filename="$work/l2.img" --direct=1 --ioengine=io_uring --runtime="$secs" --time_based)
+per() { python3 -c "import sys; print(round(float(sys.argv[1]) / float(sys.argv[2])) if float(sys.argv[2]) else 0)" "$1" "$2"; }
+l2_ceiling=$(per "$l2_raw" "$l2_per_read")
+l2_ceiling4=$(per "$l2_raw4" "$l2_per_read")
 echo "bench: random reads, s3backer" >&2
 sb_mount sbr "$work/sbr"
 dd if="$work/rand.img" of="$work/sbr/file" bs=1M oflag=direct status=none
@@ -339,6 +363,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   if want random; then
     echo "| 4K random reads QD16, 1 GiB object, warm (IOPS) | $arc_warm | $sb_warm | $origin | $(ratio "$arc_warm" "$sb_warm") | $(ratio "$arc_warm" "$origin") |"
     echo "| the same, first 10 s after a restart (IOPS) | $arc_restart | $sb_restart | | $(ratio "$arc_restart" "$sb_restart") | |"
+    echo "| the L2 device's ceiling for the warm job (IOPS; see below) | $l2_ceiling | | $origin | | $(ratio "$l2_ceiling" "$origin") |"
   fi
   if want seq; then
     echo "| 2 GiB object read sequentially, cold (MB/s) | $(mbps "$seq_cold") | n/a | $(mbps "$rclone_s") (rclone cat) | | $(ratio "$(mbps "$seq_cold")" "$(mbps "$rclone_s")") |"
@@ -383,6 +408,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   echo "Parts run: $parts."
   if want random; then
+    echo "The L2 device's ceiling: in the timed warm job $l2_per_read L2 reads per client read (the rest from RAM), ${l2_read_kib} KiB each on average; the L2 file read directly at that size (fio, O_DIRECT, io_uring, QD16, random) gives $l2_raw IOPS, so no cache with this ARC over this device serves more than $l2_raw / $l2_per_read = $l2_ceiling IOPS ($(ratio "$l2_ceiling" "$origin") the origin); arcache reached $(ratio "$arc_warm" "$l2_ceiling") of it. A cache reading only the 4 KiB each request wants from the same device: $l2_raw4 IOPS raw, at most $l2_ceiling4 ($(ratio "$l2_ceiling4" "$origin") the origin)."
     echo "The origin alone: $origin_py IOPS from bench/s3tool.py (16 threads of plain ranged GETs), $origin_curl from curl (16 GETs at once); the table's figure is the faster."
     echo "arcache's warm-up: the object read whole with nbdcopy, then $random_warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
   fi
