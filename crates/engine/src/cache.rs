@@ -123,6 +123,11 @@ pub(crate) struct Counters {
     pub evict_l2_eligible: AtomicU64,
     pub evict_l2_ineligible: AtomicU64,
     pub l2_abort_lowmem: AtomicU64,
+    /// Demand iohits the policy recorded as hits on MRU and on MFU
+    /// ([`Cache::joined`]): arcstats' `mru_hits` and `mfu_hits` count hits
+    /// only, as OpenZFS's do, so these are taken off them.
+    pub joined_mru: AtomicU64,
+    pub joined_mfu: AtomicU64,
 }
 
 /// How a record was found, for the demand/prefetch hit counters.
@@ -368,12 +373,19 @@ impl Cache {
     /// that joins a prefetch makes the record a demand record, as a hit
     /// would, so the feed's and the policy's prefetch rules no longer treat
     /// it as speculative. (A prefetch that finds a record cached leaves it
-    /// where it is, and uses `peek`.)
+    /// where it is, and uses `peek`.) The join comes right after the fill
+    /// that inserted the record released its lock, and the policies time a
+    /// re-use from the insert, so a join does not promote a record. Not a
+    /// hit in `mru_hits`/`mfu_hits`: those count hits, as OpenZFS's do.
     pub(crate) fn joined(&self, key: Key) -> Option<RecordData> {
         let a = self.access(false);
         let mut s = self.state.lock();
         let data = s.data.get(&key).cloned()?;
-        s.policy.lookup(key, a);
+        match s.policy.lookup(key, a) {
+            Lookup::Hit(ListKind::Mfu) => self.counters.joined_mfu.fetch_add(1, Relaxed),
+            Lookup::Hit(_) => self.counters.joined_mru.fetch_add(1, Relaxed),
+            _ => 0,
+        };
         Some(data)
     }
 
@@ -803,11 +815,23 @@ impl Cache {
         self.counters.l2_abort_lowmem.fetch_add(1, Relaxed);
     }
 
+    /// The policy's counters with demand iohits taken off its hits (read
+    /// under the state lock, where [`Cache::joined`] counts them).
+    fn policy_stats_without_joins(&self, s: &State) -> arc_policy::PolicyStats {
+        let mut p = s.policy.stats();
+        p.mru_hits = p.mru_hits.saturating_sub(self.counters.joined_mru.load(Relaxed));
+        p.mfu_hits = p.mfu_hits.saturating_sub(self.counters.joined_mfu.load(Relaxed));
+        p.hits = p
+            .hits
+            .saturating_sub(self.counters.joined_mru.load(Relaxed) + self.counters.joined_mfu.load(Relaxed));
+        p
+    }
+
     pub fn stats(&self) -> ArcStats {
         let (p, psize, lsize, entries, meta, limits) = {
             let s = self.state.lock();
             (
-                s.policy.stats(),
+                self.policy_stats_without_joins(&s),
                 s.psize,
                 s.lsize,
                 s.data.len() as u64,

@@ -321,6 +321,11 @@ fn a_demand_read_joining_a_prefetch_makes_a_demand_record() {
                 before.demand_hit_predictive_prefetch + 1,
                 "the join counted as the prefetch's demand"
             );
+            assert_eq!(
+                after.mru_hits + after.mfu_hits,
+                before.mru_hits + before.mfu_hits,
+                "an iohit is not a hit of MRU or MFU"
+            );
             feed.cycle_once();
             assert!(cache.l2().unwrap().contains(r), "l2arc_noprefetch=1 feeds the joined record");
         }
