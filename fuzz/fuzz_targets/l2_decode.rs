@@ -11,8 +11,8 @@
 #![no_main]
 
 use arcache_l2::format::{
-    log_seed, FormatError, Header, LogBlock, LogPtr, ENTRY_SIZE, HEADER_MAGIC, HEADER_SIZE, LOG_HEADER,
-    LOG_MAGIC, MAX_ENTRIES, VERSION,
+    log_seed, Abandoned, FormatError, Header, LogBlock, LogPtr, ENTRY_SIZE, HEADER_MAGIC, HEADER_SIZE, LOG_HEADER,
+    LOG_MAGIC, MARK_SIZE, MAX_ENTRIES, VERSION,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -61,6 +61,24 @@ fn check_block(bytes: &[u8], seed: u64, sealed: bool) {
     }
 }
 
+/// An abandoned-log mark: its contents as they come and sealed with their
+/// checksum, and its file name; what decodes re-encodes the same.
+fn check_mark(bytes: &[u8]) {
+    if let Ok(a) = Abandoned::decode_mark(bytes) {
+        assert_eq!(a.encode_mark().as_slice(), bytes, "a decoded mark re-encodes differently");
+    }
+    if bytes.len() == MARK_SIZE {
+        let mut m = bytes.to_vec();
+        Abandoned::seal_mark(&mut m);
+        if let Ok(a) = Abandoned::decode_mark(&m) {
+            assert_eq!(a.encode_mark().as_slice(), m.as_slice(), "a sealed mark re-encodes differently");
+        }
+    }
+    if let Some(a) = std::str::from_utf8(bytes).ok().and_then(Abandoned::from_mark_name) {
+        assert_eq!(a.mark_name(), std::str::from_utf8(bytes).unwrap_or(""), "a mark name does not round-trip");
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
     let seed = log_seed(7, 3);
@@ -92,4 +110,6 @@ fuzz_target!(|data: &[u8]| {
     }
     LogBlock::seal(&mut b, seed);
     check_block(&b, seed, b.len() >= LOG_HEADER);
+    check_mark(rest);
+
 });

@@ -87,6 +87,9 @@ pub struct ConfigFile {
     #[serde(default)]
     pub listen: Vec<String>,
     pub control: Option<PathBuf>,
+    /// Where the server keeps what must outlive it apart from its devices,
+    /// as `--state-dir`.
+    pub state_dir: Option<PathBuf>,
     pub workers: Option<usize>,
     /// The ARC's replacement policy, as `--policy`.
     pub policy: Option<String>,
@@ -210,6 +213,8 @@ pub struct ServeSettings {
     pub exports: Vec<ExportSpec>,
     pub listen: Vec<Listen>,
     pub control: PathBuf,
+    /// Abandoned-log marks (docs/format.md): kept across reboots.
+    pub state_dir: PathBuf,
     pub tunables: Tunables,
     pub workers: usize,
     /// The ARC's replacement policy (one of `arc_policy::SERVING_POLICIES`).
@@ -306,6 +311,23 @@ pub fn runtime_dir() -> PathBuf {
         PathBuf::from("/run/arcache")
     } else {
         std::env::temp_dir().join(format!("arcache-{uid}"))
+    }
+}
+
+/// Where state that must survive a reboot is kept: `/var/lib/arcache` for
+/// root, else `$XDG_STATE_HOME/arcache` or `~/.local/state/arcache` (the
+/// runtime directory is cleared at boot).
+pub fn default_state_dir() -> PathBuf {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/lib/arcache");
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("arcache");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/state/arcache"),
+        None => runtime_dir().join("state"),
     }
 }
 

@@ -248,6 +248,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         }],
         listen: vec![Listen::Unix(sock.clone())],
         control: dir.path().join("control.sock"),
+        state_dir: dir.path().join("state"),
         tunables,
         workers: 32,
         policy: arc_policy::SERVING_POLICIES[0],

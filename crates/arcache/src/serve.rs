@@ -24,8 +24,8 @@ use zil::{IntentLog, LogExport};
 
 use crate::advice;
 use crate::config::{
-    apply_sets, check_recordsize, default_control_path, runtime_dir, split_export, toml_value_text,
-    ConfigFile, ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
+    apply_sets, check_recordsize, default_control_path, default_state_dir, runtime_dir, split_export,
+    toml_value_text, ConfigFile, ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
 };
 use crate::control::{self, Request};
 use crate::exports::{ExportTable, NbdExport};
@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// The control socket for `arcache stat/get/set` (mode 0600).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Where state that must outlive the server apart from its devices is
+    /// kept (marks of L2 logs never to be restored): /var/lib/arcache for
+    /// root, else $XDG_STATE_HOME/arcache or ~/.local/state/arcache.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Worker threads for requests that must wait for the backing store.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
@@ -314,6 +319,7 @@ fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> R
         exports: exports.into_values().collect(),
         listen,
         control: args.control.clone().or(file.control).unwrap_or_else(default_control_path),
+        state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(default_state_dir),
         tunables: t,
         workers: args.workers.or(file.workers).unwrap_or(32),
         policy: serving_policy(args.policy.as_deref().or(file.policy.as_deref()))?,
@@ -787,6 +793,7 @@ pub fn start_on(
     let persist = PersistOptions {
         rebuild_enabled: t.value("l2arc_rebuild_enabled") != 0,
         min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
+        state_dir: Some(settings.state_dir.clone()),
     };
     startup::stage("opening the L2 devices");
     let l2 = open_l2(&settings.l2, &l2_descs, &persist)?;

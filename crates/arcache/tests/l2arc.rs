@@ -162,26 +162,49 @@ fn a_client_that_stops_collecting_replies_does_not_stall_other_clients() {
     assert!(stat_u64(&s, "l2_ring_reads") > 0);
 }
 
+/// Every byte of the L2 device is gone; what the feed writes later lands in
+/// a file that reads back holes and end-of-file for the old copies. Reads
+/// until the server takes the device out of service (or three rounds).
+fn lose_the_device(s: &Serve, data: &[u8], l2: &std::path::Path) {
+    std::fs::OpenOptions::new().write(true).open(l2).unwrap().set_len(0).unwrap();
+    for _ in 0..3 {
+        read_scattered(s, data, 3000);
+        read_all(s, data, Duration::ZERO);
+        if stat_u64(s, "l2_ndev_healthy") == 0 {
+            break;
+        }
+    }
+}
+
 #[test]
 fn a_vanished_l2_device_costs_speed_not_data() {
     let (s, data, l2) = warm(24);
     assert!(stat_u64(&s, "l2_records") > 100, "copies left on L2 to lose: {}", s.stat());
     let errors = |s: &Serve| stat_u64(s, "l2_io_error") + stat_u64(s, "l2_cksum_bad");
     let before = errors(&s);
-    // Every byte of the device is gone; what the feed writes later lands in
-    // a file that reads back holes and end-of-file for the old copies.
-    std::fs::OpenOptions::new().write(true).open(&l2).unwrap().set_len(0).unwrap();
-    for _ in 0..3 {
-        read_scattered(&s, &data, 3000);
-        read_all(&s, &data, Duration::ZERO);
-        if stat_u64(&s, "l2_ndev_healthy") == 0 {
-            break;
-        }
-    }
+    lose_the_device(&s, &data, &l2);
     let st = s.stat();
     assert!(errors(&s) > before, "the loss was noticed: {st}");
     assert_eq!(st["l2_devices"][0]["state"], "DEGRADED", "{st}");
     assert_eq!(st["backing_errors"], 0, "clients never saw an error");
+}
+
+/// A persistent device taken out of service is marked in the state
+/// directory (`--state-dir`), so its log is refused at the next start even
+/// with no other device to record it (docs/format.md, "Abandoned-log
+/// marks"; the start that refuses it is tested in crates/l2arc).
+#[test]
+fn a_retired_persistent_device_is_marked_in_the_state_dir() {
+    let (s, data, l2) = warm_with(25, &["--set", "l2arc_rebuild_blocks_min_l2size=0"]);
+    let marks = s.dir.path().join("state").join("l2-abandoned");
+    assert!(!marks.exists(), "a mark before any device left service");
+    lose_the_device(&s, &data, &l2);
+    assert_eq!(s.stat()["l2_devices"][0]["state"], "DEGRADED", "{}", s.stat());
+    let names: Vec<String> = std::fs::read_dir(&marks)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert_eq!(names.len(), 1, "one mark for the retired device: {names:?}");
+    assert!(names[0].ends_with(".abandoned"), "{names:?}");
 }
 
 #[test]

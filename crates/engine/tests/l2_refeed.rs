@@ -41,7 +41,7 @@ impl Rig {
         let l2 = if persistent {
             let desc =
                 ExportDesc { id: 0, name: "t".into(), recordsize: RS as u32, size: RS * size, identity: 7 };
-            let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0 };
+            let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None };
             let l2 = L2Arc::open(devices.collect(), &[desc], &opts).unwrap();
             l2.rebuild(1 << 20, &|_: &[u64]| 0, &AtomicBool::new(false));
             l2

@@ -77,7 +77,7 @@ type Wrap<'a> = dyn Fn(&Arc<CrashDev>, &str) -> Arc<dyn BlockDev> + 'a;
 fn boot_with(d: &Disks, mode: SyncMode, with_log: bool, wrap: &Wrap<'_>) -> Boot {
     let desc = ExportDesc { id: 0, name: "t".into(), recordsize: RS as u32, size: SIZE, identity: 7 };
     let l2dev = L2Device::new("l2".into(), wrap(&d.l2, "l2")).unwrap();
-    let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0 };
+    let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None };
     let l2 = Arc::new(L2Arc::open(vec![l2dev], std::slice::from_ref(&desc), &opts).unwrap());
     let cache = Cache::with_l2(
         CacheConfig { arc_min: 64 << 10, arc_max: 128 << 10, min_prefetch_ms: 0, compress: true },

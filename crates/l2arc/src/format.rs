@@ -208,6 +208,74 @@ impl Abandoned {
     }
 }
 
+/// The magic of an abandoned-log mark file (docs/format.md,
+/// "Abandoned-log marks").
+pub const MARK_MAGIC: u64 = u64::from_le_bytes(*b"ACL2ABND");
+/// Bytes of a mark file.
+pub const MARK_SIZE: usize = 48;
+const MARK_VERSION: u32 = 1;
+
+impl Abandoned {
+    /// The mark file's contents for this log.
+    pub fn encode_mark(&self) -> [u8; MARK_SIZE] {
+        let mut b = [0u8; MARK_SIZE];
+        put_u64(&mut b, 0, MARK_MAGIC);
+        put_u32(&mut b, 8, MARK_VERSION);
+        b[16..32].copy_from_slice(&self.uuid.to_le_bytes());
+        put_u64(&mut b, 32, self.incarnation);
+        Abandoned::seal_mark(&mut b);
+        b
+    }
+
+    /// Writes a mark's checksum over its first 40 bytes (tests and fuzzing
+    /// reach the field checks this way); shorter input is left alone.
+    pub fn seal_mark(b: &mut [u8]) {
+        if b.len() >= MARK_SIZE {
+            let sum = xxh3_64(&b[..40]);
+            put_u64(b, 40, sum);
+        }
+    }
+
+    /// Reads a mark file's contents.
+    pub fn decode_mark(b: &[u8]) -> Result<Abandoned, FormatError> {
+        if b.len() != MARK_SIZE {
+            return Err(FormatError::Corrupt("mark size"));
+        }
+        if get_u64(b, 40) != xxh3_64(&b[..40]) {
+            return Err(FormatError::Checksum);
+        }
+        if get_u64(b, 0) != MARK_MAGIC {
+            return Err(FormatError::Corrupt("mark magic"));
+        }
+        if get_u32(b, 8) != MARK_VERSION {
+            return Err(FormatError::Corrupt("mark version"));
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[16..32]);
+        Ok(Abandoned { uuid: u128::from_le_bytes(id), incarnation: get_u64(b, 32) })
+    }
+
+    /// The mark file's name for this log.
+    pub fn mark_name(&self) -> String {
+        format!("{:032x}-{:016x}.abandoned", self.uuid, self.incarnation)
+    }
+
+    /// The log a mark file's name refuses, if it is a mark's name.
+    pub fn from_mark_name(name: &str) -> Option<Abandoned> {
+        let stem = name.strip_suffix(".abandoned")?;
+        let (uuid, inc) = stem.split_once('-')?;
+        let hex =
+            |s: &str, n: usize| s.len() == n && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+        if !hex(uuid, 32) || !hex(inc, 16) {
+            return None;
+        }
+        Some(Abandoned {
+            uuid: u128::from_str_radix(uuid, 16).ok()?,
+            incarnation: u64::from_str_radix(inc, 16).ok()?,
+        })
+    }
+}
+
 impl Header {
     pub fn persistent(&self) -> bool {
         self.flags & FLAG_PERSISTENT != 0
@@ -621,6 +689,25 @@ mod tests {
         assert!(!Abandoned::add(&mut list, Abandoned { uuid: 7, incarnation: 19 }), "added twice");
         assert_eq!(list.len(), MAX_ABANDONED);
         assert_eq!(list[0].incarnation, 4, "not the oldest dropped");
+    }
+
+    #[test]
+    fn a_mark_round_trips_and_refuses_damage() {
+        let a = Abandoned { uuid: 0x0123_4567_89ab_cdef_0011_2233_4455_6677, incarnation: 42 };
+        let b = a.encode_mark();
+        assert_eq!(Abandoned::decode_mark(&b), Ok(a));
+        let mut bad = b;
+        bad[20] ^= 1;
+        assert_eq!(Abandoned::decode_mark(&bad), Err(FormatError::Checksum));
+        assert!(Abandoned::decode_mark(&b[..47]).is_err());
+        let name = a.mark_name();
+        assert_eq!(name, "0123456789abcdef0011223344556677-000000000000002a.abandoned");
+        assert_eq!(Abandoned::from_mark_name(&name), Some(a));
+        for other in
+            ["x.abandoned", "0123-2a.abandoned", &name.to_uppercase(), &name.replace(".abandoned", ".tmp")]
+        {
+            assert_eq!(Abandoned::from_mark_name(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 pub mod device;
 pub mod format;
 pub mod index;
+mod marks;
 mod persist;
 mod rebuild;
 
@@ -199,6 +200,9 @@ pub struct L2Arc {
     /// "Abandoned-logs block"): those found at start and those retired
     /// since. Every header this server writes carries it. A leaf lock.
     pub(crate) abandoned: parking_lot::Mutex<Vec<format::Abandoned>>,
+    /// Where the abandoned logs are also marked, when a state directory
+    /// was given (docs/format.md, "Abandoned-log marks").
+    pub(crate) marks: std::sync::OnceLock<marks::MarkDir>,
 }
 
 /// What [`L2Arc::begin_feed_checked`] found.
@@ -344,6 +348,7 @@ impl L2Arc {
             ring_on: sync_atomic::AtomicBool::new(true),
             drops: AtomicU64::new(0),
             abandoned: parking_lot::Mutex::new(Vec::new()),
+            marks: std::sync::OnceLock::new(),
         })
     }
 

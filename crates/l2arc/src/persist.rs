@@ -3,6 +3,7 @@
 //! copy of what it overwrites (docs/persistence.md).
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
 use blockdev::owner::{Owner, OwnerState};
@@ -11,6 +12,7 @@ use tracing::{info, warn};
 use crate::format::{
     self, Abandoned, ExportId, Header, LogBlock, LogPtr, FLAG_FIRST_PASS, FLAG_PERSISTENT, HEADER_OFFSETS,
 };
+use crate::marks::MarkDir;
 use crate::{EntryKind, ExportMap, L2Arc, L2Device, Ticket, ALIGN, MAX_DEVICES};
 
 /// An export as configured in this run, with the identity of its backing
@@ -48,11 +50,14 @@ pub struct PersistOptions {
     pub rebuild_enabled: bool,
     /// `l2arc_rebuild_blocks_min_l2size`: smaller devices keep no log.
     pub min_l2size: u64,
+    /// Where abandoned-log marks are kept (docs/format.md); `None`: only
+    /// in the other devices' headers.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for PersistOptions {
     fn default() -> Self {
-        PersistOptions { rebuild_enabled: true, min_l2size: 1 << 30 }
+        PersistOptions { rebuild_enabled: true, min_l2size: 1 << 30, state_dir: None }
     }
 }
 
@@ -181,7 +186,9 @@ impl L2Arc {
         let mut persist = Vec::with_capacity(devices.len());
         let mut rebuild = Vec::with_capacity(devices.len());
         let headers: Vec<HeaderRead> = devices.iter().map(read_header).collect();
-        let abandoned = AbandonedLogs::found(&devices, &headers);
+        let marks = opts.state_dir.as_deref().map(MarkDir::new);
+        let marked = marks.as_ref().map(MarkDir::list).unwrap_or_default();
+        let abandoned = AbandonedLogs::found(&devices, &headers, marked);
         for ((d, dev), old) in devices.iter().enumerate().zip(headers) {
             let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
             if let Some(p) = &p {
@@ -198,8 +205,14 @@ impl L2Arc {
             persist.push(p);
             rebuild.push(needs_rebuild);
         }
+        let present: Vec<Abandoned> = persist.iter().flatten().map(|p| Abandoned::of(&p.hdr)).collect();
         let l2 = Self::assemble(devices, maps, view, persist)?;
         *l2.abandoned.lock() = abandoned.all;
+        if let Some(m) = marks {
+            // Every present device's header is durable by now.
+            m.remove_superseded(&present);
+            let _ = l2.marks.set(m);
+        }
         for (d, r) in rebuild.into_iter().enumerate() {
             l2.rebuilding[d].store(r, Relaxed);
         }
@@ -411,6 +424,14 @@ impl L2Arc {
     /// write carries the whole list, so a device whose write fails here
     /// (failing too) still records it at its next successful one.
     fn record_abandoned(&self, d: usize, id: Abandoned) {
+        if let Some(m) = self.marks.get() {
+            if let Err(e) = m.record(id) {
+                warn!(
+                    "could not mark the log of {} as abandoned in the state directory ({e})",
+                    self.devices[d].path
+                );
+            }
+        }
         Abandoned::add(&mut self.abandoned.lock(), id);
         for (o, dev) in self.devices.iter().enumerate().filter(|&(o, _)| o != d) {
             let mut g = self.persist[o].lock();
@@ -451,9 +472,18 @@ struct AbandonedLogs {
 }
 
 impl AbandonedLogs {
-    fn found(devices: &[L2Device], headers: &[HeaderRead]) -> AbandonedLogs {
+    fn found(
+        devices: &[L2Device],
+        headers: &[HeaderRead],
+        marked: Vec<(Abandoned, PathBuf)>,
+    ) -> AbandonedLogs {
         let mut found: Vec<(Abandoned, String)> = Vec::new();
         let mut all = Vec::new();
+        for (a, path) in marked {
+            if Abandoned::add(&mut all, a) {
+                found.push((a, path.display().to_string()));
+            }
+        }
         for (dev, h) in devices.iter().zip(headers) {
             if let HeaderRead::Valid(h) = h {
                 for a in &h.abandoned {

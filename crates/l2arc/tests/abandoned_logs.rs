@@ -45,11 +45,20 @@ fn open(devs: &[(&str, &Faulty)]) -> L2Arc {
 }
 
 fn try_open(devs: &[(&str, &Faulty)]) -> Result<L2Arc, String> {
+    try_open_in(devs, None)
+}
+
+/// [`try_open`] with abandoned-log marks kept in `state_dir`.
+fn try_open_in(devs: &[(&str, &Faulty)], state_dir: Option<&std::path::Path>) -> Result<L2Arc, String> {
     let l2devs = devs
         .iter()
         .map(|(name, d)| L2Device::new((*name).into(), Arc::clone(d) as Arc<dyn BlockDev>).unwrap())
         .collect();
-    let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0 };
+    let opts = PersistOptions {
+        rebuild_enabled: true,
+        min_l2size: 0,
+        state_dir: state_dir.map(|d| d.to_path_buf()),
+    };
     let l2 = L2Arc::open(l2devs, &[export()], &opts)?;
     l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
     Ok(l2)
@@ -273,8 +282,12 @@ fn no_write_is_acknowledged_before_the_abandoned_log_is_recorded() {
         L2Device::new("a".into(), Arc::clone(&faulty[0]) as Arc<dyn BlockDev>).unwrap(),
         L2Device::new("b".into(), Arc::clone(&gate) as Arc<dyn BlockDev>).unwrap(),
     ];
-    let l2 =
-        L2Arc::open(devs, &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let l2 = L2Arc::open(
+        devs,
+        &[export()],
+        &PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None },
+    )
+    .unwrap();
     l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
     feed(&l2, 0, 0..20);
     l2.sync_logs();
@@ -319,5 +332,71 @@ fn forgetting_the_recorder_keeps_the_record() {
     assert!(l2.lookup(5).is_none(), "record 5 restored after the recorder was forgotten");
     assert_eq!(on_device(&l2, 0), 0);
     assert_eq!(on_device(&l2, 1), 0, "the forgotten device kept its records");
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
+}
+
+/// One device, records 0..20 logged, a state directory for marks; then the
+/// device fails every write and flush and a client write of record 5
+/// retires it: no other header can record its log. Returns new devices
+/// over what a kill -9 then leaves, twice (two independent starts).
+fn single_device_retired(state: &std::path::Path) -> [Faulty; 2] {
+    let (crash, faulty) = devices(vec![None]);
+    let l2 = try_open_in(&[("a", &faulty[0])], Some(state)).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    feed(&l2, 0, 0..20);
+    l2.sync_logs();
+    assert_eq!(on_device(&l2, 0), 20);
+    faulty[0].set_plan(FaultPlan {
+        fail_writes: std::iter::once(0..DEV_SIZE).collect(),
+        fail_flush: true,
+        ..Default::default()
+    });
+    l2.begin_write(&[5]);
+    l2.end_write(&[5]);
+    assert_eq!(l2.healthy_devices(), 0, "the failing device was not retired");
+    let (_, mut a) = restarted(&crash);
+    let (_, mut b) = restarted(&crash);
+    [a.remove(0), b.remove(0)]
+}
+
+fn marks_in(state: &std::path::Path) -> Vec<String> {
+    match std::fs::read_dir(state.join("l2-abandoned")) {
+        Ok(d) => d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn a_single_devices_abandoned_log_is_refused_by_its_mark_in_the_state_dir() {
+    let state = tempfile::tempdir().unwrap();
+    let [unmarked, marked] = single_device_retired(state.path());
+    assert_eq!(marks_in(state.path()).len(), 1, "the abandoned log was not marked");
+    // Without the mark the device's stale log comes back: what the mark is for.
+    let l2 = open(&[("a", &unmarked)]);
+    assert!(l2.lookup(5).is_some(), "the control start restored record 5 from the stale log");
+    drop(l2);
+    let l2 = try_open_in(&[("a", &marked)], Some(state.path())).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    assert!(l2.lookup(5).is_none(), "record 5 restored from a log marked abandoned");
+    assert_eq!(on_device(&l2, 0), 0, "records restored from an abandoned log");
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
+    assert!(marks_in(state.path()).is_empty(), "the spent mark was kept: {:?}", marks_in(state.path()));
+}
+
+#[test]
+fn a_damaged_mark_still_refuses_its_log_and_absent_devices_keep_theirs() {
+    let state = tempfile::tempdir().unwrap();
+    let [other, marked] = single_device_retired(state.path());
+    let names = marks_in(state.path());
+    assert_eq!(names.len(), 1);
+    std::fs::write(state.path().join("l2-abandoned").join(&names[0]), b"not a mark").unwrap();
+    // A start without the device keeps its mark.
+    let (_, fresh) = devices(vec![None]);
+    drop(try_open_in(&[("z", &fresh[0])], Some(state.path())).unwrap());
+    assert_eq!(marks_in(state.path()), names, "the mark of an absent device was removed");
+    drop(other);
+    let l2 = try_open_in(&[("a", &marked)], Some(state.path())).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    assert!(l2.lookup(5).is_none(), "a damaged mark let its log be restored");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }

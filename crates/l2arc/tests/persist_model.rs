@@ -36,7 +36,12 @@ fn export() -> ExportDesc {
 
 fn open(dev: Arc<CrashDev>, exports: &[ExportDesc]) -> L2Arc {
     let d = L2Device::new("p".into(), dev as Arc<dyn BlockDev>).unwrap();
-    let l2 = L2Arc::open(vec![d], exports, &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let l2 = L2Arc::open(
+        vec![d],
+        exports,
+        &PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None },
+    )
+    .unwrap();
     l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
     l2
 }
@@ -319,8 +324,12 @@ fn stopped_and_reopened(w: &World) -> (Arc<CrashDev>, L2Arc) {
     w.l2.sync_logs();
     let dev = Arc::new(CrashDev::from_bytes(w.dev.image_bytes(|_| true)));
     let d = L2Device::new("p".into(), dev.clone() as Arc<dyn BlockDev>).unwrap();
-    let l2 =
-        L2Arc::open(vec![d], &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let l2 = L2Arc::open(
+        vec![d],
+        &[export()],
+        &PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None },
+    )
+    .unwrap();
     (dev, l2)
 }
 
@@ -426,7 +435,7 @@ fn rebuild_disabled_forgets_the_log_for_good() {
     let image = w.dev.image_bytes(|_| true);
     let dev = Arc::new(CrashDev::from_bytes(image));
     let d = L2Device::new("p".into(), dev.clone() as Arc<dyn BlockDev>).unwrap();
-    let off = PersistOptions { rebuild_enabled: false, min_l2size: 0 };
+    let off = PersistOptions { rebuild_enabled: false, min_l2size: 0, state_dir: None };
     let l2 = L2Arc::open(vec![d], &[export()], &off).unwrap();
     assert!(!l2.is_rebuilding());
     assert_eq!(l2.sizes().0, 0);
@@ -442,8 +451,12 @@ fn faulty_world() -> (Arc<CrashDev>, Arc<FaultyDev<Arc<CrashDev>>>, L2Arc) {
     let crash = Arc::new(CrashDev::new(DEV_SIZE));
     let faulty = Arc::new(FaultyDev::new(Arc::clone(&crash), 3));
     let d = L2Device::new("f".into(), Arc::clone(&faulty) as Arc<dyn BlockDev>).unwrap();
-    let l2 =
-        L2Arc::open(vec![d], &[export()], &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let l2 = L2Arc::open(
+        vec![d],
+        &[export()],
+        &PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None },
+    )
+    .unwrap();
     let items: Vec<FeedItem> = (0..20u64)
         .filter(|&k| l2.begin_feed(k))
         .map(|k| FeedItem {

@@ -27,7 +27,12 @@ fn view(identity: u64) -> ExportDesc {
 
 fn open(dev: &Arc<CrashDev>, exports: &[ExportDesc]) -> L2Arc {
     let d = L2Device::new("p".into(), Arc::clone(dev) as Arc<dyn BlockDev>).unwrap();
-    let l2 = L2Arc::open(vec![d], exports, &PersistOptions { rebuild_enabled: true, min_l2size: 0 }).unwrap();
+    let l2 = L2Arc::open(
+        vec![d],
+        exports,
+        &PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None },
+    )
+    .unwrap();
     l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
     l2
 }

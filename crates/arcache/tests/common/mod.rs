@@ -34,6 +34,8 @@ impl Serve {
             .arg(format!("unix:{}", sock.display()))
             .arg("--control")
             .arg(&control)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
