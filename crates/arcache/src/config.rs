@@ -314,20 +314,29 @@ pub fn runtime_dir() -> PathBuf {
     }
 }
 
-/// Where state that must survive a reboot is kept: `/var/lib/arcache` for
-/// root, else `$XDG_STATE_HOME/arcache` or `~/.local/state/arcache` (the
-/// runtime directory is cleared at boot).
+/// Where state that must survive a reboot is kept: systemd's
+/// `$STATE_DIRECTORY` (a unit with `StateDirectory=`), else
+/// `/var/lib/arcache` for root, else `$XDG_STATE_HOME/arcache` or
+/// `~/.local/state/arcache`, else `/var/tmp/arcache-state-UID` (the runtime
+/// directory is cleared at boot; /var/tmp is not).
 pub fn default_state_dir() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|d| !d.is_empty()).map(PathBuf::from);
+    if let Some(d) = var("STATE_DIRECTORY") {
+        // systemd lists several when the unit names several; the first is ours.
+        let first = d.to_string_lossy().split(':').next().unwrap_or_default().to_string();
+        return PathBuf::from(first);
+    }
     // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
         return PathBuf::from("/var/lib/arcache");
     }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("arcache");
+    if let Some(d) = var("XDG_STATE_HOME") {
+        return d.join("arcache");
     }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".local/state/arcache"),
-        None => runtime_dir().join("state"),
+    match var("HOME") {
+        Some(home) => home.join(".local/state/arcache"),
+        None => PathBuf::from(format!("/var/tmp/arcache-state-{uid}")),
     }
 }
 

@@ -82,8 +82,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Where state that must outlive the server apart from its devices is
-    /// kept (marks of L2 logs never to be restored): /var/lib/arcache for
-    /// root, else $XDG_STATE_HOME/arcache or ~/.local/state/arcache.
+    /// kept (marks of L2 logs never to be restored): $STATE_DIRECTORY (systemd),
+    /// else /var/lib/arcache for root, else $XDG_STATE_HOME/arcache or
+    /// ~/.local/state/arcache.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Worker threads for requests that must wait for the backing store.
@@ -795,6 +796,15 @@ pub fn start_on(
         min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
         state_dir: Some(settings.state_dir.clone()),
     };
+    if !settings.l2.is_empty() {
+        // Found out now, not when a device fails and its log must be marked.
+        if let Err(e) = std::fs::create_dir_all(&settings.state_dir) {
+            warn!(
+                "the state directory {} cannot be made ({e}): a failing L2 device's log is then recorded only on the other L2 devices (docs/persistence.md, Limits)",
+                settings.state_dir.display()
+            );
+        }
+    }
     startup::stage("opening the L2 devices");
     let l2 = open_l2(&settings.l2, &l2_descs, &persist)?;
     // One ring for every device read that can skip a worker thread: L2

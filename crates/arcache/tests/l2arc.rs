@@ -200,9 +200,17 @@ fn a_retired_persistent_device_is_marked_in_the_state_dir() {
     assert!(!marks.exists(), "a mark before any device left service");
     lose_the_device(&s, &data, &l2);
     assert_eq!(s.stat()["l2_devices"][0]["state"], "DEGRADED", "{}", s.stat());
-    let names: Vec<String> = std::fs::read_dir(&marks)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
+    // The state shows before the mark is written (by the thread retiring it).
+    let names_now = || -> Vec<String> {
+        std::fs::read_dir(&marks)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while names_now().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let names = names_now();
     assert_eq!(names.len(), 1, "one mark for the retired device: {names:?}");
     assert!(names[0].ends_with(".abandoned"), "{names:?}");
 }

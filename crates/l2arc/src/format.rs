@@ -250,6 +250,9 @@ impl Abandoned {
         if get_u32(b, 8) != MARK_VERSION {
             return Err(FormatError::Corrupt("mark version"));
         }
+        if get_u32(b, 12) != 0 {
+            return Err(FormatError::Corrupt("mark reserved bytes"));
+        }
         let mut id = [0u8; 16];
         id.copy_from_slice(&b[16..32]);
         Ok(Abandoned { uuid: u128::from_le_bytes(id), incarnation: get_u64(b, 32) })
@@ -700,6 +703,10 @@ mod tests {
         bad[20] ^= 1;
         assert_eq!(Abandoned::decode_mark(&bad), Err(FormatError::Checksum));
         assert!(Abandoned::decode_mark(&b[..47]).is_err());
+        let mut reserved = b;
+        reserved[13] = 1;
+        Abandoned::seal_mark(&mut reserved);
+        assert_eq!(Abandoned::decode_mark(&reserved), Err(FormatError::Corrupt("mark reserved bytes")));
         let name = a.mark_name();
         assert_eq!(name, "0123456789abcdef0011223344556677-000000000000002a.abandoned");
         assert_eq!(Abandoned::from_mark_name(&name), Some(a));

@@ -14,19 +14,28 @@ use crate::format::Abandoned;
 /// The directory of the marks, `STATE_DIR/l2-abandoned`.
 pub(crate) struct MarkDir {
     dir: PathBuf,
+    /// Held while a mark is written: two writers retiring the same device
+    /// at once must not share the temporary file, and the second must not
+    /// go on before the first's mark is durable. A leaf lock.
+    writing: parking_lot::Mutex<()>,
 }
 
 impl MarkDir {
     pub(crate) fn new(state_dir: &Path) -> MarkDir {
-        MarkDir { dir: state_dir.join("l2-abandoned") }
+        MarkDir { dir: state_dir.join("l2-abandoned"), writing: parking_lot::Mutex::new(()) }
     }
 
     /// Writes the mark of `a` durably: a temporary file made durable, then
     /// renamed into place and the directory made durable, so a crash leaves
-    /// either no mark or a whole one.
+    /// either no mark or a whole one. A mark already there (written by
+    /// another writer, durably, under the same lock) is left as it is.
     pub(crate) fn record(&self, a: Abandoned) -> io::Result<PathBuf> {
-        fs::create_dir_all(&self.dir)?;
+        let _writing = self.writing.lock();
         let path = self.dir.join(a.mark_name());
+        if path.exists() {
+            return Ok(path);
+        }
+        fs::create_dir_all(&self.dir)?;
         let tmp = self.dir.join(format!("{}.tmp", a.mark_name()));
         let mut f = fs::File::create(&tmp)?;
         f.write_all(&a.encode_mark())?;
@@ -38,18 +47,20 @@ impl MarkDir {
     }
 
     /// Every mark found, by its name (a damaged file still refuses the log
-    /// its name gives, with a warning). A missing directory has none.
-    pub(crate) fn list(&self) -> Vec<(Abandoned, PathBuf)> {
+    /// its name gives, with a warning). A missing directory has none; one
+    /// that cannot be read is an error: the start must not restore a log a
+    /// mark there may refuse.
+    pub(crate) fn list(&self) -> Result<Vec<(Abandoned, PathBuf)>, String> {
+        let unreadable =
+            |e: io::Error| format!("reading the abandoned-log marks in {}: {e}", self.dir.display());
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
-            Err(e) => {
-                warn!("abandoned-log marks in {}: {e}", self.dir.display());
-                return Vec::new();
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(unreadable(e)),
         };
         let mut out = Vec::new();
-        for entry in entries.flatten() {
+        for entry in entries {
+            let entry = entry.map_err(unreadable)?;
             let name = entry.file_name();
             let Some(a) = name.to_str().and_then(Abandoned::from_mark_name) else { continue };
             let path = entry.path();
@@ -67,7 +78,7 @@ impl MarkDir {
             out.push((a, path));
         }
         out.sort_by_key(|(a, _)| (a.uuid, a.incarnation));
-        out
+        Ok(out)
     }
 
     /// Removes the marks that can never match again: their device is
@@ -75,7 +86,7 @@ impl MarkDir {
     /// are random and new at every reset, so an old one never returns).
     /// Marks of absent devices stay.
     pub(crate) fn remove_superseded(&self, present: &[Abandoned]) {
-        for (a, path) in self.list() {
+        for (a, path) in self.list().unwrap_or_default() {
             if present.iter().any(|p| p.uuid == a.uuid && p.incarnation != a.incarnation) {
                 if let Err(e) = fs::remove_file(&path) {
                     warn!("removing the spent abandoned-log mark {}: {e}", path.display());

@@ -187,7 +187,7 @@ impl L2Arc {
         let mut rebuild = Vec::with_capacity(devices.len());
         let headers: Vec<HeaderRead> = devices.iter().map(read_header).collect();
         let marks = opts.state_dir.as_deref().map(MarkDir::new);
-        let marked = marks.as_ref().map(MarkDir::list).unwrap_or_default();
+        let marked = marks.as_ref().map(MarkDir::list).transpose()?.unwrap_or_default();
         let abandoned = AbandonedLogs::found(&devices, &headers, marked);
         for ((d, dev), old) in devices.iter().enumerate().zip(headers) {
             let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;

@@ -400,3 +400,13 @@ fn a_damaged_mark_still_refuses_its_log_and_absent_devices_keep_theirs() {
     assert!(l2.lookup(5).is_none(), "a damaged mark let its log be restored");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }
+
+#[test]
+fn a_mark_directory_that_cannot_be_read_fails_the_start() {
+    let state = tempfile::tempdir().unwrap();
+    // Not a directory: read_dir fails with something other than NotFound.
+    std::fs::write(state.path().join("l2-abandoned"), b"").unwrap();
+    let (_, faulty) = devices(vec![None]);
+    let e = try_open_in(&[("a", &faulty[0])], Some(state.path())).err().expect("the start went on");
+    assert!(e.contains("abandoned-log marks"), "{e}");
+}
