@@ -25,6 +25,14 @@ fail() {
   failed+=("$1")
 }
 
+# fuzz/Cargo.lock is committed: a dependency added to a crate the fuzz
+# targets build must be in it, or every fuzz build rewrites it (a stale lock
+# once went unnoticed on main).
+host=$(rustc -vV | sed -n 's/^host: //p')
+if ! (cd fuzz && cargo metadata --locked --format-version 1 --filter-platform "$host" >/dev/null); then
+  fail lockfile "fuzz/Cargo.lock is not current: run cargo update --workspace in fuzz/ and commit it"
+fi
+
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for f in fuzz/fuzz_targets/*.rs; do
