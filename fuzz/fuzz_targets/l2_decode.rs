@@ -1,5 +1,5 @@
-//! The L2 device header and log block decoders: never a panic, and what
-//! decodes re-encodes to the same contents.
+//! The L2 device header, log block and abandoned-log mark decoders: never
+//! a panic, and what decodes re-encodes to the same contents.
 //!
 //! Bytes are decoded twice: as they come (the checksum checks themselves),
 //! then sealed with the checksum they would carry, so the fuzzer reaches
@@ -7,12 +7,13 @@
 //! (it cannot make bytes equal to an xxh3 of themselves). The first input
 //! byte steers the second pass: bit 0 forces the header's magic and
 //! version, bit 1 the log block's, bit 2 makes the block's entry count and
-//! body lengths agree, so most inputs get past those checks too.
+//! body lengths agree, bit 3 forces the mark's magic and version, so most
+//! inputs get past those checks too.
 #![no_main]
 
 use arcache_l2::format::{
     log_seed, Abandoned, FormatError, Header, LogBlock, LogPtr, ENTRY_SIZE, HEADER_MAGIC, HEADER_SIZE, LOG_HEADER,
-    LOG_MAGIC, MARK_SIZE, MAX_ENTRIES, VERSION,
+    LOG_MAGIC, MARK_MAGIC, MARK_SIZE, MAX_ENTRIES, VERSION,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -62,13 +63,19 @@ fn check_block(bytes: &[u8], seed: u64, sealed: bool) {
 }
 
 /// An abandoned-log mark: its contents as they come and sealed with their
-/// checksum, and its file name; what decodes re-encodes the same.
-fn check_mark(bytes: &[u8]) {
+/// checksum (with `forced`, after the magic and version are made right, so
+/// most inputs reach the later checks), and its file name; what decodes
+/// re-encodes the same.
+fn check_mark(bytes: &[u8], forced: bool) {
     if let Ok(a) = Abandoned::decode_mark(bytes) {
         assert_eq!(a.encode_mark().as_slice(), bytes, "a decoded mark re-encodes differently");
     }
     if bytes.len() == MARK_SIZE {
         let mut m = bytes.to_vec();
+        if forced {
+            put(&mut m, 0, &MARK_MAGIC.to_le_bytes());
+            put(&mut m, 8, &1u32.to_le_bytes());
+        }
         Abandoned::seal_mark(&mut m);
         if let Ok(a) = Abandoned::decode_mark(&m) {
             assert_eq!(a.encode_mark().as_slice(), m.as_slice(), "a sealed mark re-encodes differently");
@@ -110,6 +117,6 @@ fuzz_target!(|data: &[u8]| {
     }
     LogBlock::seal(&mut b, seed);
     check_block(&b, seed, b.len() >= LOG_HEADER);
-    check_mark(rest);
+    check_mark(rest, mode & 8 != 0);
 
 });
