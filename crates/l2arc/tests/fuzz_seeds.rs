@@ -1,6 +1,7 @@
 //! The `l2_decode` fuzz target's seed corpus (fuzz/corpus/l2_decode): real
-//! encodings of a header and of log blocks, plain and LZ4, so the fuzzer
-//! starts from inputs that reach the entry parser and the decompressor.
+//! encodings of a header, of log blocks, plain and LZ4, and of an
+//! abandoned-log mark, so the fuzzer starts from inputs that reach the
+//! entry parser, the decompressor and the mark's field checks.
 //! The test checks that every committed seed decodes past its checksum;
 //! `ARCACHE_WRITE_FUZZ_SEEDS=1` rewrites them from the encoders first.
 
@@ -84,6 +85,12 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("header", header().encode().expect("header encodes")),
         ("block-plain", block(5).encode(seed).0),
         ("block-lz4", block(400).encode(seed).0),
+        (
+            "abandoned-mark",
+            Abandoned { uuid: 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10, incarnation: 42 }
+                .encode_mark()
+                .to_vec(),
+        ),
     ]
 }
 
@@ -97,12 +104,16 @@ fn every_seed_decodes_past_its_checksum() {
         }
     }
     let seed = log_seed(SEED.0, SEED.1);
-    let (mut headers, mut plain, mut lz4) = (0, 0, 0);
+    let (mut headers, mut plain, mut lz4, mut marks) = (0, 0, 0, 0);
     for file in std::fs::read_dir(&dir).expect("fuzz/corpus/l2_decode") {
         let bytes = std::fs::read(file.unwrap().path()).unwrap();
         let body = &bytes[1..];
         if Header::decode(body).is_ok() {
             headers += 1;
+            continue;
+        }
+        if Abandoned::decode_mark(body).is_ok() {
+            marks += 1;
             continue;
         }
         let ptr = LogPtr {
@@ -123,7 +134,7 @@ fn every_seed_decodes_past_its_checksum() {
         }
     }
     assert!(
-        headers >= 1 && plain >= 1 && lz4 >= 1,
-        "seeds: {headers} headers, {plain} plain, {lz4} LZ4 blocks"
+        headers >= 1 && plain >= 1 && lz4 >= 1 && marks >= 1,
+        "seeds: {headers} headers, {plain} plain, {lz4} LZ4 blocks, {marks} abandoned-log marks"
     );
 }
