@@ -381,11 +381,12 @@ impl Cache {
         let a = self.access(false);
         let mut s = self.state.lock();
         let data = s.data.get(&key).cloned()?;
-        match s.policy.lookup(key, a) {
-            Lookup::Hit(ListKind::Mfu) => self.counters.joined_mfu.fetch_add(1, Relaxed),
-            Lookup::Hit(_) => self.counters.joined_mru.fetch_add(1, Relaxed),
-            _ => 0,
+        let joined = match s.policy.lookup(key, a) {
+            Lookup::Hit(ListKind::Mfu) => &self.counters.joined_mfu,
+            Lookup::Hit(_) => &self.counters.joined_mru,
+            Lookup::GhostHit(_) | Lookup::Miss => return Some(data),
         };
+        joined.fetch_add(1, Relaxed);
         Some(data)
     }
 
@@ -815,15 +816,12 @@ impl Cache {
         self.counters.l2_abort_lowmem.fetch_add(1, Relaxed);
     }
 
-    /// The policy's counters with demand iohits taken off its hits (read
-    /// under the state lock, where [`Cache::joined`] counts them).
+    /// The policy's counters with demand iohits taken off its MRU and MFU
+    /// hits (read under the state lock, where [`Cache::joined`] counts them).
     fn policy_stats_without_joins(&self, s: &State) -> arc_policy::PolicyStats {
         let mut p = s.policy.stats();
         p.mru_hits = p.mru_hits.saturating_sub(self.counters.joined_mru.load(Relaxed));
         p.mfu_hits = p.mfu_hits.saturating_sub(self.counters.joined_mfu.load(Relaxed));
-        p.hits = p
-            .hits
-            .saturating_sub(self.counters.joined_mru.load(Relaxed) + self.counters.joined_mfu.load(Relaxed));
         p
     }
 

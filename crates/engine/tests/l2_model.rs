@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use arcache_engine::{Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
+use arcache_engine::{ArcStats, Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
 use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
 use blockdev::{BlockDev, FaultPlan, FaultyDev, MemDev};
 use proptest::prelude::*;
@@ -234,16 +234,6 @@ struct HeldRead {
     released: AtomicBool,
 }
 
-impl HeldRead {
-    fn wait_for(flag: &AtomicBool) {
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !flag.load(Relaxed) {
-            assert!(std::time::Instant::now() < until, "timed out");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-}
-
 impl BlockDev for HeldRead {
     fn size(&self) -> u64 {
         self.inner.size()
@@ -266,6 +256,65 @@ impl BlockDev for HeldRead {
     }
 }
 
+impl HeldRead {
+    fn wait_for(flag: &AtomicBool) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !flag.load(Relaxed) {
+            assert!(std::time::Instant::now() < until, "timed out");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    fn new() -> Arc<HeldRead> {
+        Arc::new(HeldRead {
+            inner: MemDev::new(DEV),
+            held: AtomicU64::new(u64::MAX),
+            entered: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+        })
+    }
+
+    /// For a few records far apart (zfetch sees no stream): `first(r)` is
+    /// held in its backing read of record `r` while `second(r)` starts,
+    /// for longer than the 62.5 ms a re-use must wait; then both end.
+    /// `joined(r, before, after)` checks the stats of each round where the
+    /// second read was a demand iohit. Returns how many rounds were: a few
+    /// tries, in case the second was not yet waiting when the first ended.
+    fn race(
+        &self,
+        cache: &Cache,
+        first: &(dyn Fn(u64) + Sync),
+        second: &(dyn Fn(u64) + Sync),
+        mut joined: impl FnMut(u64, &ArcStats, &ArcStats),
+    ) -> usize {
+        let mut rounds = 0;
+        for r in (16u64..).step_by(64).take(5) {
+            let before = cache.stats();
+            self.entered.store(false, Relaxed);
+            self.released.store(false, Relaxed);
+            self.held.store(r * 4096, Relaxed);
+            std::thread::scope(|s| {
+                s.spawn(|| first(r));
+                HeldRead::wait_for(&self.entered);
+                s.spawn(|| second(r));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                self.released.store(true, Relaxed);
+            });
+            let after = cache.stats();
+            if after.demand_data_iohits == before.demand_data_iohits + 1 {
+                rounds += 1;
+                joined(r, &before, &after);
+            }
+        }
+        rounds
+    }
+}
+
+fn demand_read(vol: &Volume, r: u64) {
+    let mut b = vec![0u8; 4096];
+    vol.read(r * 4096, &mut b).unwrap();
+}
+
 /// A demand read that arrives while a prefetch of its record is in flight
 /// (an iohit) is the demand that prefetch was made for: the record must
 /// become a demand record, as after a hit, or `l2arc_noprefetch=1` never
@@ -273,12 +322,7 @@ impl BlockDev for HeldRead {
 /// fail this way when zfetch raced its reads).
 #[test]
 fn a_demand_read_joining_a_prefetch_makes_a_demand_record() {
-    let held = Arc::new(HeldRead {
-        inner: MemDev::new(DEV),
-        held: AtomicU64::new(u64::MAX),
-        entered: AtomicBool::new(false),
-        released: AtomicBool::new(false),
-    });
+    let held = HeldRead::new();
     let l2dev = Arc::new(MemDev::new(HEADER_RESERVED + (8 << 20)));
     let l2 = L2Arc::new(vec![L2Device::new("l2".into(), l2dev as Arc<dyn BlockDev>).unwrap()]).unwrap();
     let cache = Cache::with_l2(
@@ -295,42 +339,52 @@ fn a_demand_read_joining_a_prefetch_makes_a_demand_record() {
         held.clone() as Arc<dyn BlockDev>,
         Arc::clone(&cache),
     );
-    // Records far apart, so zfetch sees no stream; a few tries in case the
-    // demand read was not yet waiting when the prefetch ended.
-    let mut joined = 0;
-    for r in (16u64..).step_by(64).take(5) {
-        let before = cache.stats();
-        held.entered.store(false, Relaxed);
-        held.released.store(false, Relaxed);
-        held.held.store(r * 4096, Relaxed);
-        std::thread::scope(|s| {
-            s.spawn(|| vol.prefetch(r * 4096, 4096).unwrap());
-            HeldRead::wait_for(&held.entered);
-            s.spawn(|| {
-                let mut b = vec![0u8; 4096];
-                vol.read(r * 4096, &mut b).unwrap();
-            });
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            held.released.store(true, Relaxed);
-        });
-        let after = cache.stats();
-        if after.demand_data_iohits == before.demand_data_iohits + 1 {
-            joined += 1;
-            assert_eq!(
-                after.demand_hit_predictive_prefetch,
-                before.demand_hit_predictive_prefetch + 1,
-                "the join counted as the prefetch's demand"
-            );
-            assert_eq!(
-                after.mru_hits + after.mfu_hits,
-                before.mru_hits + before.mfu_hits,
-                "an iohit is not a hit of MRU or MFU"
-            );
-            feed.cycle_once();
-            assert!(cache.l2().unwrap().contains(r), "l2arc_noprefetch=1 feeds the joined record");
-        }
-    }
+    let prefetch = |r: u64| vol.prefetch(r * 4096, 4096).unwrap();
+    let joined = held.race(&cache, &prefetch, &|r| demand_read(&vol, r), |r, before, after| {
+        assert_eq!(
+            after.demand_hit_predictive_prefetch,
+            before.demand_hit_predictive_prefetch + 1,
+            "the join counted as the prefetch's demand"
+        );
+        assert_eq!(
+            after.mru_hits + after.mfu_hits,
+            before.mru_hits + before.mfu_hits,
+            "an iohit is not a hit of MRU or MFU"
+        );
+        feed.cycle_once();
+        assert!(cache.l2().unwrap().contains(r), "l2arc_noprefetch=1 feeds the joined record");
+    });
     assert!(joined > 0, "no demand read reached the prefetch in flight");
+}
+
+/// Two demand reads of one record, the second arriving while the first
+/// reads it from the backing store: the second joins (an iohit) right after
+/// the first inserted the record, and OpenZFS's rule (`arc`: a re-use 62.5
+/// ms after the last access moves a record to MFU at once) times re-use
+/// from that insert, so the join does not promote the record however long
+/// it waited.
+#[test]
+fn a_demand_read_joining_another_does_not_promote_the_record() {
+    let held = HeldRead::new();
+    let cache = Cache::with_policy(
+        CacheConfig { arc_min: 1 << 20, arc_max: 4 << 20, min_prefetch_ms: 1000, compress: false },
+        None,
+        "arc",
+    )
+    .unwrap();
+    cache.zfetch.disable.store(true, Relaxed);
+    let vol = Volume::new(
+        0,
+        VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false },
+        held.clone() as Arc<dyn BlockDev>,
+        Arc::clone(&cache),
+    );
+    let read = |r: u64| demand_read(&vol, r);
+    let joined = held.race(&cache, &read, &read, |_, before, after| {
+        assert_eq!(after.mfu_size, before.mfu_size, "the join promoted the record to MFU");
+        assert_eq!(after.mru_hits + after.mfu_hits, before.mru_hits + before.mfu_hits);
+    });
+    assert!(joined > 0, "no demand read reached the other in flight");
 }
 
 /// The feed stops when L2 headers would take more than

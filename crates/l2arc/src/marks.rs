@@ -80,17 +80,17 @@ impl MarkDir {
         out.sort_by_key(|(a, _)| (a.uuid, a.incarnation));
         Ok(out)
     }
+}
 
-    /// Removes the marks that can never match again: their device is
-    /// present with a durable header of another incarnation (incarnations
-    /// are random and new at every reset, so an old one never returns).
-    /// Marks of absent devices stay.
-    pub(crate) fn remove_superseded(&self, present: &[Abandoned]) {
-        for (a, path) in self.list().unwrap_or_default() {
-            if present.iter().any(|p| p.uuid == a.uuid && p.incarnation != a.incarnation) {
-                if let Err(e) = fs::remove_file(&path) {
-                    warn!("removing the spent abandoned-log mark {}: {e}", path.display());
-                }
+/// Removes the marks of `marked` (what [`MarkDir::list`] found) that can
+/// never match again: their device is present with a durable header of
+/// another incarnation (incarnations are random and new at every reset, so
+/// an old one never returns). Marks of absent devices stay.
+pub(crate) fn remove_superseded(marked: &[(Abandoned, PathBuf)], present: &[Abandoned]) {
+    for (a, path) in marked {
+        if present.iter().any(|p| p.uuid == a.uuid && p.incarnation != a.incarnation) {
+            if let Err(e) = fs::remove_file(path) {
+                warn!("removing the spent abandoned-log mark {}: {e}", path.display());
             }
         }
     }

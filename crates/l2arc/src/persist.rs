@@ -188,7 +188,7 @@ impl L2Arc {
         let headers: Vec<HeaderRead> = devices.iter().map(read_header).collect();
         let marks = opts.state_dir.as_deref().map(MarkDir::new);
         let marked = marks.as_ref().map(MarkDir::list).transpose()?.unwrap_or_default();
-        let abandoned = AbandonedLogs::found(&devices, &headers, marked);
+        let abandoned = AbandonedLogs::found(&devices, &headers, &marked);
         for ((d, dev), old) in devices.iter().enumerate().zip(headers) {
             let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
             if let Some(p) = &p {
@@ -210,7 +210,7 @@ impl L2Arc {
         *l2.abandoned.lock() = abandoned.all;
         if let Some(m) = marks {
             // Every present device's header is durable by now.
-            m.remove_superseded(&present);
+            crate::marks::remove_superseded(&marked, &present);
             let _ = l2.marks.set(m);
         }
         for (d, r) in rebuild.into_iter().enumerate() {
@@ -472,14 +472,10 @@ struct AbandonedLogs {
 }
 
 impl AbandonedLogs {
-    fn found(
-        devices: &[L2Device],
-        headers: &[HeaderRead],
-        marked: Vec<(Abandoned, PathBuf)>,
-    ) -> AbandonedLogs {
+    fn found(devices: &[L2Device], headers: &[HeaderRead], marked: &[(Abandoned, PathBuf)]) -> AbandonedLogs {
         let mut found: Vec<(Abandoned, String)> = Vec::new();
         let mut all = Vec::new();
-        for (a, path) in marked {
+        for &(a, ref path) in marked {
             if Abandoned::add(&mut all, a) {
                 found.push((a, path.display().to_string()));
             }
