@@ -23,29 +23,34 @@
 //!   traces/tools/synthetic.py). It is the fraction of the cache whose
 //!   miniature copy hit most lately ([`crate::select`]); a tenth at first,
 //!   S3-FIFO's small queue, and never room for fewer than 16 records.
+//! - The same copies also decide whether MFU takes in, while it has room
+//!   below its share, what leaves MRU unused, and spends a frequency in one
+//!   pass ([`crate::select::Variant::fill_mfu`]): that holds a part of a
+//!   loop longer than the cache, where ghosts alone hold nothing, and lets
+//!   drifting hot keys go sooner.
 //!
 //! Known weakness (bench/results/policy.md): a working set that moves
-//! wholesale (traces/tools/synthetic.py's `shifting` and `recurring`) is
-//! followed more slowly than LRU follows it, up to 2.2 pp below LRU there:
-//! the copies are sampled, and a sample tells fractions apart only over
-//! more requests than such a trace stays put. Hot keys that drift a little
-//! at a time (synthetic.py's `fresh` set, `drift`) are followed up to
-//! 3.1 pp worse than the better of LRU and textbook ARC follow them.
+//! wholesale (traces/tools/synthetic.py's `shifting` and `recurring`, the
+//! random family's jumping hot sets) is followed later than LRU follows it,
+//! up to about 2.5 pp below LRU there: the copies are sampled, and a sample
+//! tells variants apart only over some turnovers of the cache; hot keys
+//! that drift a little at a time (synthetic.py's `drift`) up to 1.6 pp.
 //! - A re-access counts as re-use (OpenZFS's MRU to MFU debounce) only
 //!   `min_promote_ns` after the last counted one or once enough other
 //!   blocks entered the cache since: the small reads of one record come
 //!   close in time and with little inserted between them, while a replay at
 //!   one request a microsecond has every re-access within 62.5 ms.
 //!
-//! Scan resistance follows: blocks read once never leave MRU except as
-//! ghosts, so a sequential pass larger than the cache goes through MRU and
-//! leaves MFU as it was.
+//! Scan resistance follows: blocks read once leave MRU as ghosts, or into
+//! MFU's free room only (never displacing what MFU holds), so a sequential
+//! pass larger than the cache goes through MRU and leaves MFU's records
+//! where they were.
 //!
 //! Memory: an entry is the size of [`crate::ZfsArc`]'s (a test checks it);
 //! the copies add a bounded amount, see [`crate::select`].
 
 use crate::filed::{Filed, Filing};
-use crate::select::{Selector, DEFAULT, FRACTIONS};
+use crate::select::{Selector, Variant, DEFAULT, VARIANTS};
 use crate::zfs::ZfsArcConfig;
 use crate::{Access, Key, ListKind, Lookup, Policy, PolicyStats};
 
@@ -142,20 +147,23 @@ pub struct AdaptiveArc {
     meta_balance: u64,
     /// Ghost-hit bytes since the last eviction pass: [data, metadata].
     ghost_hit_bytes: [u64; 2],
+    /// [`Variant::fill_mfu`] of the variant run now.
+    fill_mfu: bool,
 }
 
 impl AdaptiveArc {
     pub fn new(cfg: ZfsArcConfig) -> Self {
-        let mut a = Self::with_fixed_target(cfg, FRACTIONS[DEFAULT]);
+        let mut a = Self::with_variant(cfg, VARIANTS[DEFAULT]);
         a.selector = Some(Box::new(Selector::new(a.c, &a.cfg)));
         a
     }
 
-    /// A copy whose MRU target stays `fraction` of the cache.
-    pub(crate) fn with_fixed_target(cfg: ZfsArcConfig, fraction: f64) -> Self {
+    /// A copy that runs `variant` throughout.
+    pub(crate) fn with_variant(cfg: ZfsArcConfig, variant: Variant) -> Self {
         AdaptiveArc {
             c: cfg.c_min,
-            p: cfg.c_min as f64 * fraction,
+            p: cfg.c_min as f64 * variant.fraction,
+            fill_mfu: variant.fill_mfu,
             cfg,
             now_ns: 0,
             q: Filing::new(),
@@ -208,7 +216,9 @@ impl AdaptiveArc {
             // pp below max(LRU, ARC) with no floor, -0.28 with 16 records;
             // caches of a thousand records and more never reach the floor).
             let floor = MIN_MRU_RECORDS * self.resident() as f64 / self.entries().max(1) as f64;
-            self.p = (sel.fraction() * self.c as f64).max(floor).min(self.c as f64);
+            let variant = sel.variant();
+            self.p = (variant.fraction * self.c as f64).max(floor).min(self.c as f64);
+            self.fill_mfu = variant.fill_mfu;
         }
     }
 
@@ -279,6 +289,13 @@ impl AdaptiveArc {
         if self.unlink_or_promote(idx, from) {
             return Some(0);
         }
+        if from == State::Mru
+            && self.fill_mfu
+            && (self.q.sizes[State::Mfu as usize] + size) as f64 <= self.c as f64 - self.p
+        {
+            self.q.push(idx, State::Mfu);
+            return Some(0);
+        }
         out.push(key);
         self.stats.evicted += 1;
         if is_meta(key) {
@@ -293,12 +310,13 @@ impl AdaptiveArc {
     /// goes on to MFU's head, a step lower (true); any other is left
     /// unlinked for the caller to place (false).
     fn unlink_or_promote(&mut self, idx: u32, from: State) -> bool {
+        let fill_mfu = self.fill_mfu;
         self.q.unlink(idx);
         let e = self.q.slab.get_mut(idx);
         if e.freq == 0 {
             return false;
         }
-        e.freq = if from == State::Mru { 0 } else { e.freq - 1 };
+        e.freq = if from == State::Mru || fill_mfu { 0 } else { e.freq - 1 };
         self.q.push(idx, State::Mfu);
         true
     }

@@ -1,21 +1,32 @@
-//! How arc-adaptive picks its MRU target: miniature simulations.
+//! How arc-adaptive decides: miniature simulations.
 //!
 //! Ghost hits tell which list *lost* a block, not which split would have
 //! *hit* most: on loops and skewed reads ARC's ghost rule pulls MRU up to
 //! most of the cache and the frequent blocks go (measured on synthetic
 //! loops and Zipf traces). So the choice is made by trying: a few copies
-//! of the policy, each with its MRU target fixed at one fraction of the
-//! cache, replay a hashed sample of the keys (SHARDS, as in
-//! [`crate::mrc`]) in caches scaled by the sampling rate, and the real
-//! cache takes the fraction whose copy hit most lately.
+//! of the policy, each run with one fixed [`Variant`] (an MRU target as a
+//! fraction of the cache, and whether MFU takes in what MRU lets go), replay
+//! a hashed sample of the keys (SHARDS, as in [`crate::mrc`]) in caches
+//! scaled by the sampling rate, and the real cache runs the variant whose
+//! copy hit most lately.
+//!
+//! Two clocks decide. Every sixteen turnovers of a copy the decayed
+//! scores are compared (a 2 % lead needed); in between, a copy that has
+//! beaten the current choice on enough of the requests where the two
+//! disagreed (a sign test: a lead of at least [`EARLY_LEAD`] and
+//! [`EARLY_SIGMAS`] standard deviations of a fair coin) takes over at
+//! once. The long windows keep the cache from chasing bursts; the test
+//! lets a clear change of workload (a hot set that jumped) be followed
+//! within a few turnovers rather than sixteen.
 //!
 //! The copies start with every key sampled and halve the rate whenever
 //! one holds more than [`MAX_ENTRIES`] entries (SHARDS's fixed-size
 //! variant), so they cost a bounded amount of memory whatever the cache
-//! size: at most `FRACTIONS.len() * 2 * MAX_ENTRIES` entries, about 600 KB
+//! size: at most `VARIANTS.len() * 2 * MAX_ENTRIES` entries, about 1.2 MB
 //! (each copy's directory, resident and ghost, is at most twice its
 //! resident entries). 1024 gives the same hit ratios as 4096 on the
-//! reference suite (38.91 % against 38.90 % mean) for a quarter of it.
+//! reference suite (38.91 % against 38.90 % mean, with five copies) for a
+//! quarter of it.
 
 use crate::adaptive::AdaptiveArc;
 use crate::mrc::spread;
@@ -23,10 +34,53 @@ use crate::zfs::ZfsArcConfig;
 use crate::{Access, Key, Policy};
 
 /// The MRU targets tried, as fractions of the cache. 0.1 is S3-FIFO's
-/// small queue and the default until the copies know better; the others
-/// span from almost pure frequency to almost pure recency.
-pub(crate) const FRACTIONS: [f64; 5] = [0.01, 0.1, 0.3, 0.6, 0.95];
+/// small queue; the others span from almost pure frequency to almost pure
+/// recency.
+const FRACTIONS: [f64; 5] = [0.01, 0.1, 0.3, 0.6, 0.95];
+
+/// One way to run the lists, tried by a copy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Variant {
+    /// MRU's target as a fraction of the cache.
+    pub(crate) fraction: f64,
+    /// Whether a record leaving MRU unused moves to MFU (frequency 0)
+    /// while MFU has room below its share, instead of becoming a ghost,
+    /// and an MFU record's frequency is spent in one pass rather than
+    /// one step a pass. Without it, a loop longer than the cache hits
+    /// nothing (nothing it reads comes back before its ghost is gone);
+    /// with it, MFU holds a part of the loop still, as S3-FIFO's main
+    /// queue does, and hot keys that drift out of use leave MFU after one
+    /// pass instead of three (synthetic.py's `drift`).
+    pub(crate) fill_mfu: bool,
+}
+
+/// Every fraction, with and without `fill_mfu`.
+pub(crate) const VARIANTS: [Variant; 10] = {
+    let mut v = [Variant { fraction: 0.0, fill_mfu: false }; 10];
+    let mut i = 0;
+    while i < 10 {
+        v[i] = Variant { fraction: FRACTIONS[i % 5], fill_mfu: i >= 5 };
+        i += 1;
+    }
+    v
+};
+
+/// The variant run until the copies know better: a tenth of the cache for
+/// MRU, ghosts for what it lets go (S3-FIFO's small queue). Starting with
+/// `fill_mfu` costs the reference suite's small caches up to 2.6 pp
+/// (systor17_sample at 491 blocks): what fills MFU first is what stays.
 pub(crate) const DEFAULT: usize = 1;
+
+/// A copy's lead over the current choice, in requests where exactly one of
+/// the two hit, that lets it take over before the window ends: at least
+/// this many...
+const EARLY_LEAD: i64 = 64;
+/// ...and this many standard deviations of the lead a fair coin would give
+/// (`sqrt` of the disagreements). Measured on bench/policy.sh's suites:
+/// 4 chased bursts on cloudphysics_io (-2.5 pp at 13,460 blocks), 5 does
+/// not, and halves the random family's points more than 1 pp below the
+/// better of LRU and textbook ARC.
+const EARLY_SIGMAS: f64 = 5.0;
 
 /// Resident entries one copy may hold before the sampling rate halves.
 pub(crate) const MAX_ENTRIES: u64 = 1024;
@@ -43,34 +97,40 @@ pub(crate) struct Selector {
     seen: u64,
     best: usize,
     scratch: Vec<Key>,
+    /// Per copy, since the last decision: requests it hit and the current
+    /// choice missed, less the reverse; and requests where the two differed.
+    lead: [i64; VARIANTS.len()],
+    disagree: [u64; VARIANTS.len()],
 }
 
 impl Selector {
     pub(crate) fn new(c: u64, cfg: &ZfsArcConfig) -> Self {
-        let copies = FRACTIONS
+        let copies = VARIANTS
             .iter()
-            .map(|&f| {
+            .map(|&v| {
                 let mut copy_cfg = ZfsArcConfig::fixed(c);
                 copy_cfg.min_promote_ns = cfg.min_promote_ns;
                 copy_cfg.min_prefetch_ns = cfg.min_prefetch_ns;
-                AdaptiveArc::with_fixed_target(copy_cfg, f)
+                AdaptiveArc::with_variant(copy_cfg, v)
             })
             .collect();
         Selector {
             copies,
-            hits: vec![0; FRACTIONS.len()],
-            score: vec![0.0; FRACTIONS.len()],
+            hits: vec![0; VARIANTS.len()],
+            score: vec![0.0; VARIANTS.len()],
             threshold: u64::MAX,
             rate: 1.0,
             seen: 0,
             best: DEFAULT,
             scratch: Vec::new(),
+            lead: [0; VARIANTS.len()],
+            disagree: [0; VARIANTS.len()],
         }
     }
 
-    /// The fraction of the cache MRU should get now.
-    pub(crate) fn fraction(&self) -> f64 {
-        FRACTIONS[self.best]
+    /// The variant the real cache should run now.
+    pub(crate) fn variant(&self) -> Variant {
+        VARIANTS[self.best]
     }
 
     pub(crate) fn set_min_prefetch_ns(&mut self, ns: u64) {
@@ -100,14 +160,17 @@ impl Selector {
         if self.threshold != u64::MAX && spread(key) >= self.threshold {
             return;
         }
-        for (copy, hits) in self.copies.iter_mut().zip(&mut self.hits) {
-            if copy.lookup(key, access).is_hit() {
+        let mut hit = [false; VARIANTS.len()];
+        for ((copy, hits), hit) in self.copies.iter_mut().zip(&mut self.hits).zip(&mut hit) {
+            *hit = copy.lookup(key, access).is_hit();
+            if *hit {
                 *hits += 1;
             } else {
                 copy.insert(key, size, access, &mut self.scratch);
             }
         }
         self.scratch.clear();
+        self.count_disagreements(&hit);
         self.seen += 1;
         let s = self.copies[DEFAULT].stats();
         if s.evicted < s.entries {
@@ -117,6 +180,9 @@ impl Selector {
             // cloudphysics_io read-only at 52,500 blocks).
             self.hits.iter_mut().for_each(|h| *h = 0);
             self.seen = 0;
+            self.clear_leads();
+        } else if self.clear_winner().is_some() {
+            self.take_early();
         } else if self.seen >= (16 * s.entries).max(256) {
             // Windows of sixteen turnovers of a copy's contents: long
             // enough to see re-use at every distance the cache holds and
@@ -129,7 +195,45 @@ impl Selector {
         }
     }
 
+    fn count_disagreements(&mut self, hit: &[bool; VARIANTS.len()]) {
+        let current = hit[self.best];
+        for ((lead, disagree), &h) in self.lead.iter_mut().zip(&mut self.disagree).zip(hit) {
+            if h != current {
+                *disagree += 1;
+                *lead += if h { 1 } else { -1 };
+            }
+        }
+    }
+
+    fn clear_leads(&mut self) {
+        self.lead = [0; VARIANTS.len()];
+        self.disagree = [0; VARIANTS.len()];
+    }
+
+    /// The copy whose lead over the current choice no fair coin explains.
+    fn clear_winner(&self) -> Option<usize> {
+        (0..VARIANTS.len())
+            .filter(|&i| {
+                let lead = self.lead[i];
+                lead >= EARLY_LEAD && lead as f64 >= EARLY_SIGMAS * (self.disagree[i] as f64).sqrt()
+            })
+            .max_by_key(|&i| (self.lead[i], std::cmp::Reverse(i)))
+    }
+
+    /// Switches to the clear winner and starts the scores afresh: the
+    /// workload changed, so what the copies scored before says little.
+    fn take_early(&mut self) {
+        let Some(i) = self.clear_winner() else { return };
+        self.best = i;
+        for (s, h) in self.score.iter_mut().zip(&mut self.hits) {
+            *s = std::mem::take(h) as f64;
+        }
+        self.seen = 0;
+        self.clear_leads();
+    }
+
     fn decide(&mut self) {
+        self.clear_leads();
         for (s, h) in self.score.iter_mut().zip(&mut self.hits) {
             *s = *s / 2.0 + std::mem::take(h) as f64;
         }
