@@ -8,8 +8,9 @@
 //!
 //! - Promotion is lazy (as in S3-FIFO and CLOCK): a hit only bumps a
 //!   2-bit frequency; an MRU entry that was re-used moves to MFU when it
-//!   reaches MRU's eviction end, one that was not becomes an MRU ghost.
-//!   A block read once so costs MRU's FIFO time and nothing more.
+//!   reaches MRU's eviction end, one that was not becomes an MRU ghost
+//!   (or, under `fill_mfu` below, fills room MFU has). A block read once
+//!   so costs MRU's FIFO time and at most room nothing else wanted.
 //! - MFU keeps recency order and the frequency: an entry at the eviction
 //!   end that was hit since its last pass goes round again one step
 //!   lower, so a block read often outlives a burst of blocks read twice.
@@ -24,10 +25,13 @@
 //!   miniature copy hit most lately ([`crate::select`]); a tenth at first,
 //!   S3-FIFO's small queue, and never room for fewer than 16 records.
 //! - The same copies also decide whether MFU takes in, while it has room
-//!   below its share, what leaves MRU unused, and spends a frequency in one
-//!   pass ([`crate::select::Variant::fill_mfu`]): that holds a part of a
-//!   loop longer than the cache, where ghosts alone hold nothing, and lets
-//!   drifting hot keys go sooner.
+//!   below its share, what leaves MRU unused (never a prefetch nobody
+//!   read), and spends a frequency in one pass
+//!   ([`crate::select::Variant::fill_mfu`]): that holds a part of a loop
+//!   longer than the cache, where ghosts alone hold nothing, and lets
+//!   drifting hot keys go sooner. So under that variant MFU (arcstats
+//!   `mfu_size`, and what `l2arc_mfuonly` feeds) also holds records read
+//!   once, in room no re-used record wanted.
 //!
 //! Known weakness (bench/results/policy.md): a working set that moves
 //! wholesale (traces/tools/synthetic.py's `shifting` and `recurring`, the
@@ -115,7 +119,15 @@ struct Honor {
     meta: bool,
     skipped: u32,
     meta_rotated: u32,
+    /// Records this pass moved from MRU into MFU's room (`fill_mfu`).
+    filled: u32,
 }
+
+/// The most records one eviction pass moves into MFU's room: right after
+/// the copies switch to `fill_mfu`, MFU may have room for most of the
+/// cache, and one insert must not move all of it under the ARC's lock;
+/// later passes go on where this one stopped.
+const MAX_FILLS_PER_PASS: u32 = 64;
 
 pub struct AdaptiveArc {
     cfg: ZfsArcConfig,
@@ -248,7 +260,8 @@ impl AdaptiveArc {
 
     /// Takes the entry nearest the eviction end of `from` that is not a
     /// young prefetch (while `honor` holds): a re-used one goes on (MRU to
-    /// MFU, MFU round again), anything else leaves for its ghost list.
+    /// MFU, MFU round again), an MRU one not re-used fills MFU's room
+    /// under `fill_mfu`, anything else leaves for its ghost list.
     /// Young prefetches are passed over where they are, not moved: the L2
     /// feed reads the eviction ends in order and must find there what
     /// leaves next. Returns the bytes freed, or None when the list had
@@ -285,14 +298,20 @@ impl AdaptiveArc {
         }
         let idx = cur?;
         let e = self.q.slab.get(idx);
-        let (key, size) = (e.key, e.size);
+        let (key, size, prefetch) = (e.key, e.size, e.prefetch);
         if self.unlink_or_promote(idx, from) {
             return Some(0);
         }
+        // Only into room MFU has below its share: a fill never displaces
+        // what MFU holds, so scans stay harmless. A prefetch nobody read
+        // stays speculative and leaves as a ghost, as without the fill.
         if from == State::Mru
             && self.fill_mfu
+            && !prefetch
+            && honor.filled < MAX_FILLS_PER_PASS
             && (self.q.sizes[State::Mfu as usize] + size) as f64 <= self.c as f64 - self.p
         {
+            honor.filled += 1;
             self.q.push(idx, State::Mfu);
             return Some(0);
         }
@@ -326,7 +345,7 @@ impl AdaptiveArc {
             return;
         }
         self.adapt_meta();
-        let mut honor = Honor { prefetch: true, meta: true, skipped: 0, meta_rotated: 0 };
+        let mut honor = Honor { prefetch: true, meta: true, skipped: 0, meta_rotated: 0, filled: 0 };
         while self.resident() > self.c {
             let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
             let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
@@ -607,5 +626,53 @@ mod tests {
     #[test]
     fn an_entry_is_no_larger_than_zfs_arcs() {
         assert!(std::mem::size_of::<Entry>() <= std::mem::size_of::<crate::zfs::Entry>());
+    }
+
+    /// A cache of 1,000 one-unit records, all in MRU (a run with MRU at
+    /// 95 % and no fill), then switched to a tenth and `fill_mfu`, as the
+    /// copies may switch it: `prefetch` marks every other record read.
+    fn switched_to_fill(prefetch: bool) -> AdaptiveArc {
+        let mut a =
+            AdaptiveArc::with_variant(ZfsArcConfig::fixed(1000), Variant { fraction: 0.95, fill_mfu: false });
+        for k in 0..1000u64 {
+            let access = Access { now_ns: k, prefetch: prefetch && k % 2 == 1 };
+            assert!(!a.lookup(k, access).is_hit());
+            a.insert(k, 1, access, &mut Vec::new());
+        }
+        assert_eq!(a.stats().mru_size, 1000);
+        a.fill_mfu = true;
+        a.p = 100.0;
+        a
+    }
+
+    /// Right after a switch MFU has room for 900 records; one insert moves
+    /// a bounded number into it, and later ones go on.
+    #[test]
+    fn one_insert_fills_mfu_by_a_bounded_step() {
+        let mut a = switched_to_fill(false);
+        a.insert(5000, 1, Access::demand(5000), &mut Vec::new());
+        assert_eq!(a.stats().mfu_size, u64::from(MAX_FILLS_PER_PASS));
+        for k in 5001..5100 {
+            a.insert(k, 1, Access::demand(k), &mut Vec::new());
+        }
+        assert_eq!(a.stats().mfu_size, 900, "{:?}", a.stats());
+        a.validate().unwrap();
+    }
+
+    /// A prefetch nobody read leaves MRU as a ghost even with room in MFU.
+    #[test]
+    fn an_unread_prefetch_does_not_fill_mfu() {
+        let mut a = switched_to_fill(true);
+        for k in 5000..5020 {
+            a.insert(k, 1, Access::demand(k), &mut Vec::new());
+        }
+        let mut filled = Vec::new();
+        a.scan_tail(ListKind::Mfu, u64::MAX, &mut |k, _, prefetch| {
+            filled.push((k, prefetch));
+            true
+        });
+        assert!(!filled.is_empty() && filled.iter().all(|&(k, p)| k % 2 == 0 && !p), "{filled:?}");
+        assert!(a.stats().mru_ghost_size > 0);
+        a.validate().unwrap();
     }
 }

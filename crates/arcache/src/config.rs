@@ -320,14 +320,21 @@ pub fn runtime_dir() -> PathBuf {
 /// `~/.local/state/arcache`, else `/var/tmp/arcache-state-UID` (the runtime
 /// directory is cleared at boot; /var/tmp is not).
 pub fn default_state_dir() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|d| !d.is_empty()).map(PathBuf::from);
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    state_dir_for(|name| std::env::var_os(name), uid)
+}
+
+/// The state directory `default_state_dir` picks, from the environment
+/// `env` gives and the user id: systemd's first, root's fixed place, the
+/// XDG one, the home directory's, and a last resort that needs none.
+fn state_dir_for(env: impl Fn(&str) -> Option<std::ffi::OsString>, uid: u32) -> PathBuf {
+    let var = |name: &str| env(name).filter(|d| !d.is_empty()).map(PathBuf::from);
     if let Some(d) = var("STATE_DIRECTORY") {
         // systemd lists several when the unit names several; the first is ours.
         let first = d.to_string_lossy().split(':').next().unwrap_or_default().to_string();
         return PathBuf::from(first);
     }
-    // SAFETY: geteuid cannot fail.
-    let uid = unsafe { libc::geteuid() };
     if uid == 0 {
         return PathBuf::from("/var/lib/arcache");
     }
@@ -363,6 +370,28 @@ pub fn toml_value_text(v: &toml::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state directory's order (docs/usage.md, `--state-dir`): a
+    /// systemd unit's own first, then root's, XDG's, the home's, and one
+    /// that needs no environment; empty variables count as unset.
+    #[test]
+    fn the_state_directory_is_chosen_in_its_documented_order() {
+        let pick = |vars: &[(&str, &str)], uid| {
+            let env =
+                |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| std::ffi::OsString::from(v));
+            state_dir_for(env, uid)
+        };
+        let all = [("STATE_DIRECTORY", "/s/one:/s/two"), ("XDG_STATE_HOME", "/x"), ("HOME", "/h")];
+        assert_eq!(pick(&all, 1000), PathBuf::from("/s/one"));
+        assert_eq!(pick(&all, 0), PathBuf::from("/s/one"));
+        assert_eq!(pick(&all[1..], 0), PathBuf::from("/var/lib/arcache"));
+        assert_eq!(pick(&all[1..], 1000), PathBuf::from("/x/arcache"));
+        assert_eq!(
+            pick(&[("STATE_DIRECTORY", ""), ("XDG_STATE_HOME", ""), ("HOME", "/h")], 1000),
+            PathBuf::from("/h/.local/state/arcache")
+        );
+        assert_eq!(pick(&[], 1000), PathBuf::from("/var/tmp/arcache-state-1000"));
+    }
 
     #[test]
     fn an_s3_exports_retry_timeout_comes_from_its_config_key() {
