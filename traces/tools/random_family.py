@@ -115,6 +115,9 @@ def generate(seed):
 
 
 def main():
+    # A wrong call (or --help) gets the usage, not a directory named after it.
+    if not 4 <= len(sys.argv) <= 4 or sys.argv[1].startswith("-"):
+        sys.exit(__doc__)
     out, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sizes.txt"), "w") as sizes:

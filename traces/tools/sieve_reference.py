@@ -37,6 +37,9 @@ def block_keys(csv_path, unit, reads_only):
 
 
 def main():
+    # A wrong call (or --help) gets the usage, not a directory named after it.
+    if not 3 <= len(sys.argv) <= 3 or sys.argv[1].startswith("-"):
+        sys.exit(__doc__)
     trace_dir, out_path = sys.argv[1], sys.argv[2]
     refs = json.load(open(os.path.join(trace_dir, "reference_hit_ratios.json")))
     out = {"libcachesim_version": lcs.__version__, "algo": "Sieve", "traces": {}}

@@ -216,6 +216,9 @@ TRACES = {
 
 
 def main():
+    # A wrong call (or --help) gets the usage, not a directory named after it.
+    if not 2 <= len(sys.argv) <= 3 or sys.argv[1].startswith("-"):
+        sys.exit(__doc__)
     out = sys.argv[1]
     which = sys.argv[2] if len(sys.argv) > 2 else "tuned"
     traces = {"tuned": TRACES, "held-out": HELD_OUT, "fresh": FRESH}[which]
