@@ -25,8 +25,8 @@
 //!   miniature copy hit most lately ([`crate::select`]); a tenth at first,
 //!   S3-FIFO's small queue, and never room for fewer than 16 records.
 //! - The same copies also decide whether MFU takes in, while it has room
-//!   below its share, what leaves MRU unused (never a prefetch nobody
-//!   read), and spends a frequency in one pass
+//!   below its share, what leaves MRU unused (never a record a prefetch
+//!   brought), and spends a frequency in one pass
 //!   ([`crate::select::Variant::fill_mfu`]): that holds a part of a loop
 //!   longer than the cache, where ghosts alone hold nothing, and lets
 //!   drifting hot keys go sooner. So under that variant MFU (arcstats
@@ -313,8 +313,8 @@ impl AdaptiveArc {
         // a stream's records filling MFU's room leave MRU only its target,
         // and zfetch's read-ahead, passed over while young, then no longer
         // fits, so prefetched records went before their demand reads
-        // (measured: seed 000's second pass at 339 MB/s against 1,242,
-        // every record read twice from L2).
+        // (seed 000's second pass in bench/l2arc.sh fell to about a quarter
+        // of its speed, much of it read twice from L2).
         if from == State::Mru
             && self.fill_mfu
             && !by_prefetch
@@ -675,8 +675,8 @@ mod tests {
     }
 
     /// A stream read 256 records ahead by prefetches, under the fill
-    /// variant with the smallest MRU target: every demand read must find
-    /// its prefetched record. With the stream's records filling MFU's room,
+    /// variant with the smallest MRU target: every demand read past the
+    /// first 256 must find its prefetched record. With the stream's records filling MFU's room,
     /// MRU kept only its target and the read-ahead was evicted before its
     /// demand reads (seed 000's second pass at a quarter of its speed).
     #[test]

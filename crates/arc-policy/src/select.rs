@@ -43,8 +43,9 @@ const FRACTIONS: [f64; 5] = [0.01, 0.1, 0.3, 0.6, 0.95];
 pub(crate) struct Variant {
     /// MRU's target as a fraction of the cache.
     pub(crate) fraction: f64,
-    /// Whether a record leaving MRU unused moves to MFU (frequency 0)
-    /// while MFU has room below its share, instead of becoming a ghost,
+    /// Whether a record leaving MRU unused (and not brought by a prefetch)
+    /// moves to MFU (frequency 0) while MFU has room below its share,
+    /// instead of becoming a ghost,
     /// and an MFU record's frequency is spent in one pass rather than
     /// one step a pass. Without it, a loop longer than the cache hits
     /// nothing (nothing it reads comes back before its ghost is gone);
