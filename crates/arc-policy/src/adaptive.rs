@@ -676,9 +676,10 @@ mod tests {
 
     /// A stream read 256 records ahead by prefetches, under the fill
     /// variant with the smallest MRU target: every demand read past the
-    /// first 256 must find its prefetched record. With the stream's records filling MFU's room,
-    /// MRU kept only its target and the read-ahead was evicted before its
-    /// demand reads (seed 000's second pass at a quarter of its speed).
+    /// first 256 must find its prefetched record. With the stream's records
+    /// filling MFU's room, MRU kept only its target and the read-ahead was
+    /// evicted before its demand reads (seed 000's second pass at a quarter
+    /// of its speed).
     #[test]
     fn a_prefetched_stream_keeps_its_read_ahead_under_fill() {
         let mut a =

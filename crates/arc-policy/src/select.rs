@@ -45,9 +45,8 @@ pub(crate) struct Variant {
     pub(crate) fraction: f64,
     /// Whether a record leaving MRU unused (and not brought by a prefetch)
     /// moves to MFU (frequency 0) while MFU has room below its share,
-    /// instead of becoming a ghost,
-    /// and an MFU record's frequency is spent in one pass rather than
-    /// one step a pass. Without it, a loop longer than the cache hits
+    /// instead of becoming a ghost, and an MFU record's frequency is spent
+    /// in one pass rather than one step a pass. Without it, a loop longer than the cache hits
     /// nothing (nothing it reads comes back before its ghost is gone);
     /// with it, MFU holds a part of the loop still, as S3-FIFO's main
     /// queue does, and hot keys that drift out of use leave MFU after one
@@ -77,7 +76,7 @@ pub(crate) const DEFAULT: usize = 1;
 /// this many...
 const EARLY_LEAD: i64 = 64;
 /// ...and this many standard deviations of the lead a fair coin would give
-/// (`sqrt` of the disagreements). Measured on bench/policy.sh's suites
+/// (`sqrt` of the disagreements; compared squared, in integers). Measured on bench/policy.sh's suites
 /// with these ten variants: 4 and 5 alike (8 and 7 of the random family's
 /// 120 points more than 1 pp below the better of LRU and textbook ARC,
 /// against 16 with no early switch), the reference suite's mean 0.1 pp
@@ -85,7 +84,7 @@ const EARLY_LEAD: i64 = 64;
 /// cloudphysics_io (-2.5 pp at 13,460 blocks). A halving of the sampling
 /// rate leaves the counts as they are: they are counts of requests, which
 /// a smaller sample only makes come slower.
-const EARLY_SIGMAS: f64 = 5.0;
+const EARLY_SIGMAS: i64 = 5;
 
 /// Resident entries one copy may hold before the sampling rate halves.
 pub(crate) const MAX_ENTRIES: u64 = 1024;
@@ -102,10 +101,10 @@ pub(crate) struct Selector {
     seen: u64,
     best: usize,
     scratch: Vec<Key>,
-    /// Per copy, since the last decision: requests it hit and the current
-    /// choice missed, less the reverse; and requests where the two differed.
-    lead: [i64; VARIANTS.len()],
-    disagree: [u64; VARIANTS.len()],
+    /// Per copy, since the last decision (when `hits` restarted too):
+    /// requests where it and the current choice differed, one hitting. Its
+    /// lead over the choice is the difference of their `hits`.
+    disagree: [i64; VARIANTS.len()],
 }
 
 impl Selector {
@@ -128,7 +127,6 @@ impl Selector {
             seen: 0,
             best: DEFAULT,
             scratch: Vec::new(),
-            lead: [0; VARIANTS.len()],
             disagree: [0; VARIANTS.len()],
         }
     }
@@ -185,7 +183,7 @@ impl Selector {
             // cloudphysics_io read-only at 52,500 blocks).
             self.hits.iter_mut().for_each(|h| *h = 0);
             self.seen = 0;
-            self.clear_leads();
+            self.disagree = [0; VARIANTS.len()];
         } else if let Some(winner) = self.clear_winner() {
             self.take_early(winner);
         } else if self.seen >= (16 * s.entries).max(256) {
@@ -202,27 +200,20 @@ impl Selector {
 
     fn count_disagreements(&mut self, hit: &[bool; VARIANTS.len()]) {
         let current = hit[self.best];
-        for ((lead, disagree), &h) in self.lead.iter_mut().zip(&mut self.disagree).zip(hit) {
-            if h != current {
-                *disagree += 1;
-                *lead += if h { 1 } else { -1 };
-            }
+        for (disagree, &h) in self.disagree.iter_mut().zip(hit) {
+            *disagree += i64::from(h != current);
         }
-    }
-
-    fn clear_leads(&mut self) {
-        self.lead = [0; VARIANTS.len()];
-        self.disagree = [0; VARIANTS.len()];
     }
 
     /// The copy whose lead over the current choice no fair coin explains.
     fn clear_winner(&self) -> Option<usize> {
+        let lead = |i: usize| self.hits[i] as i64 - self.hits[self.best] as i64;
         (0..VARIANTS.len())
             .filter(|&i| {
-                let lead = self.lead[i];
-                lead >= EARLY_LEAD && lead as f64 >= EARLY_SIGMAS * (self.disagree[i] as f64).sqrt()
+                let l = lead(i);
+                l >= EARLY_LEAD && l * l >= EARLY_SIGMAS * EARLY_SIGMAS * self.disagree[i]
             })
-            .max_by_key(|&i| (self.lead[i], std::cmp::Reverse(i)))
+            .max_by_key(|&i| (lead(i), std::cmp::Reverse(i)))
     }
 
     /// Switches to the clear winner and starts the scores afresh: the
@@ -233,11 +224,11 @@ impl Selector {
             *s = std::mem::take(h) as f64;
         }
         self.seen = 0;
-        self.clear_leads();
+        self.disagree = [0; VARIANTS.len()];
     }
 
     fn decide(&mut self) {
-        self.clear_leads();
+        self.disagree = [0; VARIANTS.len()];
         for (s, h) in self.score.iter_mut().zip(&mut self.hits) {
             *s = *s / 2.0 + std::mem::take(h) as f64;
         }
