@@ -332,8 +332,7 @@ fn state_dir_for(env: impl Fn(&str) -> Option<std::ffi::OsString>, uid: u32) -> 
     let var = |name: &str| env(name).filter(|d| !d.is_empty()).map(PathBuf::from);
     if let Some(d) = var("STATE_DIRECTORY") {
         // systemd lists several when the unit names several; the first is ours.
-        let first = d.to_string_lossy().split(':').next().unwrap_or_default().to_string();
-        return PathBuf::from(first);
+        return std::env::split_paths(&d).next().unwrap_or(d);
     }
     if uid == 0 {
         return PathBuf::from("/var/lib/arcache");

@@ -84,7 +84,7 @@ pub struct ServeArgs {
     /// Where state that must outlive the server apart from its devices is
     /// kept (marks of L2 logs never to be restored): $STATE_DIRECTORY (systemd),
     /// else /var/lib/arcache for root, else $XDG_STATE_HOME/arcache or
-    /// ~/.local/state/arcache.
+    /// ~/.local/state/arcache, else /var/tmp/arcache-state-UID.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Worker threads for requests that must wait for the backing store.

@@ -214,6 +214,8 @@ pub const MARK_MAGIC: u64 = u64::from_le_bytes(*b"ACL2ABND");
 /// Bytes of a mark file.
 pub const MARK_SIZE: usize = 48;
 const MARK_VERSION: u32 = 1;
+/// Bytes of a mark its checksum covers: all before the checksum itself.
+const MARK_SUMMED: usize = MARK_SIZE - 8;
 
 impl Abandoned {
     /// The mark file's contents for this log.
@@ -231,8 +233,8 @@ impl Abandoned {
     /// reach the field checks this way); shorter input is left alone.
     pub fn seal_mark(b: &mut [u8]) {
         if b.len() >= MARK_SIZE {
-            let sum = xxh3_64(&b[..40]);
-            put_u64(b, 40, sum);
+            let sum = xxh3_64(&b[..MARK_SUMMED]);
+            put_u64(b, MARK_SUMMED, sum);
         }
     }
 
@@ -241,7 +243,7 @@ impl Abandoned {
         if b.len() != MARK_SIZE {
             return Err(FormatError::Corrupt("mark size"));
         }
-        if get_u64(b, 40) != xxh3_64(&b[..40]) {
+        if get_u64(b, MARK_SUMMED) != xxh3_64(&b[..MARK_SUMMED]) {
             return Err(FormatError::Checksum);
         }
         if get_u64(b, 0) != MARK_MAGIC {
