@@ -202,7 +202,7 @@ pub struct L2Arc {
     pub(crate) abandoned: parking_lot::Mutex<Vec<format::Abandoned>>,
     /// Where the abandoned logs are also marked, when a state directory
     /// was given (docs/format.md, "Abandoned-log marks").
-    pub(crate) marks: std::sync::OnceLock<marks::MarkDir>,
+    pub(crate) marks: Option<marks::MarkDir>,
 }
 
 /// What [`L2Arc::begin_feed_checked`] found.
@@ -348,7 +348,7 @@ impl L2Arc {
             ring_on: sync_atomic::AtomicBool::new(true),
             drops: AtomicU64::new(0),
             abandoned: parking_lot::Mutex::new(Vec::new()),
-            marks: std::sync::OnceLock::new(),
+            marks: None,
         })
     }
 

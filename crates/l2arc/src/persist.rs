@@ -206,12 +206,12 @@ impl L2Arc {
             rebuild.push(needs_rebuild);
         }
         let present: Vec<Abandoned> = persist.iter().flatten().map(|p| Abandoned::of(&p.hdr)).collect();
-        let l2 = Self::assemble(devices, maps, view, persist)?;
+        let mut l2 = Self::assemble(devices, maps, view, persist)?;
         *l2.abandoned.lock() = abandoned.all;
         if let Some(m) = marks {
             // Every present device's header is durable by now.
             crate::marks::remove_superseded(&marked, &present);
-            let _ = l2.marks.set(m);
+            l2.marks = Some(m);
         }
         for (d, r) in rebuild.into_iter().enumerate() {
             l2.rebuilding[d].store(r, Relaxed);
@@ -424,7 +424,7 @@ impl L2Arc {
     /// write carries the whole list, so a device whose write fails here
     /// (failing too) still records it at its next successful one.
     fn record_abandoned(&self, d: usize, id: Abandoned) {
-        if let Some(m) = self.marks.get() {
+        if let Some(m) = &self.marks {
             if let Err(e) = m.record(id) {
                 warn!(
                     "could not mark the log of {} as abandoned in the state directory ({e})",
