@@ -796,15 +796,6 @@ pub fn start_on(
         min_l2size: t.value("l2arc_rebuild_blocks_min_l2size"),
         state_dir: Some(settings.state_dir.clone()),
     };
-    if !settings.l2.is_empty() {
-        // Found out now, not when a device fails and its log must be marked.
-        if let Err(e) = std::fs::create_dir_all(&settings.state_dir) {
-            warn!(
-                "the state directory {} cannot be made ({e}): a failing L2 device's log is then recorded only on the other L2 devices (docs/persistence.md, Limits)",
-                settings.state_dir.display()
-            );
-        }
-    }
     startup::stage("opening the L2 devices");
     let l2 = open_l2(&settings.l2, &l2_descs, &persist)?;
     // One ring for every device read that can skip a worker thread: L2

@@ -197,15 +197,15 @@ fn a_vanished_l2_device_costs_speed_not_data() {
 fn a_retired_persistent_device_is_marked_in_the_state_dir() {
     let (s, data, l2) = warm_with(25, &["--set", "l2arc_rebuild_blocks_min_l2size=0"]);
     let marks = s.dir.path().join("state").join("l2-abandoned");
-    assert!(!marks.exists(), "a mark before any device left service");
-    lose_the_device(&s, &data, &l2);
-    assert_eq!(s.stat()["l2_devices"][0]["state"], "DEGRADED", "{}", s.stat());
-    // The state shows before the mark is written (by the thread retiring it).
     let names_now = || -> Vec<String> {
         std::fs::read_dir(&marks)
             .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default()
     };
+    assert!(names_now().is_empty(), "a mark before any device left service: {:?}", names_now());
+    lose_the_device(&s, &data, &l2);
+    assert_eq!(s.stat()["l2_devices"][0]["state"], "DEGRADED", "{}", s.stat());
+    // The state shows before the mark is written (by the thread retiring it).
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while names_now().is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -213,6 +213,26 @@ fn a_retired_persistent_device_is_marked_in_the_state_dir() {
     let names = names_now();
     assert_eq!(names.len(), 1, "one mark for the retired device: {names:?}");
     assert!(names[0].ends_with(".abandoned"), "{names:?}");
+}
+
+/// A state directory where no mark can be written is found at start, not
+/// when a device fails: the server says so and serves on.
+#[test]
+fn a_state_dir_where_marks_cannot_be_written_is_reported_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // Marks go to a volume that is not mounted: the directory reads as
+    // empty, nothing can be made in it (root ignores permissions, so a
+    // read-only mode would not stop the probe).
+    let state = dir.path().join("state-elsewhere");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("unmounted/marks"), state.join("l2-abandoned")).unwrap();
+    let state = state.display().to_string();
+    let (mut s, data, _) =
+        start(dir, 26, &["--state-dir", &state, "--set", "l2arc_rebuild_blocks_min_l2size=0"]);
+    read_all(&s, &data, Duration::ZERO);
+    let (status, err) = s.terminate();
+    assert!(status.success(), "{err}");
+    assert!(err.contains("abandoned-log marks cannot be written in"), "no warning at start: {err}");
 }
 
 #[test]

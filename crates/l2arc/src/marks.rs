@@ -46,6 +46,24 @@ impl MarkDir {
         Ok(path)
     }
 
+    pub(crate) fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Checks now, not when a device fails and its log must be marked, that
+    /// a mark can be written here: the directory made, a file written,
+    /// made durable and removed.
+    pub(crate) fn probe(&self) -> io::Result<()> {
+        fs::create_dir_all(&self.dir)?;
+        let probe = self.dir.join(format!(".probe-{}", std::process::id()));
+        let written = fs::File::create(&probe).and_then(|mut f| {
+            f.write_all(b"probe")?;
+            f.sync_all()
+        });
+        let removed = fs::remove_file(&probe);
+        written.and(removed)
+    }
+
     /// Every mark found, by its name (a damaged file still refuses the log
     /// its name gives, with a warning). A missing directory has none; one
     /// that cannot be read is an error: the start must not restore a log a
@@ -91,6 +109,29 @@ pub(crate) fn remove_superseded(marked: &[(Abandoned, PathBuf)], present: &[Aban
         if present.iter().any(|p| p.uuid == a.uuid && p.incarnation != a.incarnation) {
             if let Err(e) = fs::remove_file(path) {
                 warn!("removing the spent abandoned-log mark {}: {e}", path.display());
+            }
+        }
+    }
+}
+
+impl MarkDir {
+    /// Removes the temporary files a crash left while marking one of the
+    /// `present` devices. Only the server holding a device (it is opened
+    /// exclusively) writes that device's marks, so such a file is nobody
+    /// else's write in progress, though servers may share the directory.
+    pub(crate) fn remove_leftover_temps(&self, present: &[Abandoned]) {
+        let Ok(entries) = fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(a) =
+                name.to_str().and_then(|n| n.strip_suffix(".tmp")).and_then(Abandoned::from_mark_name)
+            else {
+                continue;
+            };
+            if present.iter().any(|p| p.uuid == a.uuid) {
+                if let Err(e) = fs::remove_file(entry.path()) {
+                    warn!("removing the leftover {}: {e}", entry.path().display());
+                }
             }
         }
     }

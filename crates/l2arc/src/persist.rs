@@ -211,6 +211,15 @@ impl L2Arc {
         if let Some(m) = marks {
             // Every present device's header is durable by now.
             crate::marks::remove_superseded(&marked, &present);
+            m.remove_leftover_temps(&present);
+            if !present.is_empty() {
+                if let Err(e) = m.probe() {
+                    warn!(
+                        "abandoned-log marks cannot be written in {} ({e}): a failing L2 device's log is then recorded only on the other L2 devices (docs/persistence.md, Limits)",
+                        m.path().display()
+                    );
+                }
+            }
             l2.marks = Some(m);
         }
         for (d, r) in rebuild.into_iter().enumerate() {

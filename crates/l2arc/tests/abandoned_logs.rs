@@ -410,3 +410,21 @@ fn a_mark_directory_that_cannot_be_read_fails_the_start() {
     let e = try_open_in(&[("a", &faulty[0])], Some(state.path())).err().expect("the start went on");
     assert!(e.contains("abandoned-log marks"), "{e}");
 }
+
+/// A crash between writing a mark's temporary file and renaming it leaves
+/// the file; the next start holding that device removes it, and leaves a
+/// file naming a device it does not hold (another server's, in progress).
+#[test]
+fn a_start_removes_the_leftover_temporary_mark_of_a_device_it_holds() {
+    let state = tempfile::tempdir().unwrap();
+    let [_, device] = single_device_retired(state.path());
+    let dir = state.path().join("l2-abandoned");
+    let names = marks_in(state.path());
+    assert_eq!(names.len(), 1);
+    let own = format!("{}.tmp", names[0]);
+    std::fs::rename(dir.join(&names[0]), dir.join(&own)).unwrap();
+    let foreign = format!("{:032x}-{:016x}.abandoned.tmp", 7u128, 9u64);
+    std::fs::write(dir.join(&foreign), b"in progress").unwrap();
+    drop(try_open_in(&[("a", &device)], Some(state.path())).unwrap());
+    assert_eq!(marks_in(state.path()), vec![foreign], "the leftover of the held device was kept");
+}

@@ -33,10 +33,13 @@ impl Serve {
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
             .arg("--control")
-            .arg(&control)
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(args)
+            .arg(&control);
+        // Every server gets a state directory of its own, unless the test
+        // names one.
+        if !args.contains(&"--state-dir") {
+            cmd.arg("--state-dir").arg(dir.path().join("state"));
+        }
+        cmd.args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env("RUST_LOG", "warn")
