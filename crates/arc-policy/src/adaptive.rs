@@ -30,8 +30,9 @@
 //!   ([`crate::select::Variant::fill_mfu`]): that holds a part of a loop
 //!   longer than the cache, where ghosts alone hold nothing, and lets
 //!   drifting hot keys go sooner. So under that variant MFU (arcstats
-//!   `mfu_size`, and what `l2arc_mfuonly` feeds) also holds records read
-//!   once, in room no re-used record wanted.
+//!   `mfu_size`) also holds records read once, in room no re-used record
+//!   wanted; the L2 feed under `l2arc_mfuonly` passes them over
+//!   ([`Policy::scan_tail_reused`]).
 //!
 //! Known weakness (bench/results/policy.md): a working set that moves
 //! wholesale (traces/tools/synthetic.py's `shifting` and `recurring`, the
@@ -77,9 +78,20 @@ pub(crate) struct Entry {
     /// Re-uses since the entry last passed its list's eviction end, at most 3.
     freq: u8,
     prefetch: bool,
-    /// Brought in by a prefetch (stays set after its demand read): part of
-    /// a stream, which must not fill MFU's room (see `step`).
-    by_prefetch: bool,
+    how: How,
+}
+
+/// How an entry came to where it is, beyond its list.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum How {
+    /// Inserted by a demand read.
+    Demand,
+    /// Brought in by a prefetch (kept after its demand read): part of a
+    /// stream, which must not fill MFU's room (see `step`).
+    Prefetch,
+    /// In MFU by a fill, not re-used since: read once, so not what
+    /// `l2arc_mfuonly` means to feed ([`Policy::scan_tail_reused`]).
+    Filled,
 }
 
 impl From<State> for usize {
@@ -304,7 +316,7 @@ impl AdaptiveArc {
         }
         let idx = cur?;
         let e = self.q.slab.get(idx);
-        let (key, size, by_prefetch) = (e.key, e.size, e.by_prefetch);
+        let (key, size, how) = (e.key, e.size, e.how);
         if self.unlink_or_promote(idx, from) {
             return Some(0);
         }
@@ -317,11 +329,12 @@ impl AdaptiveArc {
         // of its speed, much of it read twice from L2).
         if from == State::Mru
             && self.fill_mfu
-            && !by_prefetch
+            && how != How::Prefetch
             && honor.filled < MAX_FILLS_PER_PASS
             && (self.q.sizes[State::Mfu as usize] + size) as f64 <= self.c as f64 - self.p
         {
             honor.filled += 1;
+            self.q.slab.get_mut(idx).how = How::Filled;
             self.q.push(idx, State::Mfu);
             return Some(0);
         }
@@ -437,6 +450,9 @@ impl Policy for AdaptiveArc {
                     e.freq = (e.freq + 1).min(3);
                     e.last_access_ns = now;
                     e.last_insert = inserts;
+                    if e.how == How::Filled {
+                        e.how = How::Demand;
+                    }
                 }
                 // MFU is recency-ordered too (measured: +0.2 pp on the
                 // reference suite and on loops over plain CLOCK order).
@@ -499,7 +515,7 @@ impl Policy for AdaptiveArc {
             state: to,
             freq: 0,
             prefetch: access.prefetch,
-            by_prefetch: access.prefetch,
+            how: if access.prefetch { How::Prefetch } else { How::Demand },
         });
         self.q.push(idx, to);
         self.q.index.insert(key, idx);
@@ -575,6 +591,13 @@ impl Policy for AdaptiveArc {
             ListKind::Mfu => State::Mfu,
         };
         self.q.slab.walk_tail(&self.q.lists[state as usize], max_size, |e| (e.key, e.size, e.prefetch), f);
+    }
+
+    fn scan_tail_reused(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
+        let filled = |key| self.q.index.get(&key).is_some_and(|&idx| self.q.slab.get(idx).how == How::Filled);
+        // A filled entry is passed over but counts toward the depth: the
+        // walk still stops where the caller's scan of what leaves next ends.
+        self.scan_tail(list, max_size, &mut |key, size, prefetch| filled(key) || f(key, size, prefetch));
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -699,6 +722,47 @@ mod tests {
             }
         }
         assert!(hits >= 19_700, "{hits} of 20,000 demand reads found their prefetch: {:?}", a.stats());
+        a.validate().unwrap();
+    }
+
+    /// What a fill moved into MFU is not what `l2arc_mfuonly` feeds until
+    /// it is read again; re-used records are, and the depth counts both.
+    #[test]
+    fn filled_records_are_fed_under_mfuonly_only_once_re_used() {
+        let mut a = switched_to_fill(false);
+        for k in 5000..5020 {
+            a.insert(k, 1, Access::demand(k), &mut Vec::new());
+        }
+        let scan = |a: &AdaptiveArc, reused: bool, depth: u64| {
+            let mut keys = Vec::new();
+            let mut f = |k, _, _| {
+                keys.push(k);
+                true
+            };
+            if reused {
+                a.scan_tail_reused(ListKind::Mfu, depth, &mut f);
+            } else {
+                a.scan_tail(ListKind::Mfu, depth, &mut f);
+            }
+            keys
+        };
+        let all = scan(&a, false, u64::MAX);
+        assert_eq!(all.len(), 3600, "the fill moved records into MFU: {:?}", a.stats());
+        assert!(scan(&a, true, u64::MAX).is_empty(), "a record read once was fed under mfuonly");
+        // Two of them read again, long enough after their first read to
+        // count as re-use.
+        let later = 1_000_000_000_000;
+        for &k in &all[..2] {
+            assert!(a.lookup(k, Access::demand(later)).is_hit());
+        }
+        let mut reused = scan(&a, true, u64::MAX);
+        reused.sort_unstable();
+        let mut want = all[..2].to_vec();
+        want.sort_unstable();
+        assert_eq!(reused, want);
+        // Re-used records went to MFU's head: a walk as deep as MFU less
+        // one record ends before the last of them.
+        assert_eq!(scan(&a, true, 3599).len(), 1);
         a.validate().unwrap();
     }
 

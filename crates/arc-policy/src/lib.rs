@@ -240,6 +240,14 @@ pub trait Policy: Send {
     /// under [`ListKind::Mru`] and an empty [`ListKind::Mfu`].
     fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool);
 
+    /// As [`Policy::scan_tail`], passing over entries that are on `list`
+    /// without having been re-used (`l2arc_mfuonly` feeds re-used records,
+    /// as MFU means in OpenZFS). Policies whose MFU holds only re-used
+    /// entries scan it whole.
+    fn scan_tail_reused(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
+        self.scan_tail(list, max_size, f)
+    }
+
     /// How long a prefetched entry is kept before it may be evicted
     /// unused (`zfs_arc_min_prefetch_ms`); a policy without prefetch
     /// protection ignores it.

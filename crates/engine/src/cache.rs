@@ -679,7 +679,7 @@ impl Cache {
         let lists: &[ListKind] =
             if rules.mfu_only { &[ListKind::Mfu] } else { &[ListKind::Mfu, ListKind::Mru] };
         for &list in lists {
-            s.policy.scan_tail(list, rules.scan_bytes, &mut |key, _, prefetch| {
+            let mut take = |key, _, prefetch| {
                 if taken >= rules.budget {
                     return false;
                 }
@@ -709,7 +709,12 @@ impl Cache {
                     out.push(FeedItem { key, data: Arc::clone(rec) as arcache_l2::SharedBytes, flags });
                 }
                 true
-            });
+            };
+            if rules.mfu_only {
+                s.policy.scan_tail_reused(list, rules.scan_bytes, &mut take);
+            } else {
+                s.policy.scan_tail(list, rules.scan_bytes, &mut take);
+            }
         }
         out
     }
