@@ -28,7 +28,9 @@ impl MarkDir {
     /// Writes the mark of `a` durably: a temporary file made durable, then
     /// renamed into place and the directory made durable, so a crash leaves
     /// either no mark or a whole one. A mark already there (written by
-    /// another writer, durably, under the same lock) is left as it is.
+    /// another writer, durably, under the same lock) is left as it is. A
+    /// temporary file left by a failed rename stays: whole, it still
+    /// refuses the log at the next start ([`MarkDir::list`]).
     pub(crate) fn record(&self, a: Abandoned) -> io::Result<PathBuf> {
         let _writing = self.writing.lock();
         let path = self.dir.join(a.mark_name());
@@ -36,13 +38,9 @@ impl MarkDir {
             return Ok(path);
         }
         fs::create_dir_all(&self.dir)?;
-        let tmp = self.dir.join(format!("{}.tmp", a.mark_name()));
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&a.encode_mark())?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, &path)?;
-        fs::File::open(&self.dir)?.sync_all()?;
+        let tmp = self.dir.join(temp_name(&a));
+        write_durably(&tmp, &a.encode_mark(), true)?;
+        rename_durably(&self.dir, &tmp, &path)?;
         Ok(path)
     }
 
@@ -51,21 +49,28 @@ impl MarkDir {
     }
 
     /// Checks now, not when a device fails and its log must be marked, that
-    /// a mark can be written here: the directory made, a file written,
-    /// made durable and removed.
+    /// a mark can be written here, the way [`MarkDir::record`] writes one:
+    /// the directory made, a new file written and made durable, renamed,
+    /// the directory made durable; then the file is removed. Its name is
+    /// random, so servers sharing the directory (in containers, with equal
+    /// process ids) do not meet, and a new file is never an existing one
+    /// or a link's target.
     pub(crate) fn probe(&self) -> io::Result<()> {
         fs::create_dir_all(&self.dir)?;
-        let probe = self.dir.join(format!(".probe-{}", std::process::id()));
-        let written = fs::File::create(&probe).and_then(|mut f| {
-            f.write_all(b"probe")?;
-            f.sync_all()
-        });
-        let removed = fs::remove_file(&probe);
-        written.and(removed)
+        let name = format!(".probe-{:016x}", crate::persist::random_u64());
+        let (tmp, done) = (self.dir.join(format!("{name}.tmp")), self.dir.join(&name));
+        let result =
+            write_durably(&tmp, b"probe", false).and_then(|()| rename_durably(&self.dir, &tmp, &done));
+        // Whichever name the file has by now.
+        let _ = fs::remove_file(&tmp);
+        let removed = fs::remove_file(&done);
+        result.and(removed)
     }
 
     /// Every mark found, by its name (a damaged file still refuses the log
-    /// its name gives, with a warning). A missing directory has none; one
+    /// its name gives, with a warning), and every whole temporary file (a
+    /// mark whose rename failed or was cut short by a crash: its writer
+    /// may have gone on as if marked). A missing directory has none; one
     /// that cannot be read is an error: the start must not restore a log a
     /// mark there may refuse.
     pub(crate) fn list(&self) -> Result<Vec<(Abandoned, PathBuf)>, String> {
@@ -80,8 +85,14 @@ impl MarkDir {
         for entry in entries {
             let entry = entry.map_err(unreadable)?;
             let name = entry.file_name();
-            let Some(a) = name.to_str().and_then(Abandoned::from_mark_name) else { continue };
             let path = entry.path();
+            if let Some(a) = name.to_str().and_then(temp_of) {
+                if whole_temp(&path, a) {
+                    out.push((a, path));
+                }
+                continue;
+            }
+            let Some(a) = name.to_str().and_then(Abandoned::from_mark_name) else { continue };
             match fs::read(&path)
                 .map_err(|e| e.to_string())
                 .and_then(|b| Abandoned::decode_mark(&b).map_err(|e| e.to_string()))
@@ -115,24 +126,60 @@ pub(crate) fn remove_superseded(marked: &[(Abandoned, PathBuf)], present: &[Aban
 }
 
 impl MarkDir {
-    /// Removes the temporary files a crash left while marking one of the
-    /// `present` devices. Only the server holding a device (it is opened
-    /// exclusively) writes that device's marks, so such a file is nobody
-    /// else's write in progress, though servers may share the directory.
-    pub(crate) fn remove_leftover_temps(&self, present: &[Abandoned]) {
+    /// Removes the partial temporary files a crash left while marking one
+    /// of the `present` devices: cut short before they were durable, so
+    /// before their writer went on. Only the server holding a device (it
+    /// is opened exclusively) writes that device's marks, so such a file
+    /// is nobody else's write in progress, though servers may share the
+    /// directory (unless two devices share a uuid: docs/persistence.md,
+    /// Limits). Whole ones are marks ([`MarkDir::list`]).
+    pub(crate) fn remove_partial_temps(&self, present: &[Abandoned]) {
         let Ok(entries) = fs::read_dir(&self.dir) else { return };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(a) =
-                name.to_str().and_then(|n| n.strip_suffix(".tmp")).and_then(Abandoned::from_mark_name)
-            else {
-                continue;
-            };
-            if present.iter().any(|p| p.uuid == a.uuid) {
-                if let Err(e) = fs::remove_file(entry.path()) {
-                    warn!("removing the leftover {}: {e}", entry.path().display());
+            let Some(a) = name.to_str().and_then(temp_of) else { continue };
+            let path = entry.path();
+            if present.iter().any(|p| p.uuid == a.uuid) && !whole_temp(&path, a) {
+                if let Err(e) = fs::remove_file(&path) {
+                    warn!("removing the partial {}: {e}", path.display());
                 }
             }
         }
     }
+}
+
+fn temp_name(a: &Abandoned) -> String {
+    format!("{}.tmp", a.mark_name())
+}
+
+/// The log a temporary mark file's name is for, if it is one's name.
+fn temp_of(name: &str) -> Option<Abandoned> {
+    name.strip_suffix(".tmp").and_then(Abandoned::from_mark_name)
+}
+
+/// Whether the temporary file at `path` holds the whole mark of `a`.
+fn whole_temp(path: &Path, a: Abandoned) -> bool {
+    fs::read(path).ok().and_then(|b| Abandoned::decode_mark(&b).ok()) == Some(a)
+}
+
+/// Writes `bytes` to `path` and makes them durable; `replace`: over a
+/// file there (a mark's own earlier temporary file), else only as a new
+/// file.
+fn write_durably(path: &Path, bytes: &[u8], replace: bool) -> io::Result<()> {
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true);
+    if replace {
+        opts.create(true).truncate(true);
+    } else {
+        opts.create_new(true);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Renames `from` to `to` in `dir` and makes the rename durable.
+fn rename_durably(dir: &Path, from: &Path, to: &Path) -> io::Result<()> {
+    fs::rename(from, to)?;
+    fs::File::open(dir)?.sync_all()
 }

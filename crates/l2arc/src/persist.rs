@@ -211,7 +211,7 @@ impl L2Arc {
         if let Some(m) = marks {
             // Every present device's header is durable by now.
             crate::marks::remove_superseded(&marked, &present);
-            m.remove_leftover_temps(&present);
+            m.remove_partial_temps(&present);
             if !present.is_empty() {
                 if let Err(e) = m.probe() {
                     warn!(

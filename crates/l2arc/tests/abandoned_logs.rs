@@ -411,20 +411,42 @@ fn a_mark_directory_that_cannot_be_read_fails_the_start() {
     assert!(e.contains("abandoned-log marks"), "{e}");
 }
 
-/// A crash between writing a mark's temporary file and renaming it leaves
-/// the file; the next start holding that device removes it, and leaves a
-/// file naming a device it does not hold (another server's, in progress).
+/// A mark whose rename failed, or was cut short by a crash after its
+/// temporary file was durable, is whole: its writer may have gone on as
+/// if marked, so it refuses the log like a mark, and goes once spent.
 #[test]
-fn a_start_removes_the_leftover_temporary_mark_of_a_device_it_holds() {
+fn a_whole_temporary_mark_refuses_its_log() {
     let state = tempfile::tempdir().unwrap();
     let [_, device] = single_device_retired(state.path());
     let dir = state.path().join("l2-abandoned");
     let names = marks_in(state.path());
     assert_eq!(names.len(), 1);
-    let own = format!("{}.tmp", names[0]);
-    std::fs::rename(dir.join(&names[0]), dir.join(&own)).unwrap();
+    std::fs::rename(dir.join(&names[0]), dir.join(format!("{}.tmp", names[0]))).unwrap();
+    let l2 = try_open_in(&[("a", &device)], Some(state.path())).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    assert!(l2.lookup(5).is_none(), "record 5 restored past a whole temporary mark");
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
+    assert!(marks_in(state.path()).is_empty(), "the spent temporary mark was kept");
+}
+
+/// A temporary mark cut short by a crash was not durable, so its writer
+/// had not gone on: it refuses nothing, and a start holding its device
+/// removes it. Another uuid's (another server's write in progress, whole
+/// or not) is left.
+#[test]
+fn a_partial_temporary_mark_is_removed_by_the_start_holding_its_device() {
+    let state = tempfile::tempdir().unwrap();
+    let [_, device] = single_device_retired(state.path());
+    let dir = state.path().join("l2-abandoned");
+    let names = marks_in(state.path());
+    assert_eq!(names.len(), 1);
+    let whole = std::fs::read(dir.join(&names[0])).unwrap();
+    std::fs::remove_file(dir.join(&names[0])).unwrap();
+    std::fs::write(dir.join(format!("{}.tmp", names[0])), &whole[..20]).unwrap();
     let foreign = format!("{:032x}-{:016x}.abandoned.tmp", 7u128, 9u64);
     std::fs::write(dir.join(&foreign), b"in progress").unwrap();
-    drop(try_open_in(&[("a", &device)], Some(state.path())).unwrap());
-    assert_eq!(marks_in(state.path()), vec![foreign], "the leftover of the held device was kept");
+    let l2 = try_open_in(&[("a", &device)], Some(state.path())).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    assert!(l2.lookup(5).is_some(), "a partial temporary mark refused the log");
+    assert_eq!(marks_in(state.path()), vec![foreign], "the partial mark of the held device was kept");
 }

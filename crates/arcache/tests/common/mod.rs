@@ -36,7 +36,7 @@ impl Serve {
             .arg(&control);
         // Every server gets a state directory of its own, unless the test
         // names one.
-        if !args.contains(&"--state-dir") {
+        if !args.iter().any(|a| *a == "--state-dir" || a.starts_with("--state-dir=")) {
             cmd.arg("--state-dir").arg(dir.path().join("state"));
         }
         cmd.args(args)
