@@ -84,7 +84,7 @@ pub(crate) struct Entry {
 /// How an entry came to where it is, beyond its list.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum How {
-    /// Inserted by a demand read.
+    /// Inserted by a demand read or a write, or re-used since a fill.
     Demand,
     /// Brought in by a prefetch (kept after its demand read): part of a
     /// stream, which must not fill MFU's room (see `step`).
@@ -186,6 +186,15 @@ impl AdaptiveArc {
         let mut a = Self::with_variant(cfg, VARIANTS[DEFAULT]);
         a.selector = Some(Box::new(Selector::new(a.c, &a.cfg)));
         a
+    }
+
+    /// Runs the variant that moves what leaves MRU unused into MFU (MRU's
+    /// target a tenth), throughout, never switching: for tests of what the
+    /// server does with such an MFU, a state the serving policy reaches
+    /// only after enough evidence.
+    #[doc(hidden)]
+    pub fn filling(cfg: ZfsArcConfig) -> Self {
+        Self::with_variant(cfg, Variant { fraction: 0.1, fill_mfu: true })
     }
 
     /// A copy that runs `variant` throughout.
@@ -493,6 +502,7 @@ impl Policy for AdaptiveArc {
             self.follow_selector();
         }
         let mut to = State::Mru;
+        let mut how = if access.prefetch { How::Prefetch } else { How::Demand };
         if let Some(&idx) = self.q.index.get(&key) {
             let e = self.q.slab.get(idx);
             let (state, was_prefetch) = (e.state, e.prefetch);
@@ -503,7 +513,13 @@ impl Policy for AdaptiveArc {
                         to = State::Mfu;
                     }
                 }
-                resident => to = resident,
+                resident => {
+                    // The same record stored again (written, or kept
+                    // decompressed after a partial read): not a re-use,
+                    // and still what brought it in.
+                    to = resident;
+                    how = e.how;
+                }
             }
             self.forget(idx);
         }
@@ -515,7 +531,7 @@ impl Policy for AdaptiveArc {
             state: to,
             freq: 0,
             prefetch: access.prefetch,
-            how: if access.prefetch { How::Prefetch } else { How::Demand },
+            how,
         });
         self.q.push(idx, to);
         self.q.index.insert(key, idx);
@@ -594,10 +610,18 @@ impl Policy for AdaptiveArc {
     }
 
     fn scan_tail_reused(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
-        let filled = |key| self.q.index.get(&key).is_some_and(|&idx| self.q.slab.get(idx).how == How::Filled);
+        let state = match list {
+            ListKind::Mru => State::Mru,
+            ListKind::Mfu => State::Mfu,
+        };
         // A filled entry is passed over but counts toward the depth: the
-        // walk still stops where the caller's scan of what leaves next ends.
-        self.scan_tail(list, max_size, &mut |key, size, prefetch| filled(key) || f(key, size, prefetch));
+        // walk ends where the caller's scan of what leaves next ends.
+        self.q.slab.walk_tail_where(
+            &self.q.lists[state as usize],
+            max_size,
+            |e| (e.key, e.size, e.prefetch, e.how != How::Filled),
+            f,
+        );
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -613,6 +637,12 @@ impl Policy for AdaptiveArc {
             for (idx, e) in self.q.slab.iter(list) {
                 if e.state != state || self.q.index.get(&e.key) != Some(&idx) || e.freq > 3 {
                     return Err(format!("entry {} misfiled on {state:?}", e.key));
+                }
+                // Only a fill marks an entry, moving it from MRU to MFU,
+                // and never a prefetch's.
+                let mfu_side = matches!(state, State::Mfu | State::MfuGhost);
+                if e.how == How::Filled && (!mfu_side || e.prefetch) {
+                    return Err(format!("entry {} filled on {state:?} (prefetch {})", e.key, e.prefetch));
                 }
                 sum += e.size;
                 largest = largest.max(e.size);
@@ -660,6 +690,8 @@ mod tests {
     #[test]
     fn an_entry_is_no_larger_than_zfs_arcs() {
         assert!(std::mem::size_of::<Entry>() <= std::mem::size_of::<crate::zfs::Entry>());
+        // ZfsArc's entry is padded to 32; this one holds 32 bytes of fields.
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
     }
 
     /// A cache of 4,000 one-unit records, all in MRU (a run with MRU at
@@ -749,6 +781,9 @@ mod tests {
         let all = scan(&a, false, u64::MAX);
         assert_eq!(all.len(), 3600, "the fill moved records into MFU: {:?}", a.stats());
         assert!(scan(&a, true, u64::MAX).is_empty(), "a record read once was fed under mfuonly");
+        // Stored again (a write; a record kept decompressed), not re-used.
+        a.insert(all[2], 1, Access::demand(all[2] + 10_000), &mut Vec::new());
+        assert!(scan(&a, true, u64::MAX).is_empty(), "a filled record stored again was fed under mfuonly");
         // Two of them read again, long enough after their first read to
         // count as re-use.
         let later = 1_000_000_000_000;

@@ -71,6 +71,11 @@ impl Policy for InBlocks {
         self.inner.scan_tail(list, self.bytes(max_size), &mut |k, size, pf| f(k, size / b, pf))
     }
 
+    fn scan_tail_reused(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
+        let b = self.block_bytes;
+        self.inner.scan_tail_reused(list, self.bytes(max_size), &mut |k, size, pf| f(k, size / b, pf))
+    }
+
     fn set_min_prefetch_ns(&mut self, ns: u64) {
         self.inner.set_min_prefetch_ns(ns)
     }

@@ -240,10 +240,11 @@ pub trait Policy: Send {
     /// under [`ListKind::Mru`] and an empty [`ListKind::Mfu`].
     fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool);
 
-    /// As [`Policy::scan_tail`], passing over entries that are on `list`
-    /// without having been re-used (`l2arc_mfuonly` feeds re-used records,
-    /// as MFU means in OpenZFS). Policies whose MFU holds only re-used
-    /// entries scan it whole.
+    /// As [`Policy::scan_tail`], passing over entries a policy placed in
+    /// MFU without their having been re-used (`l2arc_mfuonly` feeds
+    /// re-used records, what MFU means in OpenZFS); they still count
+    /// toward `max_size`. Policies whose MFU holds only re-used entries
+    /// scan it whole, as `scan_tail` does; a wrapper must forward this.
     fn scan_tail_reused(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
         self.scan_tail(list, max_size, f)
     }

@@ -134,11 +134,31 @@ impl<T> Slab<T> {
         view: impl Fn(&T) -> (u64, u64, bool),
         f: &mut dyn FnMut(u64, u64, bool) -> bool,
     ) {
+        self.walk_tail_where(
+            list,
+            max_size,
+            |e| {
+                let (key, size, prefetch) = view(e);
+                (key, size, prefetch, true)
+            },
+            f,
+        )
+    }
+
+    /// As [`Slab::walk_tail`], where `view` also says whether `f` is to see
+    /// the entry; one it does not see still counts toward `max_size`.
+    pub(crate) fn walk_tail_where(
+        &self,
+        list: &List,
+        max_size: u64,
+        view: impl Fn(&T) -> (u64, u64, bool, bool),
+        f: &mut dyn FnMut(u64, u64, bool) -> bool,
+    ) {
         let mut seen = 0;
         let mut cur = list.tail();
         while let Some(idx) = cur {
-            let (key, size, prefetch) = view(self.get(idx));
-            if seen >= max_size || !f(key, size, prefetch) {
+            let (key, size, prefetch, shown) = view(self.get(idx));
+            if seen >= max_size || (shown && !f(key, size, prefetch)) {
                 return;
             }
             seen += size;

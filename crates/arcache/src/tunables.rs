@@ -86,7 +86,7 @@ pub const SPECS: &[Spec] = &[
     spec("l2arc_feed_min_ms", Unit::Milliseconds, 10, 60_000, "Shorter pause when the last cycle used most of its budget"),
     spec("l2arc_feed_again", Unit::Bool, 0, 1, "Allow the shorter pause"),
     spec("l2arc_noprefetch", Unit::Auto, 0, 2, "Keep prefetched records off L2: 1 yes, 0 no, auto: only when L2 is slower than the backing store"),
-    spec("l2arc_mfuonly", Unit::Bool, 0, 1, "Feed only records on the MFU list"),
+    spec("l2arc_mfuonly", Unit::Bool, 0, 1, "Feed only re-used records (MFU)"),
     spec(
         "l2arc_partial_reads",
         Unit::Bool,

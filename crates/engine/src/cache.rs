@@ -209,7 +209,19 @@ impl Cache {
     /// [`arc_policy::SERVING_POLICIES`].
     pub fn with_policy(cfg: CacheConfig, l2: Option<Arc<L2Arc>>, name: &str) -> Option<Arc<Cache>> {
         let policy = arc_policy::serving(name, cfg.arc_min, cfg.arc_max, cfg.min_prefetch_ms * 1_000_000)?;
-        Some(Arc::new(Cache {
+        Some(Self::with_policy_instance(cfg, l2, policy))
+    }
+
+    /// A cache running `policy` as given (in bytes, its limits and
+    /// prefetch lifetime already set): for tests that need a policy in a
+    /// state the serving names reach only after enough evidence.
+    #[doc(hidden)]
+    pub fn with_policy_instance(
+        cfg: CacheConfig,
+        l2: Option<Arc<L2Arc>>,
+        policy: Box<dyn Policy>,
+    ) -> Arc<Cache> {
+        Arc::new(Cache {
             state: Mutex::new(State {
                 policy,
                 data: FxHashMap::default(),
@@ -240,7 +252,7 @@ impl Cache {
             reserved_hint: AtomicU64::new(0),
             arc_max_hint: AtomicU64::new(cfg.arc_max),
             fill_bufs: crate::fill_bufs::FillBufs::default(),
-        }))
+        })
     }
 
     /// The name of the replacement policy this cache runs.

@@ -225,6 +225,57 @@ fn feed_rules_decide_what_reaches_l2() {
     assert!(l2dev.counts().trims > trims_before, "trim_ahead trims beyond the batch");
 }
 
+/// Under the default policy's fill variant MFU also takes in records read
+/// once; `l2arc_mfuonly` feeds none of them until one is read again.
+#[test]
+fn mfuonly_feeds_a_filled_record_only_once_it_is_read_again() {
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(DEV));
+    let l2dev = MemDev::new(HEADER_RESERVED + (8 << 20));
+    let l2 =
+        L2Arc::new(vec![L2Device::new("l2".into(), Arc::new(l2dev) as Arc<dyn BlockDev>).unwrap()]).unwrap();
+    let arc = 1u64 << 20;
+    let mut policy = arc_policy::AdaptiveArc::filling(arc_policy::ZfsArcConfig::fixed(arc));
+    arc_policy::Policy::set_min_prefetch_ns(&mut policy, 1_000_000_000);
+    let cache = Cache::with_policy_instance(
+        CacheConfig { arc_min: arc, arc_max: arc, min_prefetch_ms: 1000, compress: false },
+        Some(Arc::new(l2)),
+        Box::new(policy),
+    );
+    let tun = Arc::new(FeedTunables::default());
+    tun.dwpd_limit.store(0, Relaxed);
+    tun.mfuonly.store(true, Relaxed);
+    let feed = Feed::new(Arc::clone(&cache), Arc::clone(&tun), Arc::new(AtomicU64::new(arc))).unwrap();
+    let vol = Volume::new(
+        0,
+        VolumeConfig { name: "t".into(), recordsize: 4096, read_only: false },
+        backing,
+        Arc::clone(&cache),
+    );
+    let l2 = cache.l2().unwrap();
+    let records = DEV / 4096;
+    // Twice the cache, each record once, in an order no stream detector
+    // takes for a stream: what leaves MRU first fills MFU's room.
+    let order: Vec<u64> = (0..records).map(|i| (i * 97) % records).collect();
+    let mut b = vec![0u8; 4096];
+    for &r in &order {
+        vol.read(r * 4096, &mut b).unwrap();
+    }
+    let st = cache.stats();
+    assert!(st.mfu_size > arc / 2, "the fill did not move records into MFU: {st:?}");
+    feed.cycle_once();
+    let fed: Vec<u64> = (0..records).filter(|&r| l2.contains(r)).collect();
+    assert!(fed.is_empty(), "mfuonly fed records read once: {fed:?}");
+    // The first record read left MRU first: it is in MFU. Read again, long
+    // enough after its first read to count as re-use, it is fed.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let hits = cache.stats().hits;
+    vol.read(order[0] * 4096, &mut b).unwrap();
+    assert_eq!(cache.stats().hits, hits + 1, "the first record read is no longer cached");
+    feed.cycle_once();
+    let fed: Vec<u64> = (0..records).filter(|&r| l2.contains(r)).collect();
+    assert_eq!(fed, vec![order[0]], "mfuonly: only the record read again");
+}
+
 /// A backing store whose reads of one offset wait, once armed, until
 /// released: holds a prefetch in flight while a demand read arrives.
 struct HeldRead {
