@@ -55,6 +55,12 @@ fio_nbd() {
     --output-format=json --output="$work/fio.json" "$@" >/dev/null 2>&1 || echo "fio failed" >&2
 }
 stat_of() { "$1" stat --json --control "$work/ctl.sock"; }
+# The block device holding the work directory (the L2 file, the file
+# export), whose /proc/diskstats line tells what the device itself did
+# during the timed job: an L2 hit's time splits into the device's and the
+# server's pipeline's.
+disk=$(basename "$(df --output=source "$work" | tail -1)")
+disk_stats() { awk -v d="$disk" '$3 == d {print $4, $6, $7, $14}' /proc/diskstats; }
 for _ in $(seq "$rounds"); do
   n=0
   for spec in "$@"; do
@@ -80,10 +86,12 @@ for _ in $(seq "$rounds"); do
     before=$(stat_of "$bin")
     # The server's CPU time (user + system, clock ticks) around the timed job.
     cpu0=$(awk '{print $14 + $15}' "/proc/$arc/stat")
+    disk0=$(disk_stats)
     fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=16 --time_based --runtime="$secs" --randseed=7
+    disk1=$(disk_stats)
     cpu1=$(awk '{print $14 + $15}' "/proc/$arc/stat")
     after=$(stat_of "$bin")
-    line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" "$((cpu1 - cpu0))" "$(getconf CLK_TCK)" <<'PY'
+    line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" "$((cpu1 - cpu0))" "$(getconf CLK_TCK)" "$disk0" "$disk1" <<'PY'
 import json, sys
 job = json.load(open(sys.argv[1]))["jobs"][0]
 iops = round(job["read"]["iops"])
@@ -94,7 +102,15 @@ misses = a["demand_data_misses"] - b["demand_data_misses"]
 l2 = a.get("l2_hits", 0) - b.get("l2_hits", 0)
 records = max(b["hash_elements"], 1)
 overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / records
-print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}\t{cpu_us:.1f}")
+# reads completed, sectors read, ms reading, weighted ms in flight
+d0, d1 = (list(map(int, x.split())) if x.strip() else [0, 0, 0, 0] for x in sys.argv[7:9])
+secs = job["read"]["runtime"] / 1000 or 1
+reads = d1[0] - d0[0]
+dev_iops = reads / secs
+dev_us = (d1[2] - d0[2]) * 1000 / max(reads, 1)
+dev_queue = (d1[3] - d0[3]) / 1000 / secs
+print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}\t{cpu_us:.1f}"
+      f"\t{dev_iops:.0f}\t{dev_us:.0f}\t{dev_queue:.1f}")
 PY
 )
     echo "$spec: $line"
@@ -116,9 +132,10 @@ done
   echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
   echo
   echo "cpu: the server's user + system time during the timed job over the reads fio completed"
+  echo "device: what /proc/diskstats says $disk (holding the L2 file and the file exports) did during the timed job: reads/s, mean read time, mean requests in flight (of the 16 fio keeps outstanding; the rest are in the server's pipeline or fio)"
   echo
-  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) | server CPU per read (us, median) |"
-  echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) | server CPU per read (us, median) | device reads/s, us, in flight (medians) |"
+  echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import statistics, sys
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -127,7 +144,9 @@ for n, spec in enumerate(sys.argv[2:], 1):
     iops = [int(x[1]) for x in r]
     print(f"| {n} | `{spec}` | {r[0][5]} | {' / '.join(f'{i:,}' for i in iops)} | {statistics.median(iops):,.0f} "
           f"| {min(float(x[2]) for x in r):.2f} | {int(r[-1][6]):,} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} "
-          f"| {statistics.median(float(x[7]) for x in r):.1f} |")
+          f"| {statistics.median(float(x[7]) for x in r):.1f} "
+          f"| {statistics.median(float(x[8]) for x in r):,.0f}, {statistics.median(float(x[9]) for x in r):.0f}, "
+          f"{statistics.median(float(x[10]) for x in r):.1f} |")
 PY
 } > "$result"
 cat "$result"
