@@ -514,11 +514,15 @@ impl Policy for AdaptiveArc {
                     }
                 }
                 resident => {
-                    // The same record stored again (written, or kept
-                    // decompressed after a partial read): not a re-use,
-                    // and still what brought it in.
+                    // The same record stored again (written, kept
+                    // decompressed after a partial read, its attributes
+                    // prefetched again): not a re-use, and still what
+                    // brought it in, or a prefetch's now.
                     to = resident;
-                    how = e.how;
+                    how = match e.how {
+                        How::Demand if access.prefetch => How::Prefetch,
+                        kept => kept,
+                    };
                 }
             }
             self.forget(idx);
@@ -530,7 +534,9 @@ impl Policy for AdaptiveArc {
             last_insert: self.inserts,
             state: to,
             freq: 0,
-            prefetch: access.prefetch,
+            // A record read on demand before is no speculation, whoever
+            // stores it again.
+            prefetch: access.prefetch && how != How::Filled,
             how,
         });
         self.q.push(idx, to);
@@ -639,10 +645,13 @@ impl Policy for AdaptiveArc {
                     return Err(format!("entry {} misfiled on {state:?}", e.key));
                 }
                 // Only a fill marks an entry, moving it from MRU to MFU,
-                // and never a prefetch's.
+                // and never a prefetch's; an unread prefetch is one.
                 let mfu_side = matches!(state, State::Mfu | State::MfuGhost);
-                if e.how == How::Filled && (!mfu_side || e.prefetch) {
-                    return Err(format!("entry {} filled on {state:?} (prefetch {})", e.key, e.prefetch));
+                if e.how == How::Filled && !mfu_side || e.prefetch && e.how != How::Prefetch {
+                    return Err(format!(
+                        "entry {} {:?} on {state:?} (prefetch {})",
+                        e.key, e.how, e.prefetch
+                    ));
                 }
                 sum += e.size;
                 largest = largest.max(e.size);

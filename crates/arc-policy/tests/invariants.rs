@@ -8,7 +8,18 @@ use std::collections::{HashSet, VecDeque};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Access { key: u64, size: u64, dt_ms: u64, prefetch: bool },
+    Access {
+        key: u64,
+        size: u64,
+        dt_ms: u64,
+        prefetch: bool,
+    },
+    /// The caller stores a resident record again (a write; a record kept
+    /// decompressed; attributes prefetched again), as the server does.
+    Store {
+        key: u64,
+        prefetch: bool,
+    },
     Remove(u64),
     Resize(u64),
 }
@@ -17,6 +28,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         12 => (0u64..64, 1u64..5, 0u64..200, prop::bool::weighted(0.1))
             .prop_map(|(key, size, dt_ms, prefetch)| Op::Access { key, size, dt_ms, prefetch }),
+        2 => (0u64..64, prop::bool::weighted(0.3)).prop_map(|(key, prefetch)| Op::Store { key, prefetch }),
         1 => (0u64..64).prop_map(Op::Remove),
         1 => (4u64..40).prop_map(Op::Resize),
     ]
@@ -38,6 +50,12 @@ fn drive(p: &mut dyn Policy, ops: &[Op], uniform: bool) -> Result<(), TestCaseEr
                 if !hit {
                     p.insert(key, size, a, &mut evicted);
                     resident.insert(key);
+                }
+            }
+            Op::Store { key, prefetch } => {
+                if resident.contains(&key) {
+                    let size = if uniform { 1 } else { 1 + key % 4 };
+                    p.insert(key, size, Access { now_ns: now, prefetch }, &mut evicted);
                 }
             }
             Op::Remove(key) => {
@@ -75,6 +93,10 @@ proptest! {
         drive(&mut growing, &ops, false)?;
         let mut growing = AdaptiveArc::new(ZfsArcConfig::growing(4, 32));
         drive(&mut growing, &ops, false)?;
+        // The variant that fills MFU, which the copies choose only on
+        // enough evidence, run from the start.
+        let mut filling = AdaptiveArc::filling(ZfsArcConfig::growing(4, 32));
+        drive(&mut filling, &ops, false)?;
     }
 
     #[test]

@@ -87,8 +87,16 @@ impl MarkDir {
             let name = entry.file_name();
             let path = entry.path();
             if let Some(a) = name.to_str().and_then(temp_of) {
-                if whole_temp(&path, a) {
-                    out.push((a, path));
+                match temp_state(&path, a) {
+                    Temp::Whole => out.push((a, path)),
+                    Temp::Unreadable(e) => {
+                        warn!(
+                            "temporary abandoned-log mark {} cannot be read ({e}); it refuses its log",
+                            path.display()
+                        );
+                        out.push((a, path));
+                    }
+                    Temp::Partial => {}
                 }
                 continue;
             }
@@ -126,9 +134,10 @@ pub(crate) fn remove_superseded(marked: &[(Abandoned, PathBuf)], present: &[Aban
 }
 
 impl MarkDir {
-    /// Removes the partial temporary files a crash left while marking one
-    /// of the `present` devices: cut short before they were durable, so
-    /// before their writer went on. Only the server holding a device (it
+    /// Removes the partial temporary files left while marking one of the
+    /// `present` devices: cut short by a crash before they were durable,
+    /// so before their writer went on, or by a failed write, which was
+    /// logged. Only the server holding a device (it
     /// is opened exclusively) writes that device's marks, so such a file
     /// is nobody else's write in progress, though servers may share the
     /// directory (unless two devices share a uuid: docs/persistence.md,
@@ -139,7 +148,7 @@ impl MarkDir {
             let name = entry.file_name();
             let Some(a) = name.to_str().and_then(temp_of) else { continue };
             let path = entry.path();
-            if present.iter().any(|p| p.uuid == a.uuid) && !whole_temp(&path, a) {
+            if present.iter().any(|p| p.uuid == a.uuid) && matches!(temp_state(&path, a), Temp::Partial) {
                 if let Err(e) = fs::remove_file(&path) {
                     warn!("removing the partial {}: {e}", path.display());
                 }
@@ -157,9 +166,22 @@ fn temp_of(name: &str) -> Option<Abandoned> {
     name.strip_suffix(".tmp").and_then(Abandoned::from_mark_name)
 }
 
-/// Whether the temporary file at `path` holds the whole mark of `a`.
-fn whole_temp(path: &Path, a: Abandoned) -> bool {
-    fs::read(path).ok().and_then(|b| Abandoned::decode_mark(&b).ok()) == Some(a)
+/// What a temporary mark file holds.
+enum Temp {
+    /// The whole mark of the log its name gives.
+    Whole,
+    /// Read, but not that mark: its write was cut short.
+    Partial,
+    /// Not read: it may be whole, so it counts as a mark and stays.
+    Unreadable(io::Error),
+}
+
+fn temp_state(path: &Path, a: Abandoned) -> Temp {
+    match fs::read(path) {
+        Ok(b) if Abandoned::decode_mark(&b).ok() == Some(a) => Temp::Whole,
+        Ok(_) => Temp::Partial,
+        Err(e) => Temp::Unreadable(e),
+    }
 }
 
 /// Writes `bytes` to `path` and makes them durable; `replace`: over a

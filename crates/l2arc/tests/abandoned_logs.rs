@@ -450,3 +450,22 @@ fn a_partial_temporary_mark_is_removed_by_the_start_holding_its_device() {
     assert!(l2.lookup(5).is_some(), "a partial temporary mark refused the log");
     assert_eq!(marks_in(state.path()), vec![foreign], "the partial mark of the held device was kept");
 }
+
+/// A temporary mark that cannot be read may be whole: it refuses its log
+/// and is not removed as partial. (Root reads any file, so a directory of
+/// that name stands in for a file on a failing disk.)
+#[test]
+fn an_unreadable_temporary_mark_refuses_its_log() {
+    let state = tempfile::tempdir().unwrap();
+    let [_, device] = single_device_retired(state.path());
+    let dir = state.path().join("l2-abandoned");
+    let names = marks_in(state.path());
+    assert_eq!(names.len(), 1);
+    std::fs::remove_file(dir.join(&names[0])).unwrap();
+    let temp = format!("{}.tmp", names[0]);
+    std::fs::create_dir(dir.join(&temp)).unwrap();
+    let l2 = try_open_in(&[("a", &device)], Some(state.path())).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    assert!(l2.lookup(5).is_none(), "record 5 restored past an unreadable temporary mark");
+    assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
+}
