@@ -59,8 +59,15 @@ stat_of() { "$1" stat --json --control "$work/ctl.sock"; }
 # export), whose /proc/diskstats line tells what the device itself did
 # during the timed job: an L2 hit's time splits into the device's and the
 # server's pipeline's.
-disk=$(basename "$(df --output=source "$work" | tail -1)")
-disk_stats() { awk -v d="$disk" '$3 == d {print $4, $6, $7, $14}' /proc/diskstats; }
+# Found by its major:minor, which names it in /proc/diskstats whatever
+# the mount calls it (/dev/root, a mapper name); none (tmpfs, overlay):
+# the columns say n/a.
+disk_major= disk_minor=
+IFS=: read -r disk_major disk_minor < <(findmnt -no MAJ:MIN -T "$work" | tr -d ' ') || true
+disk=$(awk -v a="$disk_major" -v b="$disk_minor" '$1 == a && $2 == b {print $3}' /proc/diskstats)
+disk_stats() { # reads completed, sectors read, ms reading
+  [ -z "$disk" ] || awk -v d="$disk" '$3 == d {print $4, $6, $7}' /proc/diskstats
+}
 for _ in $(seq "$rounds"); do
   n=0
   for spec in "$@"; do
@@ -102,15 +109,17 @@ misses = a["demand_data_misses"] - b["demand_data_misses"]
 l2 = a.get("l2_hits", 0) - b.get("l2_hits", 0)
 records = max(b["hash_elements"], 1)
 overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / records
-# reads completed, sectors read, ms reading, weighted ms in flight
-d0, d1 = (list(map(int, x.split())) if x.strip() else [0, 0, 0, 0] for x in sys.argv[7:9])
-secs = job["read"]["runtime"] / 1000 or 1
-reads = d1[0] - d0[0]
-dev_iops = reads / secs
-dev_us = (d1[2] - d0[2]) * 1000 / max(reads, 1)
-dev_queue = (d1[3] - d0[3]) / 1000 / secs
+# reads completed, sectors read, ms reading (summed over reads, so its
+# growth over the job's seconds is the mean number of reads in flight)
+dev = "nan\tnan\tnan\tnan"
+if sys.argv[7].strip() and sys.argv[8].strip():
+    d0, d1 = (list(map(int, x.split())) for x in sys.argv[7:9])
+    secs = job["read"]["runtime"] / 1000 or 1
+    reads = d1[0] - d0[0]
+    kib = (d1[1] - d0[1]) / 2 / max(reads, 1)
+    dev = f"{reads / secs:.0f}\t{(d1[2] - d0[2]) * 1000 / max(reads, 1):.0f}\t{(d1[2] - d0[2]) / 1000 / secs:.1f}\t{kib:.1f}"
 print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}\t{cpu_us:.1f}"
-      f"\t{dev_iops:.0f}\t{dev_us:.0f}\t{dev_queue:.1f}")
+      f"\t{dev}")
 PY
 )
     echo "$spec: $line"
@@ -132,21 +141,25 @@ done
   echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
   echo
   echo "cpu: the server's user + system time during the timed job over the reads fio completed"
-  echo "device: what /proc/diskstats says $disk (holding the L2 file and the file exports) did during the timed job: reads/s, mean read time, mean requests in flight (of the 16 fio keeps outstanding; the rest are in the server's pipeline or fio)"
+  echo "device: what /proc/diskstats says ${disk:-n/a (no block device under the work directory)} (holding the L2 file and the file exports; reads of anything else on it count too) did during the timed job: reads/s, mean read time, mean reads in flight (of the 16 fio keeps outstanding; the rest are in the server's pipeline or fio), mean read size; each the median over the rounds"
   echo
-  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) | server CPU per read (us, median) | device reads/s, us, in flight (medians) |"
+  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) | server CPU per read (us, median) | device reads/s, us, in flight, KiB |"
   echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
-import statistics, sys
+import math, statistics, sys
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+def dev(r):
+    cols = [statistics.median(float(x[i]) for x in r) for i in range(8, 12)]
+    if any(math.isnan(c) for c in cols):
+        return "n/a"
+    return f"{cols[0]:,.0f}, {cols[1]:.0f}, {cols[2]:.1f}, {cols[3]:.1f}"
 for n, spec in enumerate(sys.argv[2:], 1):
     r = [x for x in runs if x[0] == str(n)]
     iops = [int(x[1]) for x in r]
     print(f"| {n} | `{spec}` | {r[0][5]} | {' / '.join(f'{i:,}' for i in iops)} | {statistics.median(iops):,.0f} "
           f"| {min(float(x[2]) for x in r):.2f} | {int(r[-1][6]):,} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} "
           f"| {statistics.median(float(x[7]) for x in r):.1f} "
-          f"| {statistics.median(float(x[8]) for x in r):,.0f}, {statistics.median(float(x[9]) for x in r):.0f}, "
-          f"{statistics.median(float(x[10]) for x in r):.1f} |")
+          f"| {dev(r)} |")
 PY
 } > "$result"
 cat "$result"
