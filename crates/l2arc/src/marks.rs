@@ -38,7 +38,7 @@ impl MarkDir {
             return Ok(path);
         }
         fs::create_dir_all(&self.dir)?;
-        let tmp = self.dir.join(temp_name(&a));
+        let tmp = self.dir.join(format!("{}.tmp", a.mark_name()));
         write_durably(&tmp, &a.encode_mark(), true)?;
         rename_durably(&self.dir, &tmp, &path)?;
         Ok(path)
@@ -70,33 +70,34 @@ impl MarkDir {
     /// Every mark found, by its name (a damaged file still refuses the log
     /// its name gives, with a warning), and every whole temporary file (a
     /// mark whose rename failed or was cut short by a crash: its writer
-    /// may have gone on as if marked). A missing directory has none; one
-    /// that cannot be read is an error: the start must not restore a log a
-    /// mark there may refuse.
-    pub(crate) fn list(&self) -> Result<Vec<(Abandoned, PathBuf)>, String> {
+    /// may have gone on as if marked); apart, the partial temporary files.
+    /// A missing directory has none; one that cannot be read is an error:
+    /// the start must not restore a log a mark there may refuse.
+    pub(crate) fn list(&self) -> Result<Found, String> {
         let unreadable =
             |e: io::Error| format!("reading the abandoned-log marks in {}: {e}", self.dir.display());
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::default()),
             Err(e) => return Err(unreadable(e)),
         };
-        let mut out = Vec::new();
+        let mut found = Found::default();
         for entry in entries {
             let entry = entry.map_err(unreadable)?;
             let name = entry.file_name();
             let path = entry.path();
             if let Some(a) = name.to_str().and_then(temp_of) {
-                match temp_state(&path, a) {
-                    Temp::Whole => out.push((a, path)),
-                    Temp::Unreadable(e) => {
+                match fs::read(&path) {
+                    Ok(b) if Abandoned::decode_mark(&b).ok() == Some(a) => found.marks.push((a, path)),
+                    Ok(_) => found.partial.push((a, path)),
+                    // It may be whole: it counts as a mark, and stays.
+                    Err(e) => {
                         warn!(
                             "temporary abandoned-log mark {} cannot be read ({e}); it refuses its log",
                             path.display()
                         );
-                        out.push((a, path));
+                        found.marks.push((a, path));
                     }
-                    Temp::Partial => {}
                 }
                 continue;
             }
@@ -112,76 +113,51 @@ impl MarkDir {
                     path.display()
                 ),
             }
-            out.push((a, path));
+            found.marks.push((a, path));
         }
-        out.sort_by_key(|(a, _)| (a.uuid, a.incarnation));
-        Ok(out)
+        found.marks.sort_by_key(|(a, _)| (a.uuid, a.incarnation));
+        Ok(found)
     }
 }
 
-/// Removes the marks of `marked` (what [`MarkDir::list`] found) that can
-/// never match again: their device is present with a durable header of
-/// another incarnation (incarnations are random and new at every reset, so
-/// an old one never returns). Marks of absent devices stay.
-pub(crate) fn remove_superseded(marked: &[(Abandoned, PathBuf)], present: &[Abandoned]) {
-    for (a, path) in marked {
-        if present.iter().any(|p| p.uuid == a.uuid && p.incarnation != a.incarnation) {
+/// What [`MarkDir::list`] found: the logs marks refuse, by the files that
+/// refuse them, and the partial temporary files, which refuse nothing.
+#[derive(Default)]
+pub(crate) struct Found {
+    pub(crate) marks: Vec<(Abandoned, PathBuf)>,
+    partial: Vec<(Abandoned, PathBuf)>,
+}
+
+impl Found {
+    /// Removes what can never refuse a log again, once every `present`
+    /// device's header is durable:
+    /// - marks whose device is present with another incarnation
+    ///   (incarnations are random and new at every reset, so an old one
+    ///   never returns); marks of absent devices stay;
+    /// - partial temporary files of a present device's uuid: cut short by
+    ///   a crash before they were durable, so before their writer went on,
+    ///   or by a failed write, which was logged. Only the server holding a
+    ///   device (opened exclusively) writes its marks, so such a file is
+    ///   nobody else's write in progress, though servers may share the
+    ///   directory (unless two devices share a uuid: docs/persistence.md,
+    ///   Limits).
+    pub(crate) fn remove_spent(&self, present: &[Abandoned]) {
+        let spent = self
+            .marks
+            .iter()
+            .filter(|(a, _)| present.iter().any(|p| p.uuid == a.uuid && p.incarnation != a.incarnation));
+        let partial = self.partial.iter().filter(|(a, _)| present.iter().any(|p| p.uuid == a.uuid));
+        for (_, path) in spent.chain(partial) {
             if let Err(e) = fs::remove_file(path) {
-                warn!("removing the spent abandoned-log mark {}: {e}", path.display());
+                warn!("removing the spent abandoned-log file {}: {e}", path.display());
             }
         }
     }
-}
-
-impl MarkDir {
-    /// Removes the partial temporary files left while marking one of the
-    /// `present` devices: cut short by a crash before they were durable,
-    /// so before their writer went on, or by a failed write, which was
-    /// logged. Only the server holding a device (it
-    /// is opened exclusively) writes that device's marks, so such a file
-    /// is nobody else's write in progress, though servers may share the
-    /// directory (unless two devices share a uuid: docs/persistence.md,
-    /// Limits). Whole ones are marks ([`MarkDir::list`]).
-    pub(crate) fn remove_partial_temps(&self, present: &[Abandoned]) {
-        let Ok(entries) = fs::read_dir(&self.dir) else { return };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(a) = name.to_str().and_then(temp_of) else { continue };
-            let path = entry.path();
-            if present.iter().any(|p| p.uuid == a.uuid) && matches!(temp_state(&path, a), Temp::Partial) {
-                if let Err(e) = fs::remove_file(&path) {
-                    warn!("removing the partial {}: {e}", path.display());
-                }
-            }
-        }
-    }
-}
-
-fn temp_name(a: &Abandoned) -> String {
-    format!("{}.tmp", a.mark_name())
 }
 
 /// The log a temporary mark file's name is for, if it is one's name.
 fn temp_of(name: &str) -> Option<Abandoned> {
     name.strip_suffix(".tmp").and_then(Abandoned::from_mark_name)
-}
-
-/// What a temporary mark file holds.
-enum Temp {
-    /// The whole mark of the log its name gives.
-    Whole,
-    /// Read, but not that mark: its write was cut short.
-    Partial,
-    /// Not read: it may be whole, so it counts as a mark and stays.
-    Unreadable(io::Error),
-}
-
-fn temp_state(path: &Path, a: Abandoned) -> Temp {
-    match fs::read(path) {
-        Ok(b) if Abandoned::decode_mark(&b).ok() == Some(a) => Temp::Whole,
-        Ok(_) => Temp::Partial,
-        Err(e) => Temp::Unreadable(e),
-    }
 }
 
 /// Writes `bytes` to `path` and makes them durable; `replace`: over a

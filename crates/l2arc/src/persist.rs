@@ -187,8 +187,8 @@ impl L2Arc {
         let mut rebuild = Vec::with_capacity(devices.len());
         let headers: Vec<HeaderRead> = devices.iter().map(read_header).collect();
         let marks = opts.state_dir.as_deref().map(MarkDir::new);
-        let marked = marks.as_ref().map(MarkDir::list).transpose()?.unwrap_or_default();
-        let abandoned = AbandonedLogs::found(&devices, &headers, &marked);
+        let found = marks.as_ref().map(MarkDir::list).transpose()?.unwrap_or_default();
+        let abandoned = AbandonedLogs::found(&devices, &headers, &found.marks);
         for ((d, dev), old) in devices.iter().enumerate().zip(headers) {
             let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
             if let Some(p) = &p {
@@ -210,12 +210,11 @@ impl L2Arc {
         *l2.abandoned.lock() = abandoned.all;
         if let Some(m) = marks {
             // Every present device's header is durable by now.
-            crate::marks::remove_superseded(&marked, &present);
-            m.remove_partial_temps(&present);
+            found.remove_spent(&present);
             if !present.is_empty() {
                 if let Err(e) = m.probe() {
                     warn!(
-                        "abandoned-log marks cannot be written in {} ({e}): a failing L2 device's log is then recorded only on the other L2 devices (docs/persistence.md, Limits)",
+                        "abandoned-log marks cannot be written in {} ({e}): a failing L2 device's log is then recorded only on the other L2 devices, with one device nowhere (docs/persistence.md, Limits)",
                         m.path().display()
                     );
                 }

@@ -341,8 +341,7 @@ fn forgetting_the_recorder_keeps_the_record() {
 /// over what a kill -9 then leaves, twice (two independent starts).
 fn single_device_retired(state: &std::path::Path) -> [Faulty; 2] {
     let (crash, faulty) = devices(vec![None]);
-    let l2 = try_open_in(&[("a", &faulty[0])], Some(state)).unwrap();
-    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    let l2 = started_in(state, &faulty[0]);
     feed(&l2, 0, 0..20);
     l2.sync_logs();
     assert_eq!(on_device(&l2, 0), 20);
@@ -366,6 +365,22 @@ fn marks_in(state: &std::path::Path) -> Vec<String> {
     }
 }
 
+/// Device "a" started with the state directory, its log rebuilt where
+/// the marks let it be.
+fn started_in(state: &std::path::Path, device: &Faulty) -> L2Arc {
+    let l2 = try_open_in(&[("a", device)], Some(state)).unwrap();
+    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    l2
+}
+
+/// The one mark in `state`, and the name its temporary file has.
+fn the_mark(state: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let names = marks_in(state);
+    assert_eq!(names.len(), 1, "{names:?}");
+    let dir = state.join("l2-abandoned");
+    (dir.join(&names[0]), dir.join(format!("{}.tmp", names[0])))
+}
+
 #[test]
 fn a_single_devices_abandoned_log_is_refused_by_its_mark_in_the_state_dir() {
     let state = tempfile::tempdir().unwrap();
@@ -375,8 +390,7 @@ fn a_single_devices_abandoned_log_is_refused_by_its_mark_in_the_state_dir() {
     let l2 = open(&[("a", &unmarked)]);
     assert!(l2.lookup(5).is_some(), "the control start restored record 5 from the stale log");
     drop(l2);
-    let l2 = try_open_in(&[("a", &marked)], Some(state.path())).unwrap();
-    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    let l2 = started_in(state.path(), &marked);
     assert!(l2.lookup(5).is_none(), "record 5 restored from a log marked abandoned");
     assert_eq!(on_device(&l2, 0), 0, "records restored from an abandoned log");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
@@ -395,8 +409,7 @@ fn a_damaged_mark_still_refuses_its_log_and_absent_devices_keep_theirs() {
     drop(try_open_in(&[("z", &fresh[0])], Some(state.path())).unwrap());
     assert_eq!(marks_in(state.path()), names, "the mark of an absent device was removed");
     drop(other);
-    let l2 = try_open_in(&[("a", &marked)], Some(state.path())).unwrap();
-    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    let l2 = started_in(state.path(), &marked);
     assert!(l2.lookup(5).is_none(), "a damaged mark let its log be restored");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }
@@ -418,12 +431,9 @@ fn a_mark_directory_that_cannot_be_read_fails_the_start() {
 fn a_whole_temporary_mark_refuses_its_log() {
     let state = tempfile::tempdir().unwrap();
     let [_, device] = single_device_retired(state.path());
-    let dir = state.path().join("l2-abandoned");
-    let names = marks_in(state.path());
-    assert_eq!(names.len(), 1);
-    std::fs::rename(dir.join(&names[0]), dir.join(format!("{}.tmp", names[0]))).unwrap();
-    let l2 = try_open_in(&[("a", &device)], Some(state.path())).unwrap();
-    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    let (mark, temp) = the_mark(state.path());
+    std::fs::rename(mark, temp).unwrap();
+    let l2 = started_in(state.path(), &device);
     assert!(l2.lookup(5).is_none(), "record 5 restored past a whole temporary mark");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
     assert!(marks_in(state.path()).is_empty(), "the spent temporary mark was kept");
@@ -437,16 +447,13 @@ fn a_whole_temporary_mark_refuses_its_log() {
 fn a_partial_temporary_mark_is_removed_by_the_start_holding_its_device() {
     let state = tempfile::tempdir().unwrap();
     let [_, device] = single_device_retired(state.path());
-    let dir = state.path().join("l2-abandoned");
-    let names = marks_in(state.path());
-    assert_eq!(names.len(), 1);
-    let whole = std::fs::read(dir.join(&names[0])).unwrap();
-    std::fs::remove_file(dir.join(&names[0])).unwrap();
-    std::fs::write(dir.join(format!("{}.tmp", names[0])), &whole[..20]).unwrap();
+    let (mark, temp) = the_mark(state.path());
+    let whole = std::fs::read(&mark).unwrap();
+    std::fs::remove_file(&mark).unwrap();
+    std::fs::write(temp, &whole[..20]).unwrap();
     let foreign = format!("{:032x}-{:016x}.abandoned.tmp", 7u128, 9u64);
-    std::fs::write(dir.join(&foreign), b"in progress").unwrap();
-    let l2 = try_open_in(&[("a", &device)], Some(state.path())).unwrap();
-    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    std::fs::write(state.path().join("l2-abandoned").join(&foreign), b"in progress").unwrap();
+    let l2 = started_in(state.path(), &device);
     assert!(l2.lookup(5).is_some(), "a partial temporary mark refused the log");
     assert_eq!(marks_in(state.path()), vec![foreign], "the partial mark of the held device was kept");
 }
@@ -458,14 +465,10 @@ fn a_partial_temporary_mark_is_removed_by_the_start_holding_its_device() {
 fn an_unreadable_temporary_mark_refuses_its_log() {
     let state = tempfile::tempdir().unwrap();
     let [_, device] = single_device_retired(state.path());
-    let dir = state.path().join("l2-abandoned");
-    let names = marks_in(state.path());
-    assert_eq!(names.len(), 1);
-    std::fs::remove_file(dir.join(&names[0])).unwrap();
-    let temp = format!("{}.tmp", names[0]);
-    std::fs::create_dir(dir.join(&temp)).unwrap();
-    let l2 = try_open_in(&[("a", &device)], Some(state.path())).unwrap();
-    l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
+    let (mark, temp) = the_mark(state.path());
+    std::fs::remove_file(mark).unwrap();
+    std::fs::create_dir(temp).unwrap();
+    let l2 = started_in(state.path(), &device);
     assert!(l2.lookup(5).is_none(), "record 5 restored past an unreadable temporary mark");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }
