@@ -188,13 +188,36 @@ impl AdaptiveArc {
         a
     }
 
-    /// Runs the variant that moves what leaves MRU unused into MFU (MRU's
-    /// target a tenth), throughout, never switching: for tests of what the
-    /// server does with such an MFU, a state the serving policy reaches
-    /// only after enough evidence.
+    /// Runs the default variant's MRU target with `fill_mfu` (what leaves
+    /// MRU unused moves into MFU's room), throughout, never switching: for
+    /// tests of what the server does with such an MFU, a state the serving
+    /// policy reaches only after enough evidence.
     #[doc(hidden)]
     pub fn filling(cfg: ZfsArcConfig) -> Self {
-        Self::with_variant(cfg, Variant { fraction: 0.1, fill_mfu: true })
+        Self::with_variant(cfg, Variant { fill_mfu: true, ..crate::select::VARIANTS[crate::select::DEFAULT] })
+    }
+
+    /// The scans of [`Policy::scan_tail`] and, with `reused_only`,
+    /// [`Policy::scan_tail_reused`]: a filled entry passed over still counts
+    /// toward the depth, so the walk ends where the caller's scan of what
+    /// leaves next ends.
+    fn walk_tail(
+        &self,
+        list: ListKind,
+        max_size: u64,
+        reused_only: bool,
+        f: &mut dyn FnMut(Key, u64, bool) -> bool,
+    ) {
+        let state = match list {
+            ListKind::Mru => State::Mru,
+            ListKind::Mfu => State::Mfu,
+        };
+        self.q.slab.walk_tail_where(
+            &self.q.lists[state as usize],
+            max_size,
+            |e| (e.key, e.size, e.prefetch, !(reused_only && e.how == How::Filled)),
+            f,
+        );
     }
 
     /// A copy that runs `variant` throughout.
@@ -608,26 +631,11 @@ impl Policy for AdaptiveArc {
     }
 
     fn scan_tail(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
-        let state = match list {
-            ListKind::Mru => State::Mru,
-            ListKind::Mfu => State::Mfu,
-        };
-        self.q.slab.walk_tail(&self.q.lists[state as usize], max_size, |e| (e.key, e.size, e.prefetch), f);
+        self.walk_tail(list, max_size, false, f);
     }
 
     fn scan_tail_reused(&self, list: ListKind, max_size: u64, f: &mut dyn FnMut(Key, u64, bool) -> bool) {
-        let state = match list {
-            ListKind::Mru => State::Mru,
-            ListKind::Mfu => State::Mfu,
-        };
-        // A filled entry is passed over but counts toward the depth: the
-        // walk ends where the caller's scan of what leaves next ends.
-        self.q.slab.walk_tail_where(
-            &self.q.lists[state as usize],
-            max_size,
-            |e| (e.key, e.size, e.prefetch, e.how != How::Filled),
-            f,
-        );
+        self.walk_tail(list, max_size, true, f);
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -724,6 +732,29 @@ mod tests {
         a
     }
 
+    /// Inserts `keys` as demand reads, each at the time of its key.
+    fn insert_demand(a: &mut AdaptiveArc, keys: std::ops::Range<u64>) {
+        for k in keys {
+            a.insert(k, 1, Access::demand(k), &mut Vec::new());
+        }
+    }
+
+    /// MFU's entries from its eviction end, at most `depth` deep, with
+    /// their prefetch marks; with `reused_only`, as `l2arc_mfuonly` scans.
+    fn mfu_tail(a: &AdaptiveArc, reused_only: bool, depth: u64) -> Vec<(Key, bool)> {
+        let mut seen = Vec::new();
+        let mut f = |k, _, prefetch| {
+            seen.push((k, prefetch));
+            true
+        };
+        if reused_only {
+            a.scan_tail_reused(ListKind::Mfu, depth, &mut f);
+        } else {
+            a.scan_tail(ListKind::Mfu, depth, &mut f);
+        }
+        seen
+    }
+
     /// Right after a switch MFU has room for 3,600 records; one insert
     /// moves a bounded number into it, and later ones go on.
     #[test]
@@ -731,9 +762,7 @@ mod tests {
         let mut a = switched_to_fill(false);
         a.insert(5000, 1, Access::demand(5000), &mut Vec::new());
         assert_eq!(a.stats().mfu_size, u64::from(MAX_FILLS_PER_PASS));
-        for k in 5001..5100 {
-            a.insert(k, 1, Access::demand(k), &mut Vec::new());
-        }
+        insert_demand(&mut a, 5001..5100);
         assert_eq!(a.stats().mfu_size, 3600, "{:?}", a.stats());
         a.validate().unwrap();
     }
@@ -771,21 +800,9 @@ mod tests {
     #[test]
     fn filled_records_are_fed_under_mfuonly_only_once_re_used() {
         let mut a = switched_to_fill(false);
-        for k in 5000..5020 {
-            a.insert(k, 1, Access::demand(k), &mut Vec::new());
-        }
-        let scan = |a: &AdaptiveArc, reused: bool, depth: u64| {
-            let mut keys = Vec::new();
-            let mut f = |k, _, _| {
-                keys.push(k);
-                true
-            };
-            if reused {
-                a.scan_tail_reused(ListKind::Mfu, depth, &mut f);
-            } else {
-                a.scan_tail(ListKind::Mfu, depth, &mut f);
-            }
-            keys
+        insert_demand(&mut a, 5000..5020);
+        let scan = |a: &AdaptiveArc, reused_only, depth| -> Vec<Key> {
+            mfu_tail(a, reused_only, depth).into_iter().map(|(k, _)| k).collect()
         };
         let all = scan(&a, false, u64::MAX);
         assert_eq!(all.len(), 3600, "the fill moved records into MFU: {:?}", a.stats());
@@ -815,14 +832,8 @@ mod tests {
     #[test]
     fn a_prefetched_record_does_not_fill_mfu() {
         let mut a = switched_to_fill(true);
-        for k in 5000..5020 {
-            a.insert(k, 1, Access::demand(k), &mut Vec::new());
-        }
-        let mut filled = Vec::new();
-        a.scan_tail(ListKind::Mfu, u64::MAX, &mut |k, _, prefetch| {
-            filled.push((k, prefetch));
-            true
-        });
+        insert_demand(&mut a, 5000..5020);
+        let filled = mfu_tail(&a, false, u64::MAX);
         assert!(!filled.is_empty() && filled.iter().all(|&(k, p)| k % 2 == 0 && !p), "{filled:?}");
         assert!(a.stats().mru_ghost_size > 0);
         a.validate().unwrap();

@@ -46,8 +46,9 @@ pub(crate) struct Variant {
     /// Whether a record leaving MRU unused (and not brought by a prefetch)
     /// moves to MFU (frequency 0) while MFU has room below its share,
     /// instead of becoming a ghost, and an MFU record's frequency is spent
-    /// in one pass rather than one step a pass. Without it, a loop longer than the cache hits
-    /// nothing (nothing it reads comes back before its ghost is gone);
+    /// in one pass rather than one step a pass. Without it, a loop longer
+    /// than the cache hits nothing (nothing it reads comes back before its
+    /// ghost is gone);
     /// with it, MFU holds a part of the loop still, as S3-FIFO's main
     /// queue does, and hot keys that drift out of use leave MFU after one
     /// pass instead of three (synthetic.py's `drift`).
@@ -76,8 +77,8 @@ pub(crate) const DEFAULT: usize = 1;
 /// this many...
 const EARLY_LEAD: i64 = 64;
 /// ...and this many standard deviations of the lead a fair coin would give
-/// (`sqrt` of the disagreements; compared squared, in integers). Measured on bench/policy.sh's suites
-/// with these ten variants: 4 and 5 alike (8 and 7 of the random family's
+/// (`sqrt` of the disagreements; compared squared, in integers). Measured
+/// on bench/policy.sh's suites with these ten variants: 4 and 5 alike (8 and 7 of the random family's
 /// 120 points more than 1 pp below the better of LRU and textbook ARC,
 /// against 16 with no early switch), the reference suite's mean 0.1 pp
 /// lower at 4; with the five fractions alone, 4 chased bursts on
