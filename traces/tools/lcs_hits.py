@@ -19,8 +19,8 @@ OG = np.dtype([("t", "<u4"), ("id", "<u8"), ("sz", "<u4"), ("nx", "<i8")])
 
 
 def main():
-    # A wrong call (or --help) gets the usage, not a directory named after it.
-    if not 4 <= len(sys.argv) <= 4 or sys.argv[1].startswith("-"):
+    # A wrong call (or --help) gets the usage, not a file named after it.
+    if len(sys.argv) != 4 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
     path, sizes, algos = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
     keys = []

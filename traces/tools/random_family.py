@@ -115,8 +115,8 @@ def generate(seed):
 
 
 def main():
-    # A wrong call (or --help) gets the usage, not a directory named after it.
-    if not 4 <= len(sys.argv) <= 4 or sys.argv[1].startswith("-"):
+    # A wrong call (or --help) gets the usage, not a file named after it.
+    if len(sys.argv) != 4 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
     out, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     os.makedirs(out, exist_ok=True)

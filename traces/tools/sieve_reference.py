@@ -37,8 +37,8 @@ def block_keys(csv_path, unit, reads_only):
 
 
 def main():
-    # A wrong call (or --help) gets the usage, not a directory named after it.
-    if not 3 <= len(sys.argv) <= 3 or sys.argv[1].startswith("-"):
+    # A wrong call (or --help) gets the usage, not a file named after it.
+    if len(sys.argv) != 3 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
     trace_dir, out_path = sys.argv[1], sys.argv[2]
     refs = json.load(open(os.path.join(trace_dir, "reference_hit_ratios.json")))

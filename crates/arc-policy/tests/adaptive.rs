@@ -341,8 +341,9 @@ fn zipf_ranks(n: usize, seed: u64) -> impl FnMut() -> u64 {
 /// A skewed hot set of 5,000 keys that jumps by half of itself every 7,500
 /// reads (random_family.py's s1031, a quarter the size): recency wins
 /// here, and the sixteen-turnover windows alone (about 64,000 reads at
-/// this cache's sampling rate) never reach a decision before the trace ends (measured: 7.5 pp below LRU without the early
-/// switch, 2.8 pp with it). The early switch must keep it within 4 pp; the
+/// this cache's sampling rate) never reach a decision before the trace
+/// ends (measured: 7.5 pp below LRU without the early switch, 2.8 pp with
+/// it). The early switch must keep it within 4 pp; the
 /// rest is the price of switching late at all (issue 20's open point).
 #[test]
 fn a_hot_set_that_jumps_is_followed_early() {

@@ -220,9 +220,9 @@ fn a_retired_persistent_device_is_marked_in_the_state_dir() {
 #[test]
 fn a_state_dir_where_marks_cannot_be_written_is_reported_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    // Marks go to a volume that is not mounted: the directory reads as
-    // empty, nothing can be made in it (root ignores permissions, so a
-    // read-only mode would not stop the probe).
+    // The marks' directory is a link to a volume that is not mounted: it
+    // reads as empty and nothing can be made in it (root ignores
+    // permissions, so a read-only mode would not stop the probe).
     let state = dir.path().join("state-elsewhere");
     std::fs::create_dir(&state).unwrap();
     std::os::unix::fs::symlink(dir.path().join("unmounted/marks"), state.join("l2-abandoned")).unwrap();
