@@ -236,6 +236,23 @@ fn a_state_dir_where_marks_cannot_be_written_is_reported_at_start() {
 }
 
 #[test]
+fn a_device_too_small_to_keep_a_log_is_reported_at_start() {
+    // The harness's device is 32M, below the default minimum of 1G.
+    let (mut s, _, _) = start(tempfile::tempdir().unwrap(), 27, &[]);
+    assert_eq!(s.stat()["l2_devices"][0]["persistent"], false, "{}", s.stat());
+    let (status, err) = s.terminate();
+    assert!(status.success(), "{err}");
+    assert!(err.contains("no persistent log"), "no warning at start: {err}");
+    // With the minimum lowered it keeps a log, and nothing is said.
+    let (mut s, _, _) =
+        start(tempfile::tempdir().unwrap(), 27, &["--set", "l2arc_rebuild_blocks_min_l2size=0"]);
+    assert_eq!(s.stat()["l2_devices"][0]["persistent"], true, "{}", s.stat());
+    let (status, err) = s.terminate();
+    assert!(status.success(), "{err}");
+    assert!(!err.contains("no persistent log"), "warned of a device that keeps a log: {err}");
+}
+
+#[test]
 fn fio_verified_writes_with_l2_and_a_tiny_arc() {
     need("fio");
     let (s, _, _) =
