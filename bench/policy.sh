@@ -15,11 +15,13 @@
 # Python package is installed (`pip install libcachesim==0.3.5 numpy`).
 # Last, a family of 40 random traces (traces/tools/random_family.py, fixed
 # seeds): mixtures nobody picked, summarised by policy and by whether the
-# trace's hot set moves.
+# trace's hot set moves; then the same mixtures five times as long at the
+# same cache sizes, which tells the time the serving policy takes to choose
+# from how well it does once it has.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
-# repository's traces/, which has 6 of the 10 traces; about 3 minutes on
-# the full set, 2 cores)
+# repository's traces/, which has 6 of the 10 traces; about 15 minutes on
+# the full set, 2 cores, most of it making and replaying the long family)
 # Writes bench/results/policy.md (commit and date on its first line, the
 # trace set it ran on on the second).
 set -euo pipefail
@@ -173,16 +175,20 @@ done
 # traces nobody picked. The seeds are fixed so that runs compare; their
 # traces were first run after the policy's constants were chosen.
 family_seeds=40
-echo "bench: random family, $family_seeds traces" >&2
-python3 "$here/traces/tools/random_family.py" "$work/family" 1000 "$family_seeds" > "$work/family.txt"
-: > "$work/family.jsonl"
-while read -r name sizes; do
-  sim_lines "$name" "$work/family/$name.csv.gz" "$sizes" "$work/family.jsonl"
-done < "$work/family/sizes.txt"
-python3 - "$work/family.jsonl" "$work/family.txt" "$family_seeds" >> "$result" <<'EOF'
+# family NAME LENGTH SIZES TITLE: the family at LENGTH reads a trace, every
+# policy at the cache sizes SIZES lists (a sizes.txt), summarised under TITLE.
+family() {
+  echo "bench: random family ($1), $family_seeds traces" >&2
+  python3 "$here/traces/tools/random_family.py" "$work/$1" 1000 "$family_seeds" "$2" > "$work/$1.txt"
+  : > "$work/$1.jsonl"
+  while read -r name sizes; do
+    sim_lines "$name" "$work/$1/$name.csv.gz" "$sizes" "$work/$1.jsonl"
+  done < "$3"
+  python3 - "$work/$1.jsonl" "$work/$1.txt" "$family_seeds" "$2" "$4" >> "$result" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 desc = dict(l.strip().split(": ", 1) for l in open(sys.argv[2]) if ": " in l)
+length, title = int(sys.argv[4]), sys.argv[5]
 names, pts = [], {}
 for r in rows:
     if r["policy"] not in names:
@@ -191,12 +197,12 @@ for r in rows:
 mean = lambda p, keys: sum(pts[k][p] for k in keys) / max(1, len(keys))
 moving = [k for k in pts if "drift" in desc[k[0]] or "jump" in desc[k[0]]]
 still = [k for k in pts if k not in moving]
-out = ["", "## A random family of traces (picked by nobody)", "",
+out = ["", "## " + title, "",
        f"traces/tools/random_family.py, seeds 1000 to {999 + int(sys.argv[3])}: each a mixture drawn at random "
        "(Zipf hot sets that stay put, drift a block at a time or jump by half their size; loops; sequential scans; "
-       "uniform reads; mixing weights that may change in phases), 200,000 reads of 4 KiB, 1 ms apart, cache sizes "
-       "at 2, 10 and 30 % of each trace's unique blocks. lru, arc-paper and s3fifo give libCacheSim's hit counts "
-       "exactly (crates/sim/tests/libcachesim_reference.rs).", "",
+       f"uniform reads; mixing weights that may change in phases), {length:,} reads of 4 KiB, 1 ms apart, cache "
+       "sizes at 2, 10 and 30 % of the 200,000-read traces' unique blocks. lru, arc-paper and s3fifo give "
+       "libCacheSim's hit counts exactly (crates/sim/tests/libcachesim_reference.rs).", "",
        f"| policy | mean, all {len(pts)} points | mean, the {len(moving)} points of traces with a moving hot set "
        f"| mean, the other {len(still)} |", "|---|---:|---:|---:|"]
 for p in sorted(names, key=lambda p: -mean(p, list(pts))):
@@ -211,4 +217,14 @@ out += ["", f"`{s}` against max(lru, arc-paper): {len(below)} of {len(gap)} poin
 out += [f"| {t} | {c} | {g:+.2f} | {desc[t]} |" for g, t, c in gap[:8]]
 print("\n".join(out))
 EOF
+}
+family family 200000 "$work/family/sizes.txt" "A random family of traces (picked by nobody)"
+# The same mixtures five times as long, at the same cache sizes: the hot
+# sets keep drifting and jumping at the same pace, but a policy's first
+# choice (made before its miniature copies have turned over) weighs a
+# fifth as much. This tells the time the serving policy takes to choose
+# from how well it follows the moves once it has.
+cp "$work/family/sizes.txt" "$work/family-sizes.txt"
+family family-long 1000000 "$work/family-sizes.txt" \
+  "The same family, five times as long (how much of the gap is the time to choose)"
 cat "$result"

@@ -9,10 +9,12 @@ then judged on seeds drawn after it was fixed.
 Deterministic (the seed decides everything), standard library only.
 Written in the CSV form of traces/ (one 4 KiB read per line, 1 ms apart).
 
-Usage: random_family.py OUT_DIR FIRST_SEED COUNT
+Usage: random_family.py OUT_DIR FIRST_SEED COUNT [LENGTH]
   (writes s<SEED>.csv.gz and sizes.txt: NAME SIZES, with the cache sizes
    at 2, 10 and 30 % of each trace's unique blocks; prints what each
-   seed drew)
+   seed drew. LENGTH: reads per trace, 200,000 unless given; a seed draws
+   the same mixture at any length, its phases stretched to fit, its hot
+   sets drifting and jumping at the same pace)
 """
 import gzip
 import os
@@ -22,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from synthetic import zipf_sampler  # noqa: E402
 
-N = 200_000
+LENGTH = 200_000
 
 
 class Zipf:
@@ -97,13 +99,13 @@ def draw(rng):
     return comps, weights
 
 
-def generate(seed):
+def generate(seed, n=LENGTH):
     rng = random.Random(seed)
     comps, weights = draw(rng)
     desc = " + ".join(str(c) for c in comps) + (f", {len(weights)} phases" if len(weights) > 1 else "")
     blocks = []
-    phase_len = N // len(weights)
-    for i in range(N):
+    phase_len = n // len(weights)
+    for i in range(n):
         w = weights[min(i // phase_len, len(weights) - 1)]
         r = rng.random() * sum(w)
         k = 0
@@ -116,13 +118,14 @@ def generate(seed):
 
 def main():
     # A wrong call (or --help) gets the usage, not a file named after it.
-    if len(sys.argv) != 4 or sys.argv[1].startswith("-"):
+    if len(sys.argv) not in (4, 5) or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
     out, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    n = int(sys.argv[4]) if len(sys.argv) == 5 else LENGTH
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sizes.txt"), "w") as sizes:
         for seed in range(first, first + count):
-            blocks, desc = generate(seed)
+            blocks, desc = generate(seed, n)
             name = f"s{seed}"
             with gzip.open(os.path.join(out, name + ".csv.gz"), "wt", compresslevel=1) as f:
                 f.write("timestamp_us,op,offset_bytes,length_bytes\n")
