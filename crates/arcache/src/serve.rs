@@ -578,12 +578,19 @@ fn open_log_dev(spec: &L2Spec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
     Ok(Arc::new(dev))
 }
 
-/// The exports as the intent log names them: the same identities the L2
-/// binds its records to.
-fn log_exports(descs: &[ExportDesc]) -> Vec<LogExport> {
+/// The exports as the intent log names them: by their stores' identity,
+/// which (unlike what the L2 binds its records to) does not change with
+/// what the store holds: a log is replayed on the disk its txgs changed.
+fn log_exports(descs: &[ExportDesc], devices: &[Arc<dyn BlockDev>]) -> Vec<LogExport> {
     descs
         .iter()
-        .map(|d| LogExport { id: d.id, name: d.name.clone(), identity: d.identity, size: d.size })
+        .zip(devices)
+        .map(|(d, dev)| LogExport {
+            id: d.id,
+            name: d.name.clone(),
+            identity: xxhash_rust::xxh3::xxh3_64(dev.identity().as_bytes()),
+            size: d.size,
+        })
         .collect()
 }
 
@@ -852,7 +859,7 @@ pub fn start_on(
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
     }
-    let log_descs = log_exports(&descs);
+    let log_descs = log_exports(&descs, &devices);
     startup::stage("opening the intent log");
     let writeback = start_writeback(settings, log_descs.clone(), &cache)?;
     let mut volumes = Vec::new();
@@ -961,8 +968,8 @@ pub fn start_on(
     Ok(Running { server, cache, writeback, recorder, volumes, uris, control, sockets, feed, rebuild, state })
 }
 
-/// The identity of each export's backing store, which its L2 records are
-/// bound to.
+/// What each export's L2 records are bound to: its backing store's
+/// identity and, where the store can tell, what it held at open.
 fn export_descs(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Result<Vec<ExportDesc>> {
     settings
         .exports
@@ -975,7 +982,7 @@ fn export_descs(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Resu
                 name: spec.name.clone(),
                 recordsize: u32::try_from(spec.recordsize).context("recordsize")?,
                 size: dev.size(),
-                identity: xxhash_rust::xxh3::xxh3_64(dev.identity().as_bytes()),
+                identity: xxhash_rust::xxh3::xxh3_64(dev.contents_identity().as_bytes()),
             })
         })
         .collect()

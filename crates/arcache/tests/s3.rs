@@ -380,3 +380,101 @@ fn an_exports_own_keys_and_endpoint_come_from_the_config_file() {
     assert!(got == data, "the export read with its own keys differs from the object");
     s.stop();
 }
+
+/// A disk another server changed while this one was stopped: what this
+/// one's persistent L2 holds of the old contents is never served after
+/// its restart (the lease lets the disk move between servers, so the
+/// bucket, not this server's log, says what the disk holds).
+#[test]
+fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let uri = "s3://vms/moved/?size=16M";
+    let keep = tempfile::tempdir().unwrap();
+    let l2 = format!("{}:64M", keep.path().join("l2.img").display());
+    let state = keep.path().join("state").display().to_string();
+    let with_l2 = [
+        "--l2",
+        &l2,
+        "--state-dir",
+        &state,
+        "--set",
+        "l2arc_rebuild_blocks_min_l2size=0",
+        "--set",
+        "l2arc_feed_min_ms=10",
+        "--set",
+        "zfs_txg_timeout=1",
+    ];
+    let old: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
+    let a = serve_s3(&moto, tempfile::tempdir().unwrap(), uri, &with_l2);
+    write_flush(&a, 0, &old);
+    assert!(read_at(&a, 0, old.len()) == old);
+    wait_l2_holds(&a, old.len() as u64);
+    a.stop();
+    // Another server (no L2) takes the lease and rewrites those bytes.
+    let b = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/", &[]);
+    write_flush(&b, 0, &new);
+    b.stop();
+    let a = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/", &with_l2);
+    let got = read_at(&a, 0, new.len());
+    let st = a.stat();
+    assert!(got == new, "old bytes came back after the disk moved and back: {st}");
+    assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
+    wait_l2_holds(&a, new.len() as u64);
+    a.stop();
+    // Nobody changed the disk since: the L2 is kept.
+    let a = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/", &with_l2);
+    wait_stat(&a, "the rebuild's end", |st| st["l2_rebuild_running"].as_u64() == Some(0));
+    assert!(read_at(&a, 0, new.len()) == new);
+    let st = a.stat();
+    assert_eq!(st["l2_rebuild_discarded_exports"], 0, "{st}");
+    assert!(st["l2_hits"].as_u64().unwrap() > 0, "an unchanged disk's L2 was not used: {st}");
+    a.stop();
+}
+
+fn wait_l2_holds(s: &Serve, bytes: u64) {
+    wait_stat(s, "the L2 feed", |st| st["l2_size"].as_u64().unwrap_or(0) >= bytes);
+}
+
+/// Waits up to 30 s for the server's counters to show `what`.
+fn wait_stat(s: &Serve, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = s.stat();
+        if done(&st) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited in vain for {what}: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A writer whose transaction groups changed the disk since it opened it,
+/// killed with FLUSHed writes only in its intent log: the log is replayed
+/// at the next start (the disk is the same disk to the log, whatever its
+/// chunks hold now), and nothing flushed is lost.
+#[test]
+fn a_log_is_replayed_on_a_disk_its_writer_changed_since_opening_it() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let uri = "s3://vms/d3/?size=16M";
+    let dir = tempfile::tempdir().unwrap();
+    let log_arg = format!("{}:64M", dir.path().join("log.img").display());
+    let s = serve_s3(&moto, dir, uri, &["--log", &log_arg, "--set", "zfs_txg_timeout=1"]);
+    let synced: Vec<u8> = (0..(256u32 << 10)).map(|i| (i % 241) as u8).collect();
+    write_flush(&s, 1 << 20, &synced);
+    wait_stat(&s, "a txg sync", |st| st["txg_syncs"].as_u64().unwrap_or(0) > 0);
+    // Only in the log: a txg every hour from now on.
+    let o = s.ctl(&["set", "zfs_txg_timeout=3600"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let logged: Vec<u8> = synced.iter().map(|b| b ^ 0xa5).collect();
+    write_flush(&s, 9 << 20, &logged);
+    let dir = s.kill9();
+    let out = break_lease(&moto, "s3://vms/d3/", true);
+    assert!(out.status.success(), "{out:?}");
+    let s = serve_s3(&moto, dir, "s3://vms/d3/", &["--log", &log_arg]);
+    assert!(read_at(&s, 1 << 20, synced.len()) == synced, "a synced write");
+    assert!(read_at(&s, 9 << 20, logged.len()) == logged, "a FLUSHed write only in the log was lost");
+    s.stop();
+}

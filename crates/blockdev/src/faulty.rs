@@ -93,6 +93,9 @@ impl<D: BlockDev> BlockDev for FaultyDev<D> {
     fn identity(&self) -> String {
         self.inner.identity()
     }
+    fn contents_identity(&self) -> String {
+        self.inner.contents_identity()
+    }
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
     }

@@ -84,9 +84,17 @@ pub trait BlockDev: Send + Sync {
     fn describe(&self) -> String;
 
     /// What this store is, stable across restarts and different for a
-    /// different store (a persistent cache binds its contents to it).
+    /// different store (the intent log binds its writes to it).
     fn identity(&self) -> String {
         self.describe()
+    }
+
+    /// What a persistent cache binds its copies of this store's bytes to:
+    /// the identity, and for a store other servers may change while this
+    /// one is stopped (and that can tell), a version of its contents when
+    /// it was opened. Stable while the store is open.
+    fn contents_identity(&self) -> String {
+        self.identity()
     }
 
     fn is_read_only(&self) -> bool {
@@ -224,6 +232,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn identity(&self) -> String {
         (**self).identity()
+    }
+    fn contents_identity(&self) -> String {
+        (**self).contents_identity()
     }
     fn is_read_only(&self) -> bool {
         (**self).is_read_only()

@@ -71,6 +71,8 @@ pub struct S3ChunkDev {
     unsure: Mutex<HashMap<u64, Vec<String>>>,
     /// How long one request is retried (`retry_timeout=SECS`).
     budget: Duration,
+    /// The chunks and their ETags at open, hashed: part of the identity.
+    contents_at_open: u64,
 }
 
 /// Every lease this process holds, for [`release_leases`].
@@ -102,6 +104,18 @@ pub(crate) fn key(location: &S3Location, name: &str) -> Path {
 
 fn chunk_key(location: &S3Location, index: u64) -> Path {
     key(location, &format!("c/{index:016x}"))
+}
+
+/// The chunks stored and their ETags, in one hash: two disks (or one disk
+/// at two times) with the same hash hold the same bytes.
+fn contents_hash(map: &HashMap<u64, String>) -> u64 {
+    let mut chunks: Vec<(&u64, &String)> = map.iter().collect();
+    chunks.sort_unstable();
+    let mut text = String::with_capacity(chunks.len() * 52);
+    for (index, etag) in chunks {
+        text.push_str(&format!("{index:x}:{etag}\n"));
+    }
+    xxhash_rust::xxh3::xxh3_64(text.as_bytes())
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -239,6 +253,7 @@ impl S3ChunkDev {
             map.insert(index, etag);
         }
         info!("{location}: {} bytes, {} chunks stored", manifest.size, map.len());
+        let contents_at_open = contents_hash(&map);
         Ok(S3ChunkDev {
             store,
             location: location.clone(),
@@ -252,6 +267,7 @@ impl S3ChunkDev {
             write_seq: AtomicU64::new(0),
             unsure: Mutex::new(HashMap::new()),
             budget: retry_budget(location),
+            contents_at_open,
         })
     }
 
@@ -569,9 +585,22 @@ impl BlockDev for S3ChunkDev {
         self.location.to_string()
     }
 
+    /// The disk: the same disk to the intent log whatever its chunks hold
+    /// (a writer's log is replayed on the disk its own txgs changed).
     fn identity(&self) -> String {
         let u: String = self.manifest.disk_uuid.iter().map(|b| format!("{b:02x}")).collect();
         format!("{}#{u}", self.location)
+    }
+
+    /// The disk and its contents when this server opened it: the lease
+    /// lets a disk move between servers, so another server may have
+    /// changed it while this one was stopped, and a persistent L2 filled
+    /// before must then not be restored. A disk this server changed itself
+    /// is also another disk to its L2 at the next start (the export's
+    /// records there are discarded): this is the seed of those records'
+    /// checksums, so it cannot follow the disk as it changes.
+    fn contents_identity(&self) -> String {
+        format!("{}#{:016x}", self.identity(), self.contents_at_open)
     }
 
     fn is_read_only(&self) -> bool {
