@@ -291,3 +291,43 @@ fn a_writer_that_hands_its_lock_over_is_not_robbed_of_it() {
     let out = bench.wait_with_output().unwrap();
     assert!(out.status.success(), "the writer lost its lock: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// An image another server wrote while this one was stopped (the
+/// exclusive lock lets an image move between servers): what this one's
+/// persistent L2 holds of the old bytes is never served after its restart;
+/// an image nobody changed keeps its L2.
+#[test]
+fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("moved", "16M");
+    let keep = tempfile::tempdir().unwrap();
+    let l2_args = persistent_l2_args(keep.path());
+    let with_l2: Vec<&str> = l2_args.iter().map(String::as_str).collect();
+    let spec = ceph.spec("moved");
+    let old = pattern(1 << 20, 5);
+    let new = pattern(1 << 20, 6);
+    let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &with_l2);
+    write_flush(&a, 0, &old);
+    assert!(read_at(&a, 0, old.len()) == old);
+    wait_l2_holds(&a, old.len() as u64);
+    a.stop();
+    let b = ceph.serve(tempfile::tempdir().unwrap(), &spec, &[]);
+    write_flush(&b, 0, &new);
+    b.stop();
+    let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &with_l2);
+    wait_stat(&a, "the rebuild's end", |st| st["l2_rebuild_running"].as_u64() == Some(0));
+    let got = read_at(&a, 0, new.len());
+    let st = a.stat();
+    assert!(got == new, "old bytes came back after the image moved and back: {st}");
+    assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
+    wait_l2_holds(&a, new.len() as u64);
+    a.stop();
+    // Nobody wrote the image since: the L2 is kept.
+    let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &with_l2);
+    wait_stat(&a, "the rebuild's end", |st| st["l2_rebuild_running"].as_u64() == Some(0));
+    assert!(read_at(&a, 0, new.len()) == new);
+    let st = a.stat();
+    assert_eq!(st["l2_rebuild_discarded_exports"], 0, "{st}");
+    assert!(st["l2_hits"].as_u64().unwrap() > 0, "an unchanged image's L2 was not used: {st}");
+    a.stop();
+}

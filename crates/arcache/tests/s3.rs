@@ -391,20 +391,9 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     moto.ctl(&["mkbucket", "vms"]);
     let uri = "s3://vms/moved/?size=16M";
     let keep = tempfile::tempdir().unwrap();
-    let l2 = format!("{}:64M", keep.path().join("l2.img").display());
-    let state = keep.path().join("state").display().to_string();
-    let with_l2 = [
-        "--l2",
-        &l2,
-        "--state-dir",
-        &state,
-        "--set",
-        "l2arc_rebuild_blocks_min_l2size=0",
-        "--set",
-        "l2arc_feed_min_ms=10",
-        "--set",
-        "zfs_txg_timeout=1",
-    ];
+    let mut l2_args = persistent_l2_args(keep.path());
+    l2_args.extend(["--set".to_string(), "zfs_txg_timeout=1".to_string()]);
+    let with_l2: Vec<&str> = l2_args.iter().map(String::as_str).collect();
     let old: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
     let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
     let a = serve_s3(&moto, tempfile::tempdir().unwrap(), uri, &with_l2);
@@ -431,23 +420,6 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     assert_eq!(st["l2_rebuild_discarded_exports"], 0, "{st}");
     assert!(st["l2_hits"].as_u64().unwrap() > 0, "an unchanged disk's L2 was not used: {st}");
     a.stop();
-}
-
-fn wait_l2_holds(s: &Serve, bytes: u64) {
-    wait_stat(s, "the L2 feed", |st| st["l2_size"].as_u64().unwrap_or(0) >= bytes);
-}
-
-/// Waits up to 30 s for the server's counters to show `what`.
-fn wait_stat(s: &Serve, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let st = s.stat();
-        if done(&st) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "waited in vain for {what}: {st}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A writer whose transaction groups changed the disk since it opened it,

@@ -123,7 +123,20 @@ pub struct RbdDev {
     object_size: u64,
     read_only: bool,
     identity: String,
+    /// The image's contents epoch at open (see [`CONTENTS_EPOCH`]); empty
+    /// for a snapshot, which never changes.
+    epoch_at_open: String,
+    /// Whether this open has set a new epoch yet: before its first change.
+    epoch_bumped: Mutex<bool>,
 }
+
+/// The image metadata key every arcache writer sets to a new random value
+/// before its first change after opening a live image: another server's
+/// persistent L2, bound to the value it found at its own open, then knows
+/// at its next start that the image changed meanwhile (the exclusive lock
+/// lets an image move between servers). Writes by other clients (a VM,
+/// `rbd import`) do not set it and are not detected.
+const CONTENTS_EPOCH: &str = "arcache.contents-epoch";
 
 // SAFETY: librbd and librados handles may be used from any thread, and
 // librbd serializes what it must inside (concurrent IO on one image from
@@ -251,6 +264,11 @@ impl RbdDev {
             return Err(OpenError::Refused { spec: name, why: "the image is empty (size 0)".to_string() });
         }
         let identity = identity(&cluster, &image, spec).map_err(|(what, r)| ceph(what, r))?;
+        let epoch_at_open = if spec.is_snapshot() {
+            String::new()
+        } else {
+            contents_epoch(&image).map_err(|r| ceph("reading the image's contents epoch".to_string(), r))?
+        };
         if read_only && !spec.is_snapshot() {
             warn!("{name}: served read-only while other clients may change it; this cache would not see their writes (serve a snapshot, {name}@SNAP, to be sure)");
         }
@@ -271,7 +289,35 @@ impl RbdDev {
             object_size: st.obj_size,
             read_only,
             identity,
+            epoch_at_open,
+            epoch_bumped: Mutex::new(false),
         })
+    }
+
+    /// Sets a new contents epoch once, before this open's first change
+    /// reaches the image; a change that cannot set it fails (EIO) rather
+    /// than leave other servers' L2 copies looking current.
+    fn before_change(&self, offset: u64, len: u64) -> DevResult<()> {
+        let mut bumped = self.epoch_bumped.lock();
+        if *bumped {
+            return Ok(());
+        }
+        let value = format!("{:032x}", rand::random::<u128>());
+        let (key, value) = (CString::new(CONTENTS_EPOCH), CString::new(value));
+        let (Ok(key), Ok(value)) = (key, value) else {
+            return Err(self.io_error("set the contents epoch", offset, len, -(libc::EINVAL as i64)));
+        };
+        self.with_image("set the contents epoch", offset, len, |image| {
+            // SAFETY: an open, writable image (the read guard keeps it
+            // open); NUL-terminated key and value.
+            let r = unsafe { ffi::rbd_metadata_set(image, key.as_ptr(), value.as_ptr()) };
+            if r < 0 {
+                return Err(self.io_error("set the contents epoch", offset, len, i64::from(r)));
+            }
+            Ok(())
+        })?;
+        *bumped = true;
+        Ok(())
     }
 
     /// The image's object size (librbd stripes it over objects this large).
@@ -411,6 +457,23 @@ fn lock_owners(image: &Image) -> Vec<String> {
     owners
 }
 
+/// The value of [`CONTENTS_EPOCH`], empty where no arcache writer set one.
+fn contents_epoch(image: &Image) -> Result<String, c_int> {
+    let key = CString::new(CONTENTS_EPOCH).map_err(|_| -libc::EINVAL)?;
+    let mut buf = [0 as c_char; 128];
+    let mut len: libc::size_t = buf.len();
+    // SAFETY: an open image; a NUL-terminated key; `buf` is writable for
+    // `len` bytes, which librbd updates.
+    let r = unsafe { ffi::rbd_metadata_get(image.handle, key.as_ptr(), buf.as_mut_ptr(), &mut len) };
+    match r {
+        r if r == -libc::ENOENT => Ok(String::new()),
+        r if r < 0 => Err(r),
+        // SAFETY: the buffer was zeroed and librbd writes a NUL-terminated
+        // value shorter than it (ERANGE otherwise).
+        _ => Ok(unsafe { cstr(&buf) }),
+    }
+}
+
 /// `rbd:<cluster fsid>/<pool>/<image id>[@<snap id>]`: a recreated image of
 /// the same name, or a snapshot of it, is another store.
 fn identity(cluster: &Cluster, image: &Image, spec: &RbdSpec) -> Result<String, (String, c_int)> {
@@ -477,6 +540,7 @@ impl BlockDev for RbdDev {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
         self.writable(offset, buf.len() as u64)?;
+        self.before_change(offset, buf.len() as u64)?;
         self.with_image("write", offset, buf.len() as u64, |image| {
             for (i, piece) in buf.chunks(MAX_REQUEST as usize).enumerate() {
                 let at = offset + (i as u64) * MAX_REQUEST;
@@ -510,6 +574,7 @@ impl BlockDev for RbdDev {
     /// partial ones as they were (the range's contents become unspecified).
     fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
         self.writable(offset, len)?;
+        self.before_change(offset, len)?;
         self.in_pieces("trim", offset, len, |image, at, n| {
             // SAFETY: an open, writable image (the read guard keeps it
             // open); the range lies within it.
@@ -529,6 +594,7 @@ impl BlockDev for RbdDev {
 
     fn zero_fast(&self, offset: u64, len: u64, keep_allocated: bool) -> DevResult<()> {
         self.writable(offset, len)?;
+        self.before_change(offset, len)?;
         // RBD_WRITE_ZEROES_FLAG_THICK_PROVISION: zeroes written, not holes.
         let flags: c_int = if keep_allocated { 1 } else { 0 };
         self.in_pieces("write_zeroes", offset, len, |image, at, n| {
@@ -544,6 +610,16 @@ impl BlockDev for RbdDev {
 
     fn identity(&self) -> String {
         self.identity.clone()
+    }
+
+    /// With the contents epoch found at open (see [`CONTENTS_EPOCH`]): the
+    /// intent log keeps `identity`, since this server's own changes set a
+    /// new epoch and its log must still be replayed on the image.
+    fn contents_identity(&self) -> String {
+        if self.epoch_at_open.is_empty() && self.spec.is_snapshot() {
+            return self.identity.clone();
+        }
+        format!("{}#epoch={}", self.identity, self.epoch_at_open)
     }
 
     fn is_read_only(&self) -> bool {

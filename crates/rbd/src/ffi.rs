@@ -86,4 +86,11 @@ extern "C" {
         max_lock_owners: *mut size_t,
     ) -> c_int;
     pub fn rbd_lock_get_owners_cleanup(lock_owners: *mut *mut c_char, lock_owner_count: size_t);
+    pub fn rbd_metadata_get(
+        image: RbdImageT,
+        key: *const c_char,
+        value: *mut c_char,
+        val_len: *mut size_t,
+    ) -> c_int;
+    pub fn rbd_metadata_set(image: RbdImageT, key: *const c_char, value: *const c_char) -> c_int;
 }

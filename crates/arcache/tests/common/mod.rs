@@ -406,3 +406,32 @@ pub fn failpoints_armed() -> bool {
     );
     false
 }
+
+/// Waits up to 30 s for the server's counters to show `what`.
+pub fn wait_stat(s: &Serve, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = s.stat();
+        if done(&st) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "waited in vain for {what}: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the L2 holds `bytes` of records (logical size).
+pub fn wait_l2_holds(s: &Serve, bytes: u64) {
+    wait_stat(s, "the L2 feed", |st| st["l2_size"].as_u64().unwrap_or(0) >= bytes);
+}
+
+/// Arguments for a persistent L2 of 64M (and the state directory beside
+/// it) in `dir`, which outlives the servers started with them, fed often.
+pub fn persistent_l2_args(dir: &Path) -> Vec<String> {
+    let l2 = format!("{}:64M", dir.join("l2.img").display());
+    let state = dir.join("state").display().to_string();
+    let sets = ["l2arc_rebuild_blocks_min_l2size=0", "l2arc_feed_min_ms=10"];
+    let mut args = vec!["--l2".to_string(), l2, "--state-dir".into(), state];
+    args.extend(sets.iter().flat_map(|s| ["--set".to_string(), s.to_string()]));
+    args
+}
