@@ -90,12 +90,6 @@ impl<D: BlockDev> BlockDev for FaultyDev<D> {
     fn describe(&self) -> String {
         format!("faulty({})", self.inner.describe())
     }
-    fn identity(&self) -> String {
-        self.inner.identity()
-    }
-    fn contents_identity(&self) -> String {
-        self.inner.contents_identity()
-    }
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
     }

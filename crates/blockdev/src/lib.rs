@@ -179,8 +179,9 @@ pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: 
 }
 
 /// The store's hints a decorator passes through unchanged: how it is best
-/// addressed (`write_unit`, `read_unit`) and whether it changed underneath
-/// (`changed`). `write_parts` is left to the default on purpose, so each
+/// addressed (`write_unit`, `read_unit`), whether it changed underneath
+/// (`changed`) and what the log and the L2 bind to (`identity`,
+/// `contents_identity`). `write_parts` is left to the default on purpose, so each
 /// part still goes through the decorator's own `write_at` (its counting,
 /// delay or faults). Used inside a decorator's `impl BlockDev` whose inner
 /// store is the field `inner`.
@@ -195,6 +196,12 @@ macro_rules! forward_store_hints {
         }
         fn changed(&self) -> Option<String> {
             self.inner.changed()
+        }
+        fn identity(&self) -> String {
+            self.inner.identity()
+        }
+        fn contents_identity(&self) -> String {
+            self.inner.contents_identity()
         }
     };
 }

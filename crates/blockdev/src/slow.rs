@@ -85,12 +85,6 @@ impl<D: BlockDev> BlockDev for SlowDev<D> {
     fn describe(&self) -> String {
         format!("slow({})", self.inner.describe())
     }
-    fn identity(&self) -> String {
-        self.inner.identity()
-    }
-    fn contents_identity(&self) -> String {
-        self.inner.contents_identity()
-    }
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
     }

@@ -1,6 +1,7 @@
 //! Every decorator passes the store's hints through: a decorator that did
 //! not (as once the `Arc` forwarding did not for `write_unit`) would make
-//! the engine treat an object store as a disk, silently.
+//! the engine treat an object store as a disk, silently, or a persistent
+//! L2 restore records of a store that changed since (`contents_identity`).
 
 use std::time::Duration;
 
@@ -34,15 +35,24 @@ impl BlockDev for Hinted {
     fn changed(&self) -> Option<String> {
         Some("replaced".into())
     }
+    fn identity(&self) -> String {
+        "store".into()
+    }
+    fn contents_identity(&self) -> String {
+        "store#v2".into()
+    }
 }
 
-fn hints(d: &dyn BlockDev) -> (Option<u64>, Option<u64>, Option<String>) {
-    (d.write_unit(), d.read_unit(), d.changed())
+type Hints = (Option<u64>, Option<u64>, Option<String>, String, String);
+
+fn hints(d: &dyn BlockDev) -> Hints {
+    (d.write_unit(), d.read_unit(), d.changed(), d.identity(), d.contents_identity())
 }
 
 #[test]
 fn decorators_pass_the_stores_hints_through() {
-    let want = (Some(1 << 20), Some(8 << 20), Some("replaced".to_string()));
+    let want: Hints =
+        (Some(1 << 20), Some(8 << 20), Some("replaced".to_string()), "store".into(), "store#v2".into());
     let inner = || Hinted(MemDev::new(1 << 20));
     let slow = SlowDevConfig { latency: Duration::ZERO, parallelism: 1, bandwidth: u64::MAX };
     assert_eq!(hints(&CountingDev::new(inner())), want, "counting");

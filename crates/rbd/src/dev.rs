@@ -267,7 +267,13 @@ impl RbdDev {
         let epoch_at_open = if spec.is_snapshot() {
             String::new()
         } else {
-            contents_epoch(&image).map_err(|r| ceph("reading the image's contents epoch".to_string(), r))?
+            let epoch = contents_epoch(&image)
+                .map_err(|r| ceph("reading the image's contents epoch".to_string(), r))?;
+            if read_only {
+                unrestorable_if_written(epoch, writers_of(&io, &image_name), &name)
+            } else {
+                epoch
+            }
         };
         if read_only && !spec.is_snapshot() {
             warn!("{name}: served read-only while other clients may change it; this cache would not see their writes (serve a snapshot, {name}@SNAP, to be sure)");
@@ -433,16 +439,26 @@ fn held(spec: &RbdSpec, owners: &[String]) -> OpenError {
     }
 }
 
-/// The clients holding the image's lock, as librbd names them.
+/// The clients holding the image's lock, as librbd names them; none where
+/// librbd cannot tell.
 fn lock_owners(image: &Image) -> Vec<String> {
+    asked_lock_owners(image).unwrap_or_default()
+}
+
+/// The clients holding the image's lock, or librbd's error (EINVAL on a
+/// read-only handle); no owner at all reads as none.
+fn asked_lock_owners(image: &Image) -> Result<Vec<String>, c_int> {
     let mut slots: [*mut c_char; 8] = [ptr::null_mut(); 8];
     let mut count: libc::size_t = slots.len();
     let mut mode: c_int = 0;
     // SAFETY: an open image; `slots` has room for `count` pointers, which
     // librbd fills and lowers `count` to the number written.
     let r = unsafe { ffi::rbd_lock_get_owners(image.handle, &mut mode, slots.as_mut_ptr(), &mut count) };
+    if r == -libc::ENOENT {
+        return Ok(Vec::new());
+    }
     if r < 0 {
-        return Vec::new();
+        return Err(r);
     }
     let count = count.min(slots.len());
     let owners = slots[..count]
@@ -454,24 +470,62 @@ fn lock_owners(image: &Image) -> Vec<String> {
         .collect();
     // SAFETY: frees exactly the `count` strings the call above made.
     unsafe { ffi::rbd_lock_get_owners_cleanup(slots.as_mut_ptr(), count) };
-    owners
+    Ok(owners)
+}
+
+/// Who holds a live image's lock, asked through a writable handle of its
+/// own (which takes no lock and writes nothing), since librbd will not say
+/// through a read-only one; librbd's error where that cannot be opened
+/// (a client with read-only capabilities).
+fn writers_of(io: &Ioctx, image_name: &CStr) -> Result<Vec<String>, c_int> {
+    let mut img: ffi::RbdImageT = ptr::null_mut();
+    // SAFETY: a live ioctx; a NUL-terminated name; NULL for the image head;
+    // `img` is written only on success.
+    let r = unsafe { ffi::rbd_open(io.0, image_name.as_ptr(), &mut img, ptr::null()) };
+    if r < 0 {
+        return Err(r);
+    }
+    // Closed when dropped; it holds no lock.
+    let probe = Image { handle: img, locked: false };
+    asked_lock_owners(&probe)
 }
 
 /// The value of [`CONTENTS_EPOCH`], empty where no arcache writer set one.
 fn contents_epoch(image: &Image) -> Result<String, c_int> {
     let key = CString::new(CONTENTS_EPOCH).map_err(|_| -libc::EINVAL)?;
-    let mut buf = [0 as c_char; 128];
-    let mut len: libc::size_t = buf.len();
-    // SAFETY: an open image; a NUL-terminated key; `buf` is writable for
-    // `len` bytes, which librbd updates.
-    let r = unsafe { ffi::rbd_metadata_get(image.handle, key.as_ptr(), buf.as_mut_ptr(), &mut len) };
-    match r {
-        r if r == -libc::ENOENT => Ok(String::new()),
-        r if r < 0 => Err(r),
-        // SAFETY: the buffer was zeroed and librbd writes a NUL-terminated
-        // value shorter than it (ERANGE otherwise).
-        _ => Ok(unsafe { cstr(&buf) }),
+    let mut len: libc::size_t = 64;
+    // Twice at most: a value set by hand may be longer than ours, and
+    // ERANGE then says how long.
+    for _ in 0..2 {
+        let mut buf = vec![0 as c_char; len + 1];
+        // SAFETY: an open image; a NUL-terminated key; `buf` is writable
+        // for `len` bytes (one more stays NUL), and librbd updates `len`.
+        let r = unsafe { ffi::rbd_metadata_get(image.handle, key.as_ptr(), buf.as_mut_ptr(), &mut len) };
+        match r {
+            r if r == -libc::ENOENT => return Ok(String::new()),
+            r if r == -libc::ERANGE => continue,
+            r if r < 0 => return Err(r),
+            // SAFETY: zeroed and longer than what librbd wrote, so it
+            // holds a NUL-terminated string.
+            _ => return Ok(unsafe { cstr(&buf) }),
+        }
     }
+    Err(-libc::ERANGE)
+}
+
+/// A read-only open's epoch, or one no later start can match when a writer
+/// holds the image's lock now (or that cannot be known): that writer set
+/// its epoch before this open read it, and what it writes while this server
+/// fills its L2 renews nothing, so those records could not be told stale
+/// later.
+fn unrestorable_if_written(epoch: String, writers: Result<Vec<String>, c_int>, name: &str) -> String {
+    let who = match writers {
+        Ok(w) if w.is_empty() => return epoch,
+        Ok(w) => format!("written by {} now", w.join(", ")),
+        Err(r) => format!("cannot tell whether a writer holds it ({})", io::Error::from_raw_os_error(-r)),
+    };
+    warn!("{name}: {who}; this server's L2 records of it will not be restored after a restart");
+    format!("{epoch}+unrestorable-{:032x}", rand::random::<u128>())
 }
 
 /// `rbd:<cluster fsid>/<pool>/<image id>[@<snap id>]`: a recreated image of
@@ -616,7 +670,7 @@ impl BlockDev for RbdDev {
     /// intent log keeps `identity`, since this server's own changes set a
     /// new epoch and its log must still be replayed on the image.
     fn contents_identity(&self) -> String {
-        if self.epoch_at_open.is_empty() && self.spec.is_snapshot() {
+        if self.spec.is_snapshot() {
             return self.identity.clone();
         }
         format!("{}#epoch={}", self.identity, self.epoch_at_open)

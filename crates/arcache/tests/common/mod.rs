@@ -435,3 +435,9 @@ pub fn persistent_l2_args(dir: &Path) -> Vec<String> {
     args.extend(sets.iter().flat_map(|s| ["--set".to_string(), s.to_string()]));
     args
 }
+
+/// The counters once the L2's rebuild at start has ended.
+pub fn restored(s: &Serve) -> serde_json::Value {
+    wait_stat(s, "the rebuild's end", |st| st["l2_rebuild_running"].as_u64() == Some(0));
+    s.stat()
+}
