@@ -366,3 +366,26 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     assert!(read_at(&a, 0, old.len()) == old, "a reader's L2 brought back what a writer beside it rewrote");
     a.stop();
 }
+
+/// An image without the exclusive-lock feature has no lock for a writer to
+/// hold (an arcache writer refuses it), so a read-only server's L2 of it is
+/// restored after a restart rather than given up as perhaps written.
+#[test]
+fn a_read_only_l2_of_an_image_without_a_lock_is_restored() {
+    let Some(ceph) = ceph() else { return };
+    ceph.rbd(&["create", "--size", "16M", "--image-feature", "layering", "rbd/nolock"]);
+    let keep = tempfile::tempdir().unwrap();
+    let mut args = persistent_l2_args(keep.path());
+    args.push("--read-only".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let spec = ceph.spec("nolock");
+    let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &args);
+    assert!(read_at(&a, 0, 1 << 20).iter().all(|&b| b == 0));
+    wait_l2_holds(&a, 1 << 20);
+    a.stop();
+    let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &args);
+    let st = restored(&a);
+    assert_eq!(st["l2_rebuild_discarded_exports"], 0, "{st}");
+    assert!(st["l2_rebuild_bufs"].as_u64().unwrap() > 0, "nothing restored: {st}");
+    a.stop();
+}

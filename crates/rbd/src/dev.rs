@@ -270,7 +270,7 @@ impl RbdDev {
             let epoch = contents_epoch(&image)
                 .map_err(|r| ceph("reading the image's contents epoch".to_string(), r))?;
             if read_only {
-                unrestorable_if_written(epoch, writers_of(&io, &image_name), &name)
+                unrestorable_if_written(epoch, writers_of(&io, &image, &image_name), &name)
             } else {
                 epoch
             }
@@ -301,8 +301,8 @@ impl RbdDev {
     }
 
     /// Sets a new contents epoch once, before this open's first change
-    /// reaches the image; a change that cannot set it fails (EIO) rather
-    /// than leave other servers' L2 copies looking current.
+    /// reaches the image; a change that cannot set it fails (with librbd's
+    /// error) rather than leave other servers' L2 copies looking current.
     fn before_change(&self, offset: u64, len: u64) -> DevResult<()> {
         let mut bumped = self.epoch_bumped.lock();
         if *bumped {
@@ -475,9 +475,20 @@ fn asked_lock_owners(image: &Image) -> Result<Vec<String>, c_int> {
 
 /// Who holds a live image's lock, asked through a writable handle of its
 /// own (which takes no lock and writes nothing), since librbd will not say
-/// through a read-only one; librbd's error where that cannot be opened
-/// (a client with read-only capabilities).
-fn writers_of(io: &Ioctx, image_name: &CStr) -> Result<Vec<String>, c_int> {
+/// through a read-only one (`image`); librbd's error where that cannot be
+/// opened (a client with read-only capabilities). An image without the
+/// exclusive-lock feature has no lock and no arcache writer (one refuses
+/// to write it): none.
+fn writers_of(io: &Ioctx, image: &Image, image_name: &CStr) -> Result<Vec<String>, c_int> {
+    let mut features = 0u64;
+    // SAFETY: an open image; `features` is writable.
+    let r = unsafe { ffi::rbd_get_features(image.handle, &mut features) };
+    if r < 0 {
+        return Err(r);
+    }
+    if features & ffi::RBD_FEATURE_EXCLUSIVE_LOCK == 0 {
+        return Ok(Vec::new());
+    }
     let mut img: ffi::RbdImageT = ptr::null_mut();
     // SAFETY: a live ioctx; a NUL-terminated name; NULL for the image head;
     // `img` is written only on success.

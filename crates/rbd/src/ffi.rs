@@ -12,6 +12,9 @@ pub type RbdImageT = *mut c_void;
 /// `rbd_lock_mode_t`'s `RBD_LOCK_MODE_EXCLUSIVE`.
 pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
 
+/// `RBD_FEATURE_EXCLUSIVE_LOCK` (`/usr/include/rbd/features.h`).
+pub const RBD_FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
+
 /// `rbd_image_info_t`; of it arcache reads `size` and `obj_size`.
 #[repr(C)]
 pub struct RbdImageInfo {
@@ -93,4 +96,5 @@ extern "C" {
         val_len: *mut size_t,
     ) -> c_int;
     pub fn rbd_metadata_set(image: RbdImageT, key: *const c_char, value: *const c_char) -> c_int;
+    pub fn rbd_get_features(image: RbdImageT, features: *mut u64) -> c_int;
 }
