@@ -420,6 +420,18 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     let st = restored(&a);
     assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
     assert!(read_at(&a, 0, new.len()) == new, "old bytes came back after another server wrote: {st}");
+    wait_l2_holds(&a, new.len() as u64);
+    // A writer beside the running reader rewrites them: the reader's L2
+    // holds the chunks as of its start, and its next start finds them
+    // changed.
+    let b = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/", &[]);
+    write_flush(&b, 0, &old);
+    a.stop();
+    b.stop();
+    let a = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/", &reader);
+    let st = restored(&a);
+    assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
+    assert!(read_at(&a, 0, old.len()) == old, "a reader's L2 brought back what a writer beside it rewrote");
     a.stop();
 }
 
