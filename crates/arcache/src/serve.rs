@@ -764,26 +764,7 @@ fn open_l2(specs: &[L2Spec], exports: &[ExportDesc], opts: &PersistOptions) -> R
         info!("L2 device {shown}: {} bytes", dev.size());
         devices.push(L2Device::new(shown, Arc::new(dev)).map_err(anyhow::Error::msg)?);
     }
-    let l2 = L2Arc::open(devices, exports, opts).map_err(anyhow::Error::msg)?;
-    report_unlogged(&l2, opts);
-    Ok(Some(Arc::new(l2)))
-}
-
-/// Says at start which devices keep no log: OpenZFS is silent about it, and
-/// a user who sized a small device for a test learns only after a restart
-/// that it came back empty.
-fn report_unlogged(l2: &L2Arc, opts: &PersistOptions) {
-    for (i, dev) in l2.devices().iter().enumerate() {
-        if l2.is_persistent(i) || dev.size() >= opts.min_l2size {
-            continue;
-        }
-        let why = format!(
-            "its {} bytes are fewer than l2arc_rebuild_blocks_min_l2size ({}; lower it with --set to keep a log)",
-            dev.size(),
-            opts.min_l2size
-        );
-        warn!("L2 device {}: no persistent log, so it starts empty after a restart: {why}", dev.path);
-    }
+    Ok(Some(Arc::new(L2Arc::open(devices, exports, opts).map_err(anyhow::Error::msg)?)))
 }
 
 fn zfetch_tunables(t: &Tunables, z: &ZfetchTunables) {

@@ -319,8 +319,7 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     a.stop();
     // ...which a start with nobody's change between keeps.
     let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &reader_args);
-    let st = restored(&a);
-    assert_eq!(st["l2_rebuild_discarded_exports"], 0, "{st}");
+    let st = restored(&a, 0);
     assert!(read_at(&a, 0, old.len()) == old);
     assert!(a.stat()["l2_hits"].as_u64().unwrap() > 0, "an unchanged image's L2 was not used: {st}");
     a.stop();
@@ -329,8 +328,7 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     write_flush(&b, 0, &new);
     b.stop();
     let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &reader_args);
-    let st = restored(&a);
-    assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
+    let st = restored(&a, 1);
     assert!(read_at(&a, 0, new.len()) == new, "old bytes came back after another server wrote: {st}");
     wait_l2_holds(&a, new.len() as u64);
     a.stop();
@@ -342,8 +340,7 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     drop(c);
     b.stop();
     let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &reader_args);
-    let st = restored(&a);
-    assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
+    let st = restored(&a, 1);
     let got = read_at(&a, 0, new.len());
     assert!(got[..64 << 10].iter().all(|&b| b == 0), "zeroed bytes came back from L2: {st}");
     assert!(got[64 << 10..] == new[64 << 10..]);
@@ -361,19 +358,23 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     assert!(status.success() && err.contains("will not be restored"), "{err}");
     b.stop();
     let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &reader_args);
-    let st = restored(&a);
-    assert_eq!(st["l2_rebuild_discarded_exports"], 1, "{st}");
+    restored(&a, 1);
     assert!(read_at(&a, 0, old.len()) == old, "a reader's L2 brought back what a writer beside it rewrote");
     a.stop();
 }
 
 /// An image without the exclusive-lock feature has no lock for a writer to
 /// hold (an arcache writer refuses it), so a read-only server's L2 of it is
-/// restored after a restart rather than given up as perhaps written.
+/// restored after a restart rather than given up as perhaps written. Its
+/// contents epoch was set by hand longer than arcache's own (which librbd
+/// answers ERANGE to at first): the server starts, and reads it alike
+/// each time.
 #[test]
 fn a_read_only_l2_of_an_image_without_a_lock_is_restored() {
     let Some(ceph) = ceph() else { return };
     ceph.rbd(&["create", "--size", "16M", "--image-feature", "layering", "rbd/nolock"]);
+    let long = "e".repeat(300);
+    ceph.rbd(&["image-meta", "set", "rbd/nolock", "arcache.contents-epoch", &long]);
     let keep = tempfile::tempdir().unwrap();
     let mut args = persistent_l2_args(keep.path());
     args.push("--read-only".into());
@@ -384,8 +385,7 @@ fn a_read_only_l2_of_an_image_without_a_lock_is_restored() {
     wait_l2_holds(&a, 1 << 20);
     a.stop();
     let a = ceph.serve(tempfile::tempdir().unwrap(), &spec, &args);
-    let st = restored(&a);
-    assert_eq!(st["l2_rebuild_discarded_exports"], 0, "{st}");
+    let st = restored(&a, 0);
     assert!(st["l2_rebuild_bufs"].as_u64().unwrap() > 0, "nothing restored: {st}");
     a.stop();
 }

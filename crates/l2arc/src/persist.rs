@@ -519,6 +519,18 @@ fn open_device(
     stats: &crate::L2Stats,
 ) -> Result<(Option<DevPersist>, bool), String> {
     let persistent = dev.size() >= opts.min_l2size;
+    if !persistent {
+        // Said at every start: OpenZFS is silent about it, and a user who
+        // sized a small device for a trial learns only after a restart
+        // that it came back empty.
+        warn!(
+            "L2 device {}: no persistent log, so it starts empty after a restart: its {} bytes are fewer \
+             than l2arc_rebuild_blocks_min_l2size ({}; lower it with --set to keep a log)",
+            dev.path,
+            dev.size(),
+            opts.min_l2size
+        );
+    }
     let previous = match &old {
         HeaderRead::Valid(h) => Some(h.clone()),
         _ => None,
@@ -571,10 +583,8 @@ fn open_device(
         return reset(None);
     }
     if !persistent {
-        return reset(Some(format!(
-            "smaller than l2arc_rebuild_blocks_min_l2size ({} bytes): no persistent log",
-            opts.min_l2size
-        )));
+        // Said above, at the decision.
+        return reset(None);
     }
     if !opts.rebuild_enabled {
         return reset(Some("l2arc_rebuild_enabled is 0".into()));

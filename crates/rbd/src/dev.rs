@@ -5,6 +5,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -126,8 +127,11 @@ pub struct RbdDev {
     /// The image's contents epoch at open (see [`CONTENTS_EPOCH`]); empty
     /// for a snapshot, which never changes.
     epoch_at_open: String,
-    /// Whether this open has set a new epoch yet: before its first change.
-    epoch_bumped: Mutex<bool>,
+    /// Whether this open has set a new epoch yet (before its first
+    /// change), read without the lock by every later change...
+    epoch_bumped: AtomicBool,
+    /// ...and taken by the first ones, so each waits until it is set.
+    epoch_bumping: Mutex<()>,
 }
 
 /// The image metadata key every arcache writer sets to a new random value
@@ -136,7 +140,7 @@ pub struct RbdDev {
 /// at its next start that the image changed meanwhile (the exclusive lock
 /// lets an image move between servers). Writes by other clients (a VM,
 /// `rbd import`) do not set it and are not detected.
-const CONTENTS_EPOCH: &str = "arcache.contents-epoch";
+const CONTENTS_EPOCH: &CStr = c"arcache.contents-epoch";
 
 // SAFETY: librbd and librados handles may be used from any thread, and
 // librbd serializes what it must inside (concurrent IO on one image from
@@ -296,7 +300,8 @@ impl RbdDev {
             read_only,
             identity,
             epoch_at_open,
-            epoch_bumped: Mutex::new(false),
+            epoch_bumped: AtomicBool::new(false),
+            epoch_bumping: Mutex::new(()),
         })
     }
 
@@ -304,25 +309,26 @@ impl RbdDev {
     /// reaches the image; a change that cannot set it fails (with librbd's
     /// error) rather than leave other servers' L2 copies looking current.
     fn before_change(&self, offset: u64, len: u64) -> DevResult<()> {
-        let mut bumped = self.epoch_bumped.lock();
-        if *bumped {
+        if self.epoch_bumped.load(Ordering::Acquire) {
             return Ok(());
         }
-        let value = format!("{:032x}", rand::random::<u128>());
-        let (key, value) = (CString::new(CONTENTS_EPOCH), CString::new(value));
-        let (Ok(key), Ok(value)) = (key, value) else {
-            return Err(self.io_error("set the contents epoch", offset, len, -(libc::EINVAL as i64)));
-        };
-        self.with_image("set the contents epoch", offset, len, |image| {
+        let _first = self.epoch_bumping.lock();
+        if self.epoch_bumped.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let op = "set the contents epoch";
+        let value = CString::new(format!("{:032x}", rand::random::<u128>()))
+            .map_err(|_| self.io_error(op, offset, len, -i64::from(libc::EINVAL)))?;
+        self.with_image(op, offset, len, |image| {
             // SAFETY: an open, writable image (the read guard keeps it
             // open); NUL-terminated key and value.
-            let r = unsafe { ffi::rbd_metadata_set(image, key.as_ptr(), value.as_ptr()) };
+            let r = unsafe { ffi::rbd_metadata_set(image, CONTENTS_EPOCH.as_ptr(), value.as_ptr()) };
             if r < 0 {
-                return Err(self.io_error("set the contents epoch", offset, len, i64::from(r)));
+                return Err(self.io_error(op, offset, len, i64::from(r)));
             }
             Ok(())
         })?;
-        *bumped = true;
+        self.epoch_bumped.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -503,7 +509,6 @@ fn writers_of(io: &Ioctx, image: &Image, image_name: &CStr) -> Result<Vec<String
 
 /// The value of [`CONTENTS_EPOCH`], empty where no arcache writer set one.
 fn contents_epoch(image: &Image) -> Result<String, c_int> {
-    let key = CString::new(CONTENTS_EPOCH).map_err(|_| -libc::EINVAL)?;
     let mut len: libc::size_t = 64;
     // Twice at most: a value set by hand may be longer than ours, and
     // ERANGE then says how long.
@@ -511,7 +516,9 @@ fn contents_epoch(image: &Image) -> Result<String, c_int> {
         let mut buf = vec![0 as c_char; len + 1];
         // SAFETY: an open image; a NUL-terminated key; `buf` is writable
         // for `len` bytes (one more stays NUL), and librbd updates `len`.
-        let r = unsafe { ffi::rbd_metadata_get(image.handle, key.as_ptr(), buf.as_mut_ptr(), &mut len) };
+        let r = unsafe {
+            ffi::rbd_metadata_get(image.handle, CONTENTS_EPOCH.as_ptr(), buf.as_mut_ptr(), &mut len)
+        };
         match r {
             r if r == -libc::ENOENT => return Ok(String::new()),
             r if r == -libc::ERANGE => continue,

@@ -111,11 +111,13 @@ fn chunk_key(location: &S3Location, index: u64) -> Path {
 fn contents_hash(map: &HashMap<u64, String>) -> u64 {
     let mut chunks: Vec<(&u64, &String)> = map.iter().collect();
     chunks.sort_unstable();
-    let mut text = String::with_capacity(chunks.len() * 52);
+    // Streamed, the same hash as of the whole text at once: a disk of a
+    // million chunks is not written out as 50 MB first.
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
     for (index, etag) in chunks {
-        text.push_str(&format!("{index:x}:{etag}\n"));
+        hash.update(format!("{index:x}:{etag}\n").as_bytes());
     }
-    xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    hash.digest()
 }
 
 pub(crate) fn now_ms() -> u64 {

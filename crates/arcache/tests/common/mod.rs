@@ -436,8 +436,11 @@ pub fn persistent_l2_args(dir: &Path) -> Vec<String> {
     args
 }
 
-/// The counters once the L2's rebuild at start has ended.
-pub fn restored(s: &Serve) -> serde_json::Value {
+/// The counters once the L2's rebuild at start has ended, which found
+/// `discarded` exports' records there stale.
+pub fn restored(s: &Serve, discarded: u64) -> serde_json::Value {
     wait_stat(s, "the rebuild's end", |st| st["l2_rebuild_running"].as_u64() == Some(0));
-    s.stat()
+    let st = s.stat();
+    assert_eq!(st["l2_rebuild_discarded_exports"], discarded, "{st}");
+    st
 }
