@@ -97,8 +97,8 @@ fn print_header(h: &Header) {
     println!("  exports      {}", h.exports.len());
     for e in &h.exports {
         println!(
-            "    tag {} {:?}: size {} recordsize {} identity {:016x}",
-            e.tag, e.name, e.size, e.recordsize, e.identity
+            "    tag {} {:?}: size {} recordsize {} identity {:016x} contents {:016x}",
+            e.tag, e.name, e.size, e.recordsize, e.identity, e.contents
         );
     }
     println!("  last owner   {}", h.owner.describe());

@@ -4,6 +4,7 @@
 pub mod advice;
 pub mod arcstat;
 pub mod config;
+mod contents;
 pub mod control;
 pub mod demo;
 pub mod exports;

@@ -123,6 +123,7 @@ pub fn run(args: &MountArgs) -> Result<()> {
         recordsize: recordsize as u32,
         size: 0,
         identity,
+        contents: identity,
     });
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

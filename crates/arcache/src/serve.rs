@@ -27,6 +27,7 @@ use crate::config::{
     apply_sets, check_recordsize, default_control_path, default_state_dir, runtime_dir, split_export,
     toml_value_text, ConfigFile, ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT,
 };
+use crate::contents::{contents_of, Follower};
 use crate::control::{self, Request};
 use crate::exports::{ExportTable, NbdExport};
 use crate::metrics;
@@ -579,18 +580,13 @@ fn open_log_dev(spec: &L2Spec, t: &Tunables) -> Result<Arc<dyn BlockDev>> {
 }
 
 /// The exports as the intent log names them: by their stores' identity,
-/// which (unlike what the L2 binds its records to) does not change with
-/// what the store holds: a log is replayed on the disk its txgs changed.
-fn log_exports(descs: &[ExportDesc], devices: &[Arc<dyn BlockDev>]) -> Vec<LogExport> {
+/// which (unlike the contents the L2 binds its records to) does not change
+/// with what the store holds: a log is replayed on the disk its txgs
+/// changed.
+fn log_exports(descs: &[ExportDesc]) -> Vec<LogExport> {
     descs
         .iter()
-        .zip(devices)
-        .map(|(d, dev)| LogExport {
-            id: d.id,
-            name: d.name.clone(),
-            identity: xxhash_rust::xxh3::xxh3_64(dev.identity().as_bytes()),
-            size: d.size,
-        })
+        .map(|d| LogExport { id: d.id, name: d.name.clone(), identity: d.identity, size: d.size })
         .collect()
 }
 
@@ -661,6 +657,7 @@ pub struct Running {
     sockets: Vec<PathBuf>,
     feed: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     rebuild: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    contents: Option<(Arc<AtomicBool>, std::thread::JoinHandle<Follower>)>,
     state: Option<Arc<ControlState>>,
 }
 
@@ -696,10 +693,6 @@ impl Running {
             stop.store(true, Ordering::Relaxed);
             let _ = handle.join();
         }
-        if let Some(l2) = self.cache.l2() {
-            l2.sync_logs();
-            l2.mark_closed();
-        }
         for v in &self.volumes {
             if v.read_only() {
                 continue;
@@ -708,6 +701,18 @@ impl Running {
                 warn!("flushing export {:?}: {e}", v.name());
                 result = Err(e).context("flushing at shutdown");
             }
+        }
+        // After the last change reached the stores: the next start keeps
+        // the L2 of what this server wrote, if nobody else writes first.
+        if let Some((stop, handle)) = self.contents.take() {
+            stop.store(true, Ordering::Relaxed);
+            if let Ok(follower) = handle.join() {
+                follower.bind();
+            }
+        }
+        if let Some(l2) = self.cache.l2() {
+            l2.sync_logs();
+            l2.mark_closed();
         }
         // Only with every dirty byte in the bucket may another server write
         // there; otherwise the lease stays, and the log keeps the rest.
@@ -840,7 +845,7 @@ pub fn start_on(
     if settings.exports.len() > MAX_EXPORTS {
         bail!("at most {MAX_EXPORTS} exports");
     }
-    let log_descs = log_exports(&descs, &devices);
+    let log_descs = log_exports(&descs);
     startup::stage("opening the intent log");
     let writeback = start_writeback(settings, log_descs.clone(), &cache)?;
     let mut volumes = Vec::new();
@@ -852,6 +857,10 @@ pub fn start_on(
         }
         None => None,
     };
+    let follower = cache.l2().and_then(|l2| {
+        let exports = (0u16..).zip(devices.iter().cloned()).collect();
+        Follower::new(l2, exports)
+    });
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
         cache.set_secondarycache(id, spec.secondarycache);
@@ -887,6 +896,14 @@ pub fn start_on(
         info!("intent log: {} writes replayed into the backing stores", replayed.pages + replayed.discards);
     }
     writeback.spawn();
+    let contents = match follower {
+        Some(f) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let handle = f.spawn(Arc::clone(&stop)).context("starting the L2 contents thread")?;
+            Some((stop, handle))
+        }
+        None => None,
+    };
     let feed_tun = Arc::new(FeedTunables::default());
     feed_tunables(&t, &feed_tun);
     let rebuild = start_rebuild(&cache, t.value("zfs_arc_max") * t.value("l2arc_meta_percent") / 100);
@@ -946,11 +963,24 @@ pub fn start_on(
         (None, None)
     };
     let (control, state) = control;
-    Ok(Running { server, cache, writeback, recorder, volumes, uris, control, sockets, feed, rebuild, state })
+    Ok(Running {
+        server,
+        cache,
+        writeback,
+        recorder,
+        volumes,
+        uris,
+        control,
+        sockets,
+        feed,
+        rebuild,
+        contents,
+        state,
+    })
 }
 
 /// What each export's L2 records are bound to: its backing store's
-/// identity and, where the store can tell, what it held at open.
+/// identity and, where the store can tell, what it holds now.
 fn export_descs(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Result<Vec<ExportDesc>> {
     settings
         .exports
@@ -963,7 +993,8 @@ fn export_descs(settings: &ServeSettings, devices: &[Arc<dyn BlockDev>]) -> Resu
                 name: spec.name.clone(),
                 recordsize: u32::try_from(spec.recordsize).context("recordsize")?,
                 size: dev.size(),
-                identity: xxhash_rust::xxh3::xxh3_64(dev.contents_identity().as_bytes()),
+                identity: xxhash_rust::xxh3::xxh3_64(dev.identity().as_bytes()),
+                contents: contents_of(dev.as_ref()),
             })
         })
         .collect()

@@ -363,6 +363,43 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     a.stop();
 }
 
+/// A writer's persistent L2 follows its own writes (bound to the epoch it
+/// set before its first one): its clean restart keeps it and serves what
+/// it wrote; another server's write meanwhile still discards it.
+#[test]
+fn a_writer_keeps_its_l2_of_what_it_wrote_across_restarts() {
+    let Some(ceph) = ceph() else { return };
+    ceph.create("own", "16M");
+    let keep = tempfile::tempdir().unwrap();
+    let l2_args = persistent_l2_args(keep.path());
+    let args: Vec<&str> = l2_args.iter().map(String::as_str).collect();
+    let spec = ceph.spec("own");
+    let mine = pattern(1 << 20, 7);
+    let theirs: Vec<u8> = mine.iter().map(|b| b ^ 0x3c).collect();
+    let w = ceph.serve(tempfile::tempdir().unwrap(), &spec, &args);
+    write_flush(&w, 0, &mine);
+    assert!(read_at(&w, 0, mine.len()) == mine);
+    wait_l2_holds(&w, mine.len() as u64);
+    wait_stat(&w, "the new epoch bound", |st| st["l2_contents_rebinds"].as_u64().unwrap_or(0) > 0);
+    w.stop();
+    let w = ceph.serve(tempfile::tempdir().unwrap(), &spec, &args);
+    let st = restored(&w, 0);
+    assert!(
+        st["l2_rebuild_bufs"].as_u64().unwrap() > 0,
+        "a writer's L2 was given up at a clean restart: {st}"
+    );
+    assert!(read_at(&w, 0, mine.len()) == mine);
+    assert!(w.stat()["l2_hits"].as_u64().unwrap() > 0);
+    w.stop();
+    let b = ceph.serve(tempfile::tempdir().unwrap(), &spec, &[]);
+    write_flush(&b, 0, &theirs);
+    b.stop();
+    let w = ceph.serve(tempfile::tempdir().unwrap(), &spec, &args);
+    let st = restored(&w, 1);
+    assert!(read_at(&w, 0, theirs.len()) == theirs, "old bytes came back after another server wrote: {st}");
+    w.stop();
+}
+
 /// An image without the exclusive-lock feature has no lock for a writer to
 /// hold (an arcache writer refuses it), so a read-only server's L2 of it is
 /// restored after a restart rather than given up as perhaps written. Its

@@ -432,6 +432,61 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     a.stop();
 }
 
+/// A writer's persistent L2 follows its own writes (the binding moves with
+/// the chunks' ETags as its PUTs land): a clean restart keeps it, and so
+/// does a kill -9 once the binding caught up; another server's change
+/// meanwhile still discards it.
+#[test]
+fn a_writer_keeps_its_l2_of_what_it_wrote_across_restarts() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let keep = tempfile::tempdir().unwrap();
+    let l2_args = persistent_l2_args(keep.path());
+    let args: Vec<&str> = l2_args.iter().map(String::as_str).collect();
+    let versions: Vec<Vec<u8>> = (0..3u8)
+        .map(|v| (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ v).collect())
+        .collect();
+    let len = versions[0].len();
+    let fill = |s: &Serve, data: &[u8]| {
+        write_flush(s, 0, data);
+        assert!(read_at(s, 0, len) == data);
+        wait_l2_holds(s, len as u64);
+    };
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/own/?size=16M", &args);
+    fill(&w, &versions[0]);
+    w.stop();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/own/", &args);
+    let st = restored(&w, 0);
+    assert!(
+        st["l2_rebuild_bufs"].as_u64().unwrap() > 0,
+        "a writer's L2 was given up at a clean restart: {st}"
+    );
+    assert!(read_at(&w, 0, len) == versions[0]);
+    assert!(w.stat()["l2_hits"].as_u64().unwrap() > 0);
+    // Rewritten, bound, logged durably: then killed.
+    let bound = w.stat()["l2_contents_rebinds"].as_u64().unwrap();
+    fill(&w, &versions[1]);
+    wait_stat(&w, "the binding and the log", |st| {
+        st["l2_contents_rebinds"].as_u64().unwrap() > bound && st["l2_log_uncommitted_bytes"] == 0
+    });
+    let dir = w.kill9();
+    let out = break_lease(&moto, "s3://vms/own/", true);
+    assert!(out.status.success(), "{out:?}");
+    let w = serve_s3(&moto, dir, "s3://vms/own/", &args);
+    let st = restored(&w, 0);
+    assert!(st["l2_rebuild_bufs"].as_u64().unwrap() > 0, "a writer's L2 was given up after a kill: {st}");
+    assert!(read_at(&w, 0, len) == versions[1], "an older version came back: {st}");
+    w.stop();
+    // Another server writes meanwhile: nothing of the writer's L2 is kept.
+    let b = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/own/", &[]);
+    write_flush(&b, 0, &versions[2]);
+    b.stop();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/own/", &args);
+    let st = restored(&w, 1);
+    assert!(read_at(&w, 0, len) == versions[2], "old bytes came back after another server wrote: {st}");
+    w.stop();
+}
+
 /// A writer whose transaction groups changed the disk since it opened it,
 /// killed with FLUSHed writes only in its intent log: the log is replayed
 /// at the next start (the disk is the same disk to the log, whatever its

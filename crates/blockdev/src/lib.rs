@@ -91,8 +91,10 @@ pub trait BlockDev: Send + Sync {
 
     /// What a persistent cache binds its copies of this store's bytes to:
     /// the identity, and for a store other servers may change while this
-    /// one is stopped (and that can tell), a version of its contents when
-    /// it was opened. Stable while the store is open.
+    /// one is stopped (and that can tell), a version of its contents: as
+    /// found at open, then as this handle's own changes move it, so that a
+    /// later open finds the same value only if nobody else changed the
+    /// store since. A store whose value is its identity never changes it.
     fn contents_identity(&self) -> String {
         self.identity()
     }

@@ -39,8 +39,14 @@ impl Rig {
         let devices =
             l2devs.into_iter().enumerate().map(|(i, d)| L2Device::new(format!("l2-{i}"), d).unwrap());
         let l2 = if persistent {
-            let desc =
-                ExportDesc { id: 0, name: "t".into(), recordsize: RS as u32, size: RS * size, identity: 7 };
+            let desc = ExportDesc {
+                id: 0,
+                name: "t".into(),
+                recordsize: RS as u32,
+                size: RS * size,
+                identity: 7,
+                contents: 7,
+            };
             let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None };
             let l2 = L2Arc::open(devices.collect(), &[desc], &opts).unwrap();
             l2.rebuild(1 << 20, &|_: &[u64]| 0, &AtomicBool::new(false));

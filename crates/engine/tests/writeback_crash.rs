@@ -75,7 +75,8 @@ type Wrap<'a> = dyn Fn(&Arc<CrashDev>, &str) -> Arc<dyn BlockDev> + 'a;
 /// Boots on the disks as `wrap` presents them (it is told which: "backing",
 /// "log" or "l2").
 fn boot_with(d: &Disks, mode: SyncMode, with_log: bool, wrap: &Wrap<'_>) -> Boot {
-    let desc = ExportDesc { id: 0, name: "t".into(), recordsize: RS as u32, size: SIZE, identity: 7 };
+    let desc =
+        ExportDesc { id: 0, name: "t".into(), recordsize: RS as u32, size: SIZE, identity: 7, contents: 7 };
     let l2dev = L2Device::new("l2".into(), wrap(&d.l2, "l2")).unwrap();
     let opts = PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None };
     let l2 = Arc::new(L2Arc::open(vec![l2dev], std::slice::from_ref(&desc), &opts).unwrap());

@@ -136,7 +136,11 @@ pub struct ExportId {
     pub kind: u16,
     pub recordsize: u32,
     pub size: u64,
+    /// The seed of the records' checksums: fixed for the tag's life.
     pub identity: u64,
+    /// What the store held when last bound (docs/format.md): restored only
+    /// if the store holds the same at the next start.
+    pub contents: u64,
     pub name: String,
 }
 
@@ -148,6 +152,7 @@ impl ExportId {
             && self.recordsize == other.recordsize
             && self.size == other.size
             && self.identity == other.identity
+            && self.contents == other.contents
     }
     pub fn records(&self) -> u64 {
         if self.recordsize == 0 {
@@ -320,6 +325,7 @@ impl Header {
             put_u32(&mut b, at + 4, e.recordsize);
             put_u64(&mut b, at + 8, e.size);
             put_u64(&mut b, at + 16, e.identity);
+            put_u64(&mut b, at + 24, e.contents);
             let name = truncate_utf8(&e.name, NAME_LEN);
             b[at + 32..at + 32 + name.len()].copy_from_slice(name.as_bytes());
         }
@@ -388,6 +394,12 @@ impl Header {
                     recordsize: get_u32(b, at + 4),
                     size: get_u64(b, at + 8),
                     identity: get_u64(b, at + 16),
+                    // Reserved (0) before stores could follow their
+                    // contents: those entries were bound to the identity.
+                    contents: match get_u64(b, at + 24) {
+                        0 => get_u64(b, at + 16),
+                        c => c,
+                    },
                     name: String::from_utf8_lossy(&raw[..len]).into_owned(),
                 }
             })
@@ -650,6 +662,7 @@ mod tests {
                 recordsize: 131072,
                 size: 1 << 40,
                 identity: 0xfeed,
+                contents: 0xbeef,
                 name: "disk0".into(),
             }],
             owner: Owner {
@@ -683,6 +696,19 @@ mod tests {
         assert_eq!(Header::decode(&bad), Err(FormatError::Corrupt("abandoned log count")));
         h.abandoned.push(Abandoned { uuid: 1, incarnation: 1 });
         assert!(h.encode().is_err());
+    }
+
+    #[test]
+    fn an_export_entry_written_before_the_contents_field_reads_as_bound_to_its_identity() {
+        let h = header();
+        let mut b = h.encode().unwrap();
+        assert_eq!(get_u64(&b, EXPORTS_AT + 24), 0xbeef, "contents not at offset 24");
+        assert_eq!(Header::decode(&b).unwrap().exports[0].contents, 0xbeef);
+        put_u64(&mut b, EXPORTS_AT + 24, 0);
+        Header::seal(&mut b);
+        let old = Header::decode(&b).unwrap();
+        assert_eq!(old.exports[0].contents, 0xfeed);
+        assert_eq!(old.exports[0].identity, 0xfeed);
     }
 
     #[test]

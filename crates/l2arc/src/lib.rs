@@ -99,6 +99,9 @@ pub struct L2Stats {
     /// Devices not rebuilt because another device's header recorded their
     /// log as abandoned (docs/format.md).
     pub l2_rebuild_abandoned: AtomicU64,
+    /// Header writes that bound an export's records to what its writer
+    /// changed the store to (docs/persistence.md).
+    pub l2_contents_rebinds: AtomicU64,
 }
 
 impl L2Stats {

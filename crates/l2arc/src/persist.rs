@@ -26,8 +26,12 @@ pub struct ExportDesc {
     pub name: String,
     pub recordsize: u32,
     pub size: u64,
-    /// A fingerprint of the backing store (see docs/format.md).
+    /// A fingerprint of the backing store (see docs/format.md): the seed
+    /// of its records' checksums.
     pub identity: u64,
+    /// A fingerprint of what the store holds now (docs/format.md); equal
+    /// to `identity` for a store no other server changes.
+    pub contents: u64,
 }
 
 /// The id of the file view's export (`arcache mount`): no volume has it
@@ -372,6 +376,31 @@ impl L2Arc {
         }
     }
 
+    /// Binds volume `id`'s records on every device to `contents`: what its
+    /// store holds now, as its one writer knows it (docs/persistence.md,
+    /// "A writer's own changes"). Durable when this returns; nothing to do
+    /// where it is bound so already. A device whose header cannot be
+    /// written keeps the older binding, which only discards more.
+    pub fn rebind_contents(&self, id: u16, contents: u64) {
+        let Some(map) = self.exports.get(id as usize).and_then(Option::as_ref) else { return };
+        for (d, dev) in self.devices.iter().enumerate() {
+            let tag = map.tags[d];
+            let mut g = self.persist[d].lock();
+            let Some(p) = g.as_mut() else { continue };
+            let Some(x) = p.hdr.exports.iter_mut().find(|x| tag != 0 && x.tag == tag) else { continue };
+            if x.contents == contents {
+                continue;
+            }
+            x.contents = contents;
+            match self.write_header(d, p) {
+                Ok(()) => {
+                    self.stats.l2_contents_rebinds.fetch_add(1, Relaxed);
+                }
+                Err(e) => warn!("L2 device {}: binding export {id}'s records to its contents: {e}", dev.path),
+            }
+        }
+    }
+
     /// Records in every header that this server closed the device cleanly;
     /// after [`L2Arc::sync_logs`], as the last write of a clean stop.
     pub fn mark_closed(&self) {
@@ -463,7 +492,11 @@ impl L2Arc {
 }
 
 fn matches(x: &ExportId, e: &ExportDesc) -> bool {
-    x.kind == e.kind() && x.recordsize == e.recordsize && x.size == e.size && x.identity == e.identity
+    x.kind == e.kind()
+        && x.recordsize == e.recordsize
+        && x.size == e.size
+        && x.identity == e.identity
+        && x.contents == e.contents
 }
 
 /// The abandoned-logs blocks found at start (docs/format.md): which logs
@@ -598,8 +631,17 @@ fn open_device(
                 stats.l2_rebuild_discarded_exports.fetch_add(1, Relaxed);
                 warn!(
                     "L2 device {}: discarding the records of export {:?}: its backing store changed \
-                     (size {} -> {}, recordsize {} -> {}, identity {:016x} -> {:016x})",
-                    dev.path, x.name, x.size, e.size, x.recordsize, e.recordsize, x.identity, e.identity
+                     (size {} -> {}, recordsize {} -> {}, identity {:016x} -> {:016x}, contents {:016x} -> {:016x})",
+                    dev.path,
+                    x.name,
+                    x.size,
+                    e.size,
+                    x.recordsize,
+                    e.recordsize,
+                    x.identity,
+                    e.identity,
+                    x.contents,
+                    e.contents
                 );
             }
             None => {
@@ -650,6 +692,7 @@ fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), Strin
             recordsize: e.recordsize,
             size: e.size,
             identity: e.identity,
+            contents: e.contents,
             name: e.name.clone(),
         });
     }

@@ -41,6 +41,7 @@ pub struct PersistStats {
     pub l2_rebuild_invalid_entries: u64,
     pub l2_rebuild_discarded_exports: u64,
     pub l2_rebuild_abandoned: u64,
+    pub l2_contents_rebinds: u64,
     /// 1 while a rebuild runs.
     pub l2_rebuild_running: u64,
     /// Milliseconds the last rebuild took (all devices: the longest).
@@ -74,6 +75,7 @@ impl L2Arc {
             l2_rebuild_invalid_entries: s.l2_rebuild_invalid_entries.load(Relaxed),
             l2_rebuild_discarded_exports: s.l2_rebuild_discarded_exports.load(Relaxed),
             l2_rebuild_abandoned: s.l2_rebuild_abandoned.load(Relaxed),
+            l2_contents_rebinds: s.l2_contents_rebinds.load(Relaxed),
             l2_rebuild_running: u64::from(self.is_rebuilding()),
             l2_rebuild_ms: self.progress.iter().map(|p| p.millis.load(Relaxed)).max().unwrap_or(0),
             l2_log_blk_writes: s.l2_log_blk_writes.load(Relaxed),

@@ -18,7 +18,14 @@ const RECORDS: u64 = 1000;
 const DEV_SIZE: u64 = HEADER_RESERVED + (4 << 20);
 
 fn export() -> ExportDesc {
-    ExportDesc { id: 0, name: "e".into(), recordsize: REC as u32, size: RECORDS * REC as u64, identity: 5 }
+    ExportDesc {
+        id: 0,
+        name: "e".into(),
+        recordsize: REC as u32,
+        size: RECORDS * REC as u64,
+        identity: 5,
+        contents: 5,
+    }
 }
 
 fn contents(key: u64) -> Vec<u8> {

@@ -29,6 +29,7 @@ fn header() -> Header {
         recordsize: 16384,
         size: 1 << 34,
         identity: 0xfeed + u64::from(tag),
+        contents: 0xbeef + u64::from(tag),
         name: name.into(),
     };
     Header {

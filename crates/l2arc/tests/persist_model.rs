@@ -31,7 +31,14 @@ fn contents(key: u64, version: u32) -> Vec<u8> {
 }
 
 fn export() -> ExportDesc {
-    ExportDesc { id: 0, name: "e".into(), recordsize: REC as u32, size: RECORDS * REC as u64, identity: 77 }
+    ExportDesc {
+        id: 0,
+        name: "e".into(),
+        recordsize: REC as u32,
+        size: RECORDS * REC as u64,
+        identity: 77,
+        contents: 77,
+    }
 }
 
 fn open(dev: Arc<CrashDev>, exports: &[ExportDesc]) -> L2Arc {
@@ -260,12 +267,47 @@ fn a_changed_backing_store_discards_its_records() {
     // And the discard is durable: the old identity does not come back either.
     let image2 = {
         let dev = Arc::new(CrashDev::from_bytes(image));
-        let l2 = open(Arc::clone(&dev), &[ExportDesc { identity: 78, ..export() }]);
+        let l2 = open(Arc::clone(&dev), &[ExportDesc { identity: 78, contents: 78, ..export() }]);
         drop(l2);
         dev.image_bytes(|_| true)
     };
     let l2 = open(Arc::new(CrashDev::from_bytes(image2)), &[export()]);
     assert_eq!(l2.sizes().0, 0, "records of the first backing store came back");
+}
+
+/// A writer binds its records to what it changed its store to: a start
+/// that finds the store so keeps them (after a kill -9 too: the binding is
+/// durable when `rebind_contents` returns), a start that finds it as it was
+/// before does not, and the checksum seed stays the store's identity.
+#[test]
+fn a_rebinding_follows_the_store_and_is_durable_at_once() {
+    let mut w = World::new(8);
+    for _ in 0..200 {
+        w.feed();
+    }
+    w.l2.sync_logs();
+    let held = w.l2.sizes().0;
+    assert!(held > 0);
+    w.l2.rebind_contents(0, 90);
+    w.l2.rebind_contents(0, 90);
+    w.l2.rebind_contents(7, 91);
+    assert_eq!(
+        w.l2.persist_stats().l2_contents_rebinds,
+        1,
+        "rewritten unchanged, or an unknown export bound"
+    );
+    let image = w.dev.image_bytes(|_| true);
+    let now = ExportDesc { contents: 90, ..export() };
+    let l2 = open(Arc::new(CrashDev::from_bytes(image.clone())), std::slice::from_ref(&now));
+    assert_eq!(l2.sizes().0, held, "the records bound to the store as it is now");
+    assert_eq!(l2.persist_stats().l2_rebuild_discarded_exports, 0);
+    w.l2 = l2;
+    assert_eq!(w.check("rebound"), held as usize, "a restored record failed its checksum");
+    for stale in [export(), ExportDesc { identity: 78, ..now }] {
+        let l2 = open(Arc::new(CrashDev::from_bytes(image.clone())), std::slice::from_ref(&stale));
+        assert_eq!(l2.sizes().0, 0, "restored for {stale:?}");
+        assert_eq!(l2.persist_stats().l2_rebuild_discarded_exports, 1);
+    }
 }
 
 fn flip(image: &mut [u8], at: u64) {

@@ -18,11 +18,25 @@ const REC: usize = 4096;
 const DEV_SIZE: u64 = HEADER_RESERVED + (4 << 20);
 
 fn volume() -> ExportDesc {
-    ExportDesc { id: 0, name: "vol".into(), recordsize: REC as u32, size: 64 * REC as u64, identity: 7 }
+    ExportDesc {
+        id: 0,
+        name: "vol".into(),
+        recordsize: REC as u32,
+        size: 64 * REC as u64,
+        identity: 7,
+        contents: 7,
+    }
 }
 
 fn view(identity: u64) -> ExportDesc {
-    ExportDesc { id: VIEW_EXPORT_ID, name: "/srv/src".into(), recordsize: REC as u32, size: 0, identity }
+    ExportDesc {
+        id: VIEW_EXPORT_ID,
+        name: "/srv/src".into(),
+        recordsize: REC as u32,
+        size: 0,
+        identity,
+        contents: identity,
+    }
 }
 
 fn open(dev: &Arc<CrashDev>, exports: &[ExportDesc]) -> L2Arc {

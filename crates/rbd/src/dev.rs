@@ -132,6 +132,8 @@ pub struct RbdDev {
     epoch_bumped: AtomicBool,
     /// ...and taken by the first ones, so each waits until it is set.
     epoch_bumping: Mutex<()>,
+    /// The epoch this open set, once it has.
+    epoch_set: std::sync::OnceLock<String>,
 }
 
 /// The image metadata key every arcache writer sets to a new random value
@@ -302,6 +304,7 @@ impl RbdDev {
             epoch_at_open,
             epoch_bumped: AtomicBool::new(false),
             epoch_bumping: Mutex::new(()),
+            epoch_set: std::sync::OnceLock::new(),
         })
     }
 
@@ -317,7 +320,8 @@ impl RbdDev {
             return Ok(());
         }
         let op = "set the contents epoch";
-        let value = CString::new(format!("{:032x}", rand::random::<u128>()))
+        let epoch = format!("{:032x}", rand::random::<u128>());
+        let value = CString::new(epoch.as_str())
             .map_err(|_| self.io_error(op, offset, len, -i64::from(libc::EINVAL)))?;
         self.with_image(op, offset, len, |image| {
             // SAFETY: an open, writable image (the read guard keeps it
@@ -328,6 +332,7 @@ impl RbdDev {
             }
             Ok(())
         })?;
+        let _ = self.epoch_set.set(epoch);
         self.epoch_bumped.store(true, Ordering::Release);
         Ok(())
     }
@@ -684,14 +689,17 @@ impl BlockDev for RbdDev {
         self.identity.clone()
     }
 
-    /// With the contents epoch found at open (see [`CONTENTS_EPOCH`]): the
-    /// intent log keeps `identity`, since this server's own changes set a
-    /// new epoch and its log must still be replayed on the image.
+    /// With the contents epoch (see [`CONTENTS_EPOCH`]): the one found at
+    /// open, or the one this open set before its first change (the lock
+    /// lets no other arcache writer change the image meanwhile). The intent
+    /// log keeps `identity`: this server's own changes set a new epoch, and
+    /// its log must still be replayed on the image.
     fn contents_identity(&self) -> String {
         if self.spec.is_snapshot() {
             return self.identity.clone();
         }
-        format!("{}#epoch={}", self.identity, self.epoch_at_open)
+        let epoch = self.epoch_set.get().unwrap_or(&self.epoch_at_open);
+        format!("{}#epoch={epoch}", self.identity)
     }
 
     fn is_read_only(&self) -> bool {

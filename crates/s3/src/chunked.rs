@@ -56,7 +56,7 @@ pub struct S3ChunkDev {
     location: S3Location,
     manifest: Manifest,
     /// Chunk index to the ETag of its object; absent chunks read as zeros.
-    map: Mutex<HashMap<u64, String>>,
+    map: Mutex<ChunkMap>,
     /// Read-modify-writes of one chunk go one at a time.
     stripes: Vec<Mutex<()>>,
     fenced: Arc<AtomicBool>,
@@ -71,8 +71,40 @@ pub struct S3ChunkDev {
     unsure: Mutex<HashMap<u64, Vec<String>>>,
     /// How long one request is retried (`retry_timeout=SECS`).
     budget: Duration,
-    /// The chunks and their ETags at open, hashed: part of the identity.
+    /// The chunks and their ETags at open, hashed: what a reader's L2
+    /// stays bound to (its reads are pinned to those ETags).
     contents_at_open: u64,
+}
+
+/// The chunks stored and their ETags, with the hash of them kept until
+/// they change (a writer's L2 follows it, docs/s3-backing.md section 6).
+struct ChunkMap {
+    etags: HashMap<u64, String>,
+    /// `contents_hash(etags)`, or None since the last change.
+    hashed: Option<u64>,
+}
+
+impl ChunkMap {
+    fn insert(&mut self, index: u64, etag: String) {
+        self.hashed = None;
+        self.etags.insert(index, etag);
+    }
+
+    fn remove(&mut self, index: &u64) {
+        self.hashed = None;
+        self.etags.remove(index);
+    }
+
+    fn contents(&mut self) -> u64 {
+        *self.hashed.get_or_insert_with(|| contents_hash(&self.etags))
+    }
+}
+
+impl std::ops::Deref for ChunkMap {
+    type Target = HashMap<u64, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.etags
+    }
 }
 
 /// Every lease this process holds, for [`release_leases`].
@@ -255,7 +287,8 @@ impl S3ChunkDev {
             map.insert(index, etag);
         }
         info!("{location}: {} bytes, {} chunks stored", manifest.size, map.len());
-        let contents_at_open = contents_hash(&map);
+        let mut map = ChunkMap { etags: map, hashed: None };
+        let contents_at_open = map.contents();
         Ok(S3ChunkDev {
             store,
             location: location.clone(),
@@ -594,15 +627,15 @@ impl BlockDev for S3ChunkDev {
         format!("{}#{u}", self.location)
     }
 
-    /// The disk and its contents when this server opened it: the lease
-    /// lets a disk move between servers, so another server may have
-    /// changed it while this one was stopped, and a persistent L2 filled
-    /// before must then not be restored. A disk this server changed itself
-    /// is also another disk to its L2 at the next start (the export's
-    /// records there are discarded): this is the seed of those records'
-    /// checksums, so it cannot follow the disk as it changes.
+    /// The disk and its chunks' ETags: the lease lets a disk move between
+    /// servers, so another server may have changed it while this one was
+    /// stopped, and a persistent L2 filled before must then not be
+    /// restored. A writer's follows its own PUTs and DELETEs (the value a
+    /// later open finds if nobody else writes); a reader's stays as at
+    /// open, which its ETag-pinned reads keep its L2 to.
     fn contents_identity(&self) -> String {
-        format!("{}#{:016x}", self.identity(), self.contents_at_open)
+        let contents = if self.writable { self.map.lock().contents() } else { self.contents_at_open };
+        format!("{}#{contents:016x}", self.identity())
     }
 
     fn is_read_only(&self) -> bool {
