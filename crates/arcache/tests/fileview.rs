@@ -1698,18 +1698,23 @@ fn persistent_l2_args(dir: &tempfile::TempDir, extra: &[&str]) -> Vec<String> {
 }
 
 /// Waits until the L2 holds what the feed will put there (its size still
-/// for a second, nothing left to commit to its log); the size.
+/// for a second and for three feed cycles, nothing left to commit to its
+/// log); the size. The cycles count because a second alone passed with the
+/// feed starved of CPU under a parallel test run, and a record fed after
+/// it was read from SOURCE after the kill that followed.
 fn wait_for_l2(v: &View) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last = (u64::MAX, Instant::now());
+    let mut last = (u64::MAX, Instant::now(), 0);
     loop {
         let s = v.stat();
         let size = n(&s, "l2_size");
+        let cycles = n(&s, "l2_feed_cycles");
         if size != last.0 {
-            last = (size, Instant::now());
+            last = (size, Instant::now(), cycles);
         } else if size > 0
             && n(&s, "l2_log_uncommitted_bytes") == 0
             && last.1.elapsed() > Duration::from_secs(1)
+            && cycles >= last.2 + 3
         {
             return size;
         }
