@@ -1,26 +1,21 @@
-//! Keeps each written export's persistent L2 records bound to what its
-//! store holds as this server changes it, so a writer of a chunked S3 disk
-//! or a live RBD image keeps its L2 across restarts (docs/persistence.md,
-//! "A writer's own changes"); any other server's change still discards it.
+//! Lets a writer of a chunked S3 disk or a live RBD image keep its
+//! persistent L2 across a clean restart (docs/persistence.md, "A writer's
+//! own changes"): while it serves, the L2 is bound to nothing any store can
+//! hold, and at a clean stop, once every change has reached the store, to
+//! what the store holds then. Another server's change still discards it,
+//! and so does a crash.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use arcache_l2::L2Arc;
 use blockdev::BlockDev;
-
-/// How often the binding catches up: a crash loses the L2 of changes made
-/// since the last one, never more.
-const EVERY: Duration = Duration::from_secs(1);
 
 /// The fingerprint of what `dev` holds now, as the L2 binds it.
 pub(crate) fn contents_of(dev: &dyn BlockDev) -> u64 {
     xxhash_rust::xxh3::xxh3_64(dev.contents_identity().as_bytes())
 }
 
-/// The exports whose binding may move: written by this server, on stores
+/// The exports whose binding moves: written by this server, on stores
 /// whose contents identity is more than their identity.
 pub(crate) struct Follower {
     l2: Arc<L2Arc>,
@@ -40,22 +35,22 @@ impl Follower {
         Some(Follower { l2: Arc::clone(l2), exports })
     }
 
-    /// Binds every followed export to what its store holds now.
+    /// Before the first change reaches any followed store (the intent
+    /// log's replay included): from here until [`Follower::bind`], a crash
+    /// leaves the records bound to a value no store holds. Binding them as
+    /// the store changes instead would restore, after a crash between a
+    /// change and its binding, records newer than a store another server
+    /// then put back as it was (a chunk zeroed again has its old ETags).
+    pub(crate) fn unbind(&self) {
+        for (id, _) in &self.exports {
+            self.l2.unbind_contents(*id);
+        }
+    }
+
+    /// At a clean stop, after the last change reached the stores.
     pub(crate) fn bind(&self) {
         for (id, dev) in &self.exports {
             self.l2.rebind_contents(*id, contents_of(dev.as_ref()));
         }
-    }
-
-    /// Binds every [`EVERY`] until `stop`; returns self for the last
-    /// binding at a clean stop.
-    pub(crate) fn spawn(self, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<Follower>> {
-        std::thread::Builder::new().name("l2-contents".into()).spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(EVERY);
-                self.bind();
-            }
-            self
-        })
     }
 }

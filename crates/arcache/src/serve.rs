@@ -657,7 +657,7 @@ pub struct Running {
     sockets: Vec<PathBuf>,
     feed: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     rebuild: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
-    contents: Option<(Arc<AtomicBool>, std::thread::JoinHandle<Follower>)>,
+    contents: Option<Follower>,
     state: Option<Arc<ControlState>>,
 }
 
@@ -693,6 +693,16 @@ impl Running {
             stop.store(true, Ordering::Relaxed);
             let _ = handle.join();
         }
+        // After the last change reached the stores (a txg's sync ends with
+        // their flush): the next start keeps the L2 of what this server
+        // wrote, if nobody else writes first.
+        if let Some(follower) = self.contents.take() {
+            follower.bind();
+        }
+        if let Some(l2) = self.cache.l2() {
+            l2.sync_logs();
+            l2.mark_closed();
+        }
         for v in &self.volumes {
             if v.read_only() {
                 continue;
@@ -701,18 +711,6 @@ impl Running {
                 warn!("flushing export {:?}: {e}", v.name());
                 result = Err(e).context("flushing at shutdown");
             }
-        }
-        // After the last change reached the stores: the next start keeps
-        // the L2 of what this server wrote, if nobody else writes first.
-        if let Some((stop, handle)) = self.contents.take() {
-            stop.store(true, Ordering::Relaxed);
-            if let Ok(follower) = handle.join() {
-                follower.bind();
-            }
-        }
-        if let Some(l2) = self.cache.l2() {
-            l2.sync_logs();
-            l2.mark_closed();
         }
         // Only with every dirty byte in the bucket may another server write
         // there; otherwise the lease stays, and the log keeps the rest.
@@ -857,10 +855,13 @@ pub fn start_on(
         }
         None => None,
     };
-    let follower = cache.l2().and_then(|l2| {
+    let contents = cache.l2().and_then(|l2| {
         let exports = (0u16..).zip(devices.iter().cloned()).collect();
         Follower::new(l2, exports)
     });
+    if let Some(f) = &contents {
+        f.unbind();
+    }
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
         cache.set_secondarycache(id, spec.secondarycache);
@@ -896,14 +897,6 @@ pub fn start_on(
         info!("intent log: {} writes replayed into the backing stores", replayed.pages + replayed.discards);
     }
     writeback.spawn();
-    let contents = match follower {
-        Some(f) => {
-            let stop = Arc::new(AtomicBool::new(false));
-            let handle = f.spawn(Arc::clone(&stop)).context("starting the L2 contents thread")?;
-            Some((stop, handle))
-        }
-        None => None,
-    };
     let feed_tun = Arc::new(FeedTunables::default());
     feed_tunables(&t, &feed_tun);
     let rebuild = start_rebuild(&cache, t.value("zfs_arc_max") * t.value("l2arc_meta_percent") / 100);

@@ -377,12 +377,30 @@ impl L2Arc {
     }
 
     /// Binds volume `id`'s records on every device to `contents`: what its
-    /// store holds now, as its one writer knows it (docs/persistence.md,
-    /// "A writer's own changes"). Durable when this returns; nothing to do
-    /// where it is bound so already. A device whose header cannot be
-    /// written keeps the older binding, which only discards more.
+    /// store holds now, as its one writer knows it at a clean stop
+    /// (docs/persistence.md, "A writer's own changes"). Durable when this
+    /// returns; nothing to do where it is bound so already. A device whose
+    /// header cannot be written keeps the binding [`L2Arc::unbind_contents`]
+    /// gave it, which no store holds: its records are discarded.
     pub fn rebind_contents(&self, id: u16, contents: u64) {
-        let Some(map) = self.exports.get(id as usize).and_then(Option::as_ref) else { return };
+        self.bind_contents(id, contents);
+    }
+
+    /// Binds volume `id`'s records to a value no store holds, durably,
+    /// before its writer changes the store: until a clean stop binds them
+    /// again, a start after a crash discards them. A device whose header
+    /// cannot be written leaves service (its log is recorded abandoned), so
+    /// its binding cannot outlive what the store is about to become.
+    pub fn unbind_contents(&self, id: u16) {
+        for d in self.bind_contents(id, random_u64() | 1) {
+            self.retire(d);
+        }
+    }
+
+    /// The devices whose header could not be written.
+    fn bind_contents(&self, id: u16, contents: u64) -> Vec<usize> {
+        let Some(map) = self.exports.get(id as usize).and_then(Option::as_ref) else { return Vec::new() };
+        let mut failed = Vec::new();
         for (d, dev) in self.devices.iter().enumerate() {
             let tag = map.tags[d];
             let mut g = self.persist[d].lock();
@@ -391,14 +409,21 @@ impl L2Arc {
             if x.contents == contents {
                 continue;
             }
-            x.contents = contents;
+            let before = std::mem::replace(&mut x.contents, contents);
             match self.write_header(d, p) {
                 Ok(()) => {
                     self.stats.l2_contents_rebinds.fetch_add(1, Relaxed);
                 }
-                Err(e) => warn!("L2 device {}: binding export {id}'s records to its contents: {e}", dev.path),
+                Err(e) => {
+                    warn!("L2 device {}: binding export {id}'s records to its contents: {e}", dev.path);
+                    if let Some(x) = p.hdr.exports.iter_mut().find(|x| x.tag == tag) {
+                        x.contents = before;
+                    }
+                    failed.push(d);
+                }
             }
         }
+        failed
     }
 
     /// Records in every header that this server closed the device cleanly;

@@ -276,9 +276,10 @@ fn a_changed_backing_store_discards_its_records() {
 }
 
 /// A writer binds its records to what it changed its store to: a start
-/// that finds the store so keeps them (after a kill -9 too: the binding is
-/// durable when `rebind_contents` returns), a start that finds it as it was
-/// before does not, and the checksum seed stays the store's identity.
+/// that finds the store so keeps them (after a power cut too: the binding
+/// is durable when `rebind_contents` returns), one that finds it as it was
+/// before does not, and the checksum seed stays the store's identity. An
+/// unbound export is restored by no store at all.
 #[test]
 fn a_rebinding_follows_the_store_and_is_durable_at_once() {
     let mut w = World::new(8);
@@ -288,24 +289,31 @@ fn a_rebinding_follows_the_store_and_is_durable_at_once() {
     w.l2.sync_logs();
     let held = w.l2.sizes().0;
     assert!(held > 0);
+    w.l2.unbind_contents(0);
+    let unbound = w.dev.image_bytes(|_| false);
     w.l2.rebind_contents(0, 90);
     w.l2.rebind_contents(0, 90);
     w.l2.rebind_contents(7, 91);
     assert_eq!(
         w.l2.persist_stats().l2_contents_rebinds,
-        1,
+        2,
         "rewritten unchanged, or an unknown export bound"
     );
-    let image = w.dev.image_bytes(|_| true);
+    let image = w.dev.image_bytes(|_| false);
     let now = ExportDesc { contents: 90, ..export() };
     let l2 = open(Arc::new(CrashDev::from_bytes(image.clone())), std::slice::from_ref(&now));
     assert_eq!(l2.sizes().0, held, "the records bound to the store as it is now");
     assert_eq!(l2.persist_stats().l2_rebuild_discarded_exports, 0);
     w.l2 = l2;
     assert_eq!(w.check("rebound"), held as usize, "a restored record failed its checksum");
-    for stale in [export(), ExportDesc { identity: 78, ..now }] {
-        let l2 = open(Arc::new(CrashDev::from_bytes(image.clone())), std::slice::from_ref(&stale));
-        assert_eq!(l2.sizes().0, 0, "restored for {stale:?}");
+    for (img, desc) in [
+        (&image, export()),
+        (&image, ExportDesc { identity: 78, ..now.clone() }),
+        (&unbound, export()),
+        (&unbound, now),
+    ] {
+        let l2 = open(Arc::new(CrashDev::from_bytes(img.clone())), std::slice::from_ref(&desc));
+        assert_eq!(l2.sizes().0, 0, "restored for {desc:?}");
         assert_eq!(l2.persist_stats().l2_rebuild_discarded_exports, 1);
     }
 }

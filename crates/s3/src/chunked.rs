@@ -56,7 +56,7 @@ pub struct S3ChunkDev {
     location: S3Location,
     manifest: Manifest,
     /// Chunk index to the ETag of its object; absent chunks read as zeros.
-    map: Mutex<ChunkMap>,
+    map: Mutex<HashMap<u64, String>>,
     /// Read-modify-writes of one chunk go one at a time.
     stripes: Vec<Mutex<()>>,
     fenced: Arc<AtomicBool>,
@@ -74,37 +74,6 @@ pub struct S3ChunkDev {
     /// The chunks and their ETags at open, hashed: what a reader's L2
     /// stays bound to (its reads are pinned to those ETags).
     contents_at_open: u64,
-}
-
-/// The chunks stored and their ETags, with the hash of them kept until
-/// they change (a writer's L2 follows it, docs/s3-backing.md section 6).
-struct ChunkMap {
-    etags: HashMap<u64, String>,
-    /// `contents_hash(etags)`, or None since the last change.
-    hashed: Option<u64>,
-}
-
-impl ChunkMap {
-    fn insert(&mut self, index: u64, etag: String) {
-        self.hashed = None;
-        self.etags.insert(index, etag);
-    }
-
-    fn remove(&mut self, index: &u64) {
-        self.hashed = None;
-        self.etags.remove(index);
-    }
-
-    fn contents(&mut self) -> u64 {
-        *self.hashed.get_or_insert_with(|| contents_hash(&self.etags))
-    }
-}
-
-impl std::ops::Deref for ChunkMap {
-    type Target = HashMap<u64, String>;
-    fn deref(&self) -> &Self::Target {
-        &self.etags
-    }
 }
 
 /// Every lease this process holds, for [`release_leases`].
@@ -147,9 +116,16 @@ fn contents_hash(map: &HashMap<u64, String>) -> u64 {
     // million chunks is not written out as 50 MB first.
     let mut hash = xxhash_rust::xxh3::Xxh3::new();
     for (index, etag) in chunks {
-        hash.update(format!("{index:x}:{etag}\n").as_bytes());
+        hash.update(format!("{index:x}:{}\n", bare_etag(etag)).as_bytes());
     }
     hash.digest()
+}
+
+/// An ETag without the quotes or the weak marker a server may put around
+/// it in one answer (a PUT's) and not in another (a LIST's): a writer's
+/// hash at its stop and the next start's must agree.
+fn bare_etag(etag: &str) -> &str {
+    etag.trim_start_matches("W/").trim_matches('"')
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -287,8 +263,7 @@ impl S3ChunkDev {
             map.insert(index, etag);
         }
         info!("{location}: {} bytes, {} chunks stored", manifest.size, map.len());
-        let mut map = ChunkMap { etags: map, hashed: None };
-        let contents_at_open = map.contents();
+        let contents_at_open = contents_hash(&map);
         Ok(S3ChunkDev {
             store,
             location: location.clone(),
@@ -630,11 +605,11 @@ impl BlockDev for S3ChunkDev {
     /// The disk and its chunks' ETags: the lease lets a disk move between
     /// servers, so another server may have changed it while this one was
     /// stopped, and a persistent L2 filled before must then not be
-    /// restored. A writer's follows its own PUTs and DELETEs (the value a
-    /// later open finds if nobody else writes); a reader's stays as at
-    /// open, which its ETag-pinned reads keep its L2 to.
+    /// restored. A writer's follows its own PUTs and DELETEs (what a later
+    /// open finds if nobody else writes); a reader's stays as at open,
+    /// which its ETag-pinned reads keep its L2 to.
     fn contents_identity(&self) -> String {
-        let contents = if self.writable { self.map.lock().contents() } else { self.contents_at_open };
+        let contents = if self.writable { contents_hash(&self.map.lock()) } else { self.contents_at_open };
         format!("{}#{contents:016x}", self.identity())
     }
 
