@@ -695,9 +695,19 @@ impl Running {
         }
         // After the last change reached the stores (a txg's sync ends with
         // their flush): the next start keeps the L2 of what this server
-        // wrote, if nobody else writes first.
+        // wrote, if nobody else writes first. Not after any failed backing
+        // IO: a write that failed may still land later (an RBD op that
+        // timed out), under a record since refilled from older bytes.
         if let Some(follower) = self.contents.take() {
-            follower.bind();
+            let errors = self.cache.stats().backing_errors + self.writeback.view().txg_sync_errors;
+            if result.is_ok() && errors == 0 {
+                follower.bind();
+            } else {
+                warn!(
+                    "the L2 records of written S3 disks and RBD images are not kept for the next start: \
+                     {errors} backing store errors in this run"
+                );
+            }
         }
         if let Some(l2) = self.cache.l2() {
             l2.sync_logs();

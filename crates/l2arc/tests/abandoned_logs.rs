@@ -479,3 +479,30 @@ fn an_unreadable_temporary_mark_refuses_its_log() {
     assert!(l2.lookup(5).is_none(), "record 5 restored past an unreadable temporary mark");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
 }
+
+/// A device whose header cannot take a writer's unbinding at start leaves
+/// service with its log recorded abandoned: its header still binds the
+/// records to the store as it is now, which the writer is about to change
+/// (docs/persistence.md, "A writer's own changes"). After a kill -9 and a
+/// start that finds the store as it was, neither device restores anything:
+/// the first is abandoned, the second unbound.
+#[test]
+fn a_device_that_cannot_be_unbound_leaves_service_and_restores_nothing() {
+    let (crash, faulty) = devices(vec![None, None]);
+    let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
+    feed(&l2, 0, 0..20);
+    feed(&l2, 1, 20..40);
+    l2.sync_logs();
+    faulty[0].set_plan(FaultPlan {
+        fail_writes: std::iter::once(0..DEV_SIZE).collect(),
+        fail_flush: true,
+        ..Default::default()
+    });
+    l2.unbind_contents(0);
+    assert_eq!(l2.healthy_devices(), 1, "the device that kept the old binding was not retired");
+    drop(l2);
+    let (_, faulty) = restarted(&crash);
+    let l2 = open(&[("a", &faulty[0]), ("b", &faulty[1])]);
+    assert_eq!(on_device(&l2, 0), 0, "restored from the device whose binding could not be moved");
+    assert_eq!(on_device(&l2, 1), 0, "restored from the unbound device");
+}

@@ -281,7 +281,7 @@ fn a_changed_backing_store_discards_its_records() {
 /// before does not, and the checksum seed stays the store's identity. An
 /// unbound export is restored by no store at all.
 #[test]
-fn a_rebinding_follows_the_store_and_is_durable_at_once() {
+fn a_binding_keeps_records_only_for_the_store_it_names_and_is_durable_at_once() {
     let mut w = World::new(8);
     for _ in 0..200 {
         w.feed();
