@@ -550,3 +550,44 @@ fn a_writer_that_cannot_renew_its_lease_stops_writing_until_it_can() {
     drop(c);
     s.stop();
 }
+
+/// A writer whose run had a failed backing write does not bind its
+/// persistent L2 to the disk at its clean stop (a write that failed may
+/// still land later, under a record refilled from older bytes): it says so,
+/// and its next start discards the export's records; a run without one
+/// keeps them (docs/persistence.md, "A writer's own changes").
+#[test]
+fn a_writer_whose_run_had_a_failed_write_keeps_no_l2_for_the_next_start() {
+    let Some((_s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    let keep = tempfile::tempdir().unwrap();
+    let l2 = persistent_l2_args(keep.path());
+    let mut args = vec!["--export", "disk=s3://vms/e/?size=16M&retry_timeout=2"];
+    args.extend(l2.iter().map(String::as_str));
+    let data = pattern(1 << 20, 50);
+    for fail in [false, true] {
+        let mut s = serve(&proxy.endpoint(), &args);
+        let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+        c.write(0, &data, false).unwrap();
+        c.flush().unwrap();
+        if fail {
+            proxy.rule(json!({"fault": "500", "methods": ["PUT"], "path": "/c/"}));
+            c.write(8 << 20, &data[..4096], false).unwrap();
+            let flushed = timed(Duration::from_secs(60), "a FLUSH during the fault", || c.flush());
+            assert!(flushed.is_err(), "a FLUSH whose data cannot reach the bucket must fail");
+            proxy.pass();
+            timed(Duration::from_secs(60), "a FLUSH after the fault", || c.flush()).expect("FLUSH");
+        }
+        assert!(read(&mut c, 0, data.len()).unwrap() == data);
+        wait_l2_holds(&s, data.len() as u64);
+        drop(c);
+        let (status, err) = s.terminate();
+        assert!(status.success(), "{err}");
+        assert_eq!(err.contains("are not kept for the next start"), fail, "{err}");
+        let s = serve(&proxy.endpoint(), &args);
+        let st = restored(&s, u64::from(fail));
+        let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+        assert!(read(&mut c, 0, data.len()).unwrap() == data, "{st}");
+        drop(c);
+        s.stop();
+    }
+}

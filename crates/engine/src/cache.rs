@@ -678,6 +678,12 @@ impl Cache {
         c.backing_write_bytes.fetch_add(bytes, Relaxed);
     }
 
+    /// A failed write or flush of a backing store by a txg or an in-place
+    /// commit (write-through counts its own).
+    pub(crate) fn count_backing_error(&self) {
+        self.counters.backing_errors.fetch_add(1, Relaxed);
+    }
+
     /// Picks records near the eviction ends (MFU first, then MRU) that are
     /// not on L2 yet, marks them in flight and returns their stored bytes.
     pub fn feed_candidates(&self, rules: FeedRules) -> Vec<FeedItem> {

@@ -139,6 +139,7 @@ impl Backings {
                     let Some(g) = groups.get(i) else { return };
                     let Some(b) = backings.get(g.vol as usize).and_then(|b| b.as_ref()) else { continue };
                     if let Err(err) = write_group(b.dev.as_ref(), &g.parts) {
+                        b.cache.count_backing_error();
                         first_error.lock().get_or_insert(err);
                         return;
                     }
@@ -160,7 +161,7 @@ impl Backings {
         let backings = self.list.read().clone();
         for b in backings.iter().flatten() {
             if !b.dev.is_read_only() {
-                b.dev.flush()?;
+                b.dev.flush().inspect_err(|_| b.cache.count_backing_error())?;
             }
         }
         Ok(())
