@@ -712,3 +712,25 @@ impl BlockDev for RbdDev {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read-only open keeps the epoch it read only when it knows that
+    /// nobody holds the lock; a holder, or an answer it cannot get (a
+    /// client whose capabilities forbid the writable probe gets EPERM),
+    /// binds its records to a value no two starts share.
+    #[test]
+    fn a_reader_keeps_the_epoch_only_when_it_knows_nobody_writes() {
+        assert_eq!(unrestorable_if_written("e1".into(), Ok(Vec::new()), "rbd/img"), "e1");
+        let cases: [Result<Vec<String>, c_int>; 3] =
+            [Ok(vec!["client.4100".into()]), Err(-libc::EPERM), Err(-libc::EINVAL)];
+        for writers in cases {
+            let first = unrestorable_if_written("e1".into(), writers.clone(), "rbd/img");
+            let second = unrestorable_if_written("e1".into(), writers.clone(), "rbd/img");
+            assert!(first.starts_with("e1+unrestorable-"), "{writers:?}: {first}");
+            assert_ne!(first, second, "{writers:?}: two starts bound to the same value");
+        }
+    }
+}
