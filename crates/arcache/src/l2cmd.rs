@@ -25,8 +25,15 @@ enum L2Cmd {
         #[arg(short, action = clap::ArgAction::Count)]
         verbose: u8,
     },
-    /// Drop a cache device's contents: the next start begins empty.
-    Forget { path: PathBuf },
+    /// Drop a cache device's contents: the next start begins empty. With
+    /// --export, only those exports' records (say, of an RBD image rolled
+    /// back to a snapshot); the others are kept.
+    Forget {
+        path: PathBuf,
+        /// An export's name as `l2 dump` lists it; repeatable.
+        #[arg(long = "export", value_name = "NAME")]
+        exports: Vec<String>,
+    },
 }
 
 fn open(path: &Path, write: bool) -> Result<L2Device> {
@@ -53,10 +60,20 @@ impl std::error::Error for Inconsistent {}
 pub fn run(a: &L2Args) -> Result<()> {
     match &a.cmd {
         L2Cmd::Dump { path, verbose } => dump(path, *verbose),
-        L2Cmd::Forget { path } => {
+        L2Cmd::Forget { path, exports } if exports.is_empty() => {
             let dev = open(path, true)?;
             arcache_l2::forget(&dev).map_err(anyhow::Error::msg)?;
             println!("{}: contents forgotten; the next start begins empty", path.display());
+            Ok(())
+        }
+        L2Cmd::Forget { path, exports } => {
+            let dev = open(path, true)?;
+            arcache_l2::forget_exports(&dev, exports).map_err(anyhow::Error::msg)?;
+            println!(
+                "{}: records of {} forgotten; the other exports' are kept",
+                path.display(),
+                exports.join(", ")
+            );
             Ok(())
         }
     }

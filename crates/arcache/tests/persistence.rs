@@ -341,3 +341,66 @@ fn a_device_moved_to_another_backing_file_restores_nothing_of_it() {
         assert!(buf[..] == data[off..off + buf.len()], "old backing's bytes served at {off}");
     }
 }
+
+/// `l2 forget --export NAME` drops that export's records and keeps the
+/// others' (what a user does after rolling one RBD image back); a name the
+/// device's table lacks is refused, naming those it has.
+#[test]
+fn forgetting_one_export_keeps_the_others_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_path_buf();
+    let a = random_file(&p.join("a.img"), 4 << 20, 31);
+    let b = random_file(&p.join("b.img"), 4 << 20, 32);
+    let l2 = p.join("l2.img");
+    let args: Vec<String> =
+        [format!("a={}", p.join("a.img").display()), format!("b={}", p.join("b.img").display())]
+            .into_iter()
+            .flat_map(|e| ["--export".to_string(), e])
+            .chain(["--l2".to_string(), format!("{}:32M", l2.display()), "--arc-max".into(), "2M".into()])
+            .chain(
+                ["l2arc_feed_min_ms=10", "l2arc_rebuild_blocks_min_l2size=0", "zfs_prefetch_disable=1"]
+                    .iter()
+                    .flat_map(|s| ["--set".to_string(), s.to_string()]),
+            )
+            .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let read_all = |s: &Serve, name: &str| {
+        let mut c = nbd::Client::connect(&s.target(), name).unwrap();
+        let mut out = vec![0u8; 4 << 20];
+        for (i, piece) in out.chunks_mut(64 << 10).enumerate() {
+            c.read((i as u64) << 16, piece).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        out
+    };
+    let s = Serve::start(dir, &args);
+    assert!(read_all(&s, "a") == a && read_all(&s, "b") == b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while n(&s, "l2_size") < 6 << 20 {
+        assert!(Instant::now() < deadline, "the feed did not take both exports: {}", s.stat());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = s.stop();
+    let forget = |names: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["l2", "forget"]).arg(&l2);
+        for name in names {
+            cmd.args(["--export", name]);
+        }
+        cmd.output().unwrap()
+    };
+    let out = forget(&["c"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("\"c\"") && err.contains("\"a\", \"b\""), "{err}");
+    let out = forget(&["a"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, listed) = dump(&l2, "");
+    assert!(ok && !listed.contains("\"a\"") && listed.contains("\"b\""), "{listed}");
+    let s = Serve::start(dir, &args);
+    wait_rebuilt(&s);
+    assert!(read_all(&s, "a") == a);
+    assert_eq!(n(&s, "l2_hits"), 0, "a forgotten export's records were restored");
+    assert!(read_all(&s, "b") == b);
+    assert!(n(&s, "l2_hits") > 0, "the other export's records were not kept: {}", s.stat());
+    s.stop();
+}

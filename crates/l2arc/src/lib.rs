@@ -25,7 +25,9 @@ use tracing::warn;
 
 pub use device::{L2Device, ALIGN, HEADER_RESERVED};
 pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
-pub use persist::{forget, read_header, ExportDesc, HeaderRead, PersistOptions, VIEW_EXPORT_ID};
+pub use persist::{
+    forget, forget_exports, read_header, ExportDesc, HeaderRead, PersistOptions, VIEW_EXPORT_ID,
+};
 pub use rebuild::RebuildProgress;
 pub use rebuild::{pointer_ok, read_block, walk, PersistStats, WalkEnd};
 

@@ -776,6 +776,29 @@ pub(crate) fn reset_header(
     Ok(hdr)
 }
 
+/// `arcache l2 forget --export NAME`: drops the named exports from the
+/// export table, so no start restores their records (log entries name an
+/// export by tag, and a tag is never given again in an incarnation); the
+/// other exports' records are kept. Both header copies are rewritten. The
+/// names must all be in the table.
+pub fn forget_exports(dev: &L2Device, names: &[String]) -> Result<(), String> {
+    let mut hdr = match read_header(dev) {
+        HeaderRead::Valid(h) => h,
+        _ => return Err(format!("{}: no valid header, so nothing would be restored from it", dev.path)),
+    };
+    let missing: Vec<&String> = names.iter().filter(|n| !hdr.exports.iter().any(|x| &x.name == *n)).collect();
+    if !missing.is_empty() {
+        let known: Vec<&str> = hdr.exports.iter().map(|x| x.name.as_str()).collect();
+        return Err(format!("{}: no export {missing:?} in its table (it has {known:?})", dev.path));
+    }
+    hdr.exports.retain(|x| !names.contains(&x.name));
+    for _ in 0..2 {
+        write_header_copy(dev, &mut hdr)?;
+    }
+    info!("L2 device {}: records of {names:?} forgotten", dev.path);
+    Ok(())
+}
+
 /// `arcache l2 forget`: a new incarnation with nothing in it.
 pub fn forget(dev: &L2Device) -> Result<(), String> {
     let previous = match read_header(dev) {
