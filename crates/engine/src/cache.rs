@@ -678,8 +678,8 @@ impl Cache {
         c.backing_write_bytes.fetch_add(bytes, Relaxed);
     }
 
-    /// A failed write or flush of a backing store by a txg or an in-place
-    /// commit (write-through counts its own).
+    /// A failed write, flush, trim or zeroing of a backing store not counted
+    /// where it failed (a txg, an in-place commit, a volume's flush).
     pub(crate) fn count_backing_error(&self) {
         self.counters.backing_errors.fetch_add(1, Relaxed);
     }

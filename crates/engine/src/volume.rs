@@ -472,7 +472,7 @@ impl Volume {
     fn finish_change(&self, fua: bool) -> DevResult<()> {
         match &self.wb {
             Some(wb) if self.wants_commit(fua) => wb.commit(),
-            None if fua => self.dev.flush(),
+            None if fua => self.flush_dev(),
             _ => Ok(()),
         }
     }
@@ -504,12 +504,18 @@ impl Volume {
         self.stripes_of(records).into_iter().map(|i| self.stripes[i].lock.try_lock()).collect()
     }
 
+    /// Flushes the backing store, counting a failure in `backing_errors`
+    /// (a server binds no L2 to a store whose IO failed in its run).
+    fn flush_dev(&self) -> DevResult<()> {
+        self.dev.flush().inspect_err(|_| self.cache.count_backing_error())
+    }
+
     /// Write-through for `sync=always` without a log: each write goes to
     /// the backing store and is flushed before it is acknowledged, in
     /// parallel with other writes, and replaces any dirty bytes it covers.
     fn write_direct(&self, wb: &WriteBack, offset: u64, data: &[u8]) -> DevResult<()> {
         self.for_each_piece(offset, data, |rs, lo, part| self.write_records(Some(wb), rs, lo, part))?;
-        self.dev.flush()
+        self.flush_dev()
     }
 
     fn write_dirty(&self, wb: &WriteBack, rs: Range<u64>, offset: u64, data: &[u8]) -> DevResult<()> {
@@ -593,7 +599,7 @@ impl Volume {
         self.check(offset, data.len() as u64)?;
         self.for_each_piece(offset, data, |rs, lo, part| self.write_records(None, rs, lo, part))?;
         if fua {
-            self.dev.flush()?;
+            self.flush_dev()?;
         }
         Ok(())
     }
@@ -684,7 +690,7 @@ impl Volume {
         match (&self.wb, self.sync_mode()) {
             (_, SyncMode::Disabled) => Ok(()),
             (Some(wb), _) => wb.commit(),
-            (None, _) => self.dev.flush(),
+            (None, _) => self.flush_dev(),
         }
     }
 
@@ -719,7 +725,7 @@ impl Volume {
 
     /// Flushes the backing store itself.
     pub fn flush_backing(&self) -> DevResult<()> {
-        self.dev.flush()
+        self.flush_dev()
     }
 
     /// A zeroing straight to the backing store, for log replay.
@@ -815,6 +821,9 @@ impl Volume {
             };
             for &k in guard.keys() {
                 self.cache.invalidate(k);
+            }
+            if res.is_err() {
+                self.cache.count_backing_error();
             }
             if res.is_ok() && matches!(change, Change::Zero) {
                 self.zeroed.zeroed(lo..hi);

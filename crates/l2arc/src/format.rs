@@ -427,6 +427,14 @@ impl Header {
     }
 }
 
+/// An export's name as its table entry keeps it: cut to the entry's 64
+/// bytes (at a character boundary). Names are matched in this form, or an
+/// export with a longer name (a file view of a deep path) would find its
+/// entry under another name at every start and never be restored.
+pub fn table_name(name: &str) -> &str {
+    truncate_utf8(name, NAME_LEN)
+}
+
 fn truncate_utf8(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {

@@ -10,7 +10,8 @@ use blockdev::owner::{Owner, OwnerState};
 use tracing::{info, warn};
 
 use crate::format::{
-    self, Abandoned, ExportId, Header, LogBlock, LogPtr, FLAG_FIRST_PASS, FLAG_PERSISTENT, HEADER_OFFSETS,
+    self, table_name, Abandoned, ExportId, Header, LogBlock, LogPtr, FLAG_FIRST_PASS, FLAG_PERSISTENT,
+    HEADER_OFFSETS,
 };
 use crate::marks::MarkDir;
 use crate::{EntryKind, ExportMap, L2Arc, L2Device, Ticket, ALIGN, MAX_DEVICES};
@@ -197,8 +198,12 @@ impl L2Arc {
             let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
             if let Some(p) = &p {
                 for e in exports {
-                    let tag =
-                        p.hdr.exports.iter().find(|x| x.name == e.name && matches(x, e)).map_or(0, |x| x.tag);
+                    let tag = p
+                        .hdr
+                        .exports
+                        .iter()
+                        .find(|x| x.name == table_name(&e.name) && matches(x, e))
+                        .map_or(0, |x| x.tag);
                     let map =
                         if e.id == VIEW_EXPORT_ID { view.as_mut() } else { maps[e.id as usize].as_mut() };
                     if let Some(m) = map {
@@ -650,7 +655,7 @@ fn open_device(
     let mut hdr = h;
     let mut kept = Vec::new();
     for x in hdr.exports.drain(..) {
-        match exports.iter().find(|e| e.name == x.name) {
+        match exports.iter().find(|e| table_name(&e.name) == x.name) {
             Some(e) if matches(&x, e) => kept.push(x),
             Some(e) => {
                 stats.l2_rebuild_discarded_exports.fetch_add(1, Relaxed);
@@ -698,7 +703,7 @@ fn persist_state(hdr: Header) -> DevPersist {
 
 fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), String> {
     for e in exports {
-        if hdr.exports.iter().any(|x| x.name == e.name) {
+        if hdr.exports.iter().any(|x| x.name == table_name(&e.name)) {
             continue;
         }
         if hdr.exports.len() >= format::MAX_EXPORTS {
@@ -718,7 +723,7 @@ fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), Strin
             size: e.size,
             identity: e.identity,
             contents: e.contents,
-            name: e.name.clone(),
+            name: table_name(&e.name).to_string(),
         });
     }
     Ok(())
@@ -784,14 +789,25 @@ pub(crate) fn reset_header(
 pub fn forget_exports(dev: &L2Device, names: &[String]) -> Result<(), String> {
     let mut hdr = match read_header(dev) {
         HeaderRead::Valid(h) => h,
-        _ => return Err(format!("{}: no valid header, so nothing would be restored from it", dev.path)),
+        HeaderRead::Blank => return Err(format!("{}: no header: the device holds nothing", dev.path)),
+        _ => {
+            return Err(format!(
+            "{}: its header cannot be read or is not this version's; `l2 forget` without --export empties it",
+            dev.path
+        ))
+        }
     };
-    let missing: Vec<&String> = names.iter().filter(|n| !hdr.exports.iter().any(|x| &x.name == *n)).collect();
+    let listed = |x: &ExportId| names.iter().any(|n| table_name(n) == x.name);
+    let missing: Vec<&String> =
+        names.iter().filter(|n| !hdr.exports.iter().any(|x| x.name == table_name(n))).collect();
     if !missing.is_empty() {
         let known: Vec<&str> = hdr.exports.iter().map(|x| x.name.as_str()).collect();
         return Err(format!("{}: no export {missing:?} in its table (it has {known:?})", dev.path));
     }
-    hdr.exports.retain(|x| !names.contains(&x.name));
+    hdr.exports.retain(|x| !listed(x));
+    // The copies name who wrote them last; the state (clean stop or not)
+    // stays what the server left.
+    hdr.owner = Owner::this_process(hdr.owner.state);
     for _ in 0..2 {
         write_header_copy(dev, &mut hdr)?;
     }

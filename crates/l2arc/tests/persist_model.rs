@@ -569,3 +569,28 @@ fn a_commit_for_a_write_also_counts_the_fed_batches_as_committed() {
     assert_eq!(w.l2.sizes().0, fed, "the batches went out with the write's commit");
     w.check("after a write's commit and kill -9");
 }
+
+/// An export whose name is longer than a table entry keeps (64 bytes, a
+/// file view of a deep path) finds its entry at the next start: names are
+/// matched as the table keeps them. Before, it was discarded as "not
+/// served" at every start.
+#[test]
+fn an_export_with_a_name_longer_than_its_table_entry_is_restored() {
+    let long = ExportDesc { name: format!("view:/{}/é", "deep/".repeat(20)), ..export() };
+    let dev = Arc::new(CrashDev::new(DEV_SIZE));
+    let l2 = open(Arc::clone(&dev), std::slice::from_ref(&long));
+    let items: Vec<FeedItem> = (0..50u64)
+        .filter(|&k| l2.begin_feed(k))
+        .map(|k| FeedItem {
+            key: k,
+            data: Arc::new(contents(k, 0)) as SharedBytes,
+            flags: BlobFlags::default(),
+        })
+        .collect();
+    l2.write_batch(0, items, 0, false).unwrap();
+    l2.sync_logs();
+    let image = dev.image_bytes(|_| false);
+    let l2 = open(Arc::new(CrashDev::from_bytes(image)), std::slice::from_ref(&long));
+    assert_eq!(l2.sizes().0, 50, "a long-named export's records were not restored");
+    assert_eq!(l2.persist_stats().l2_rebuild_discarded_exports, 0);
+}
