@@ -497,6 +497,20 @@ fn rebuild_disabled_forgets_the_log_for_good() {
 }
 
 /// A device with faults switchable at run time, over a power-cut recorder.
+/// Feeds version 0 of records `keys` and makes their entries durable.
+fn feed_first_versions(l2: &L2Arc, keys: std::ops::Range<u64>) {
+    let items: Vec<FeedItem> = keys
+        .filter(|&k| l2.begin_feed(k))
+        .map(|k| FeedItem {
+            key: k,
+            data: Arc::new(contents(k, 0)) as SharedBytes,
+            flags: BlobFlags::default(),
+        })
+        .collect();
+    l2.write_batch(0, items, 0, false).unwrap();
+    l2.sync_logs();
+}
+
 fn faulty_world() -> (Arc<CrashDev>, Arc<FaultyDev<Arc<CrashDev>>>, L2Arc) {
     let crash = Arc::new(CrashDev::new(DEV_SIZE));
     let faulty = Arc::new(FaultyDev::new(Arc::clone(&crash), 3));
@@ -507,16 +521,7 @@ fn faulty_world() -> (Arc<CrashDev>, Arc<FaultyDev<Arc<CrashDev>>>, L2Arc) {
         &PersistOptions { rebuild_enabled: true, min_l2size: 0, state_dir: None },
     )
     .unwrap();
-    let items: Vec<FeedItem> = (0..20u64)
-        .filter(|&k| l2.begin_feed(k))
-        .map(|k| FeedItem {
-            key: k,
-            data: Arc::new(contents(k, 0)) as SharedBytes,
-            flags: BlobFlags::default(),
-        })
-        .collect();
-    l2.write_batch(0, items, 0, false).unwrap();
-    l2.sync_logs();
+    feed_first_versions(&l2, 0..20);
     (crash, faulty, l2)
 }
 
@@ -579,16 +584,7 @@ fn an_export_with_a_name_longer_than_its_table_entry_is_restored() {
     let long = ExportDesc { name: format!("view:/{}/é", "deep/".repeat(20)), ..export() };
     let dev = Arc::new(CrashDev::new(DEV_SIZE));
     let l2 = open(Arc::clone(&dev), std::slice::from_ref(&long));
-    let items: Vec<FeedItem> = (0..50u64)
-        .filter(|&k| l2.begin_feed(k))
-        .map(|k| FeedItem {
-            key: k,
-            data: Arc::new(contents(k, 0)) as SharedBytes,
-            flags: BlobFlags::default(),
-        })
-        .collect();
-    l2.write_batch(0, items, 0, false).unwrap();
-    l2.sync_logs();
+    feed_first_versions(&l2, 0..50);
     let image = dev.image_bytes(|_| false);
     let l2 = open(Arc::new(CrashDev::from_bytes(image)), std::slice::from_ref(&long));
     assert_eq!(l2.sizes().0, 50, "a long-named export's records were not restored");
