@@ -65,8 +65,11 @@ fn dump(l2: &Path, verbose: &str) -> (bool, String) {
 
 const SIZE: usize = 16 << 20;
 
-/// Serves `dir`, reads the whole export (slowly enough for the feed), waits
-/// until stat `key` reaches `at_least`, and stops cleanly.
+/// Serves `dir`, reads the whole export (slowly enough for the feed) until
+/// stat `key` reaches `at_least`, and stops cleanly. Again if need be: a
+/// record the 2M ARC evicts before a feed cycle takes it is not fed, and a
+/// CI run under load starves the feed (one pass left 10 of the 12 MiB
+/// asked); a later pass brings it back.
 fn warm_and_stop(dir: tempfile::TempDir, key: &str, at_least: u64) -> (tempfile::TempDir, u64) {
     // The backing file sits in the page cache, faster than the L2 file, so
     // `l2arc_noprefetch=auto` rightly stops feeding prefetched records once
@@ -75,14 +78,19 @@ fn warm_and_stop(dir: tempfile::TempDir, key: &str, at_least: u64) -> (tempfile:
     let s = serve(dir, "32M", &["--set", "l2arc_noprefetch=0"]);
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
     let mut buf = vec![0u8; 64 << 10];
-    for off in (0..SIZE).step_by(buf.len()) {
-        c.read(off as u64, &mut buf).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while n(&s, key) < at_least {
-        assert!(Instant::now() < deadline, "{key} stayed below {at_least}: {}", s.stat());
-        std::thread::sleep(Duration::from_millis(50));
+    for pass in 1.. {
+        for off in (0..SIZE).step_by(buf.len()) {
+            c.read(off as u64, &mut buf).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while n(&s, key) < at_least && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if n(&s, key) >= at_least {
+            break;
+        }
+        assert!(pass < 5, "{key} stayed below {at_least} after {pass} passes: {}", s.stat());
     }
     let on_l2 = n(&s, "l2_records");
     drop(c);
