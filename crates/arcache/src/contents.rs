@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use arcache_l2::L2Arc;
+use arcache_l2::{ExportDesc, L2Arc};
 use blockdev::BlockDev;
 
 /// The fingerprint of what `dev` holds now, as the L2 binds it.
@@ -23,11 +23,18 @@ pub(crate) struct Follower {
 }
 
 impl Follower {
-    /// None when there is nothing to follow.
-    pub(crate) fn new(l2: &Arc<L2Arc>, exports: Vec<(u16, Arc<dyn BlockDev>)>) -> Option<Follower> {
-        let exports: Vec<_> = exports
-            .into_iter()
-            .filter(|(_, dev)| !dev.is_read_only() && dev.contents_identity() != dev.identity())
+    /// None when there is nothing to follow. `descs` are the exports as
+    /// the L2 was opened with them, one per device in `devices`.
+    pub(crate) fn new(
+        l2: &Arc<L2Arc>,
+        descs: &[ExportDesc],
+        devices: &[Arc<dyn BlockDev>],
+    ) -> Option<Follower> {
+        let exports: Vec<_> = descs
+            .iter()
+            .zip(devices)
+            .filter(|(d, dev)| !dev.is_read_only() && d.contents != d.identity)
+            .map(|(d, dev)| (d.id, Arc::clone(dev)))
             .collect();
         if exports.is_empty() || !(0..l2.devices().len()).any(|d| l2.is_persistent(d)) {
             return None;

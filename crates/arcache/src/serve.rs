@@ -693,6 +693,15 @@ impl Running {
             stop.store(true, Ordering::Relaxed);
             let _ = handle.join();
         }
+        for v in &self.volumes {
+            if v.read_only() {
+                continue;
+            }
+            if let Err(e) = v.flush_backing() {
+                warn!("flushing export {:?}: {e}", v.name());
+                result = Err(e).context("flushing at shutdown");
+            }
+        }
         // After the last change reached the stores (a txg's sync ends with
         // their flush): the next start keeps the L2 of what this server
         // wrote, if nobody else writes first. Not after any failed backing
@@ -706,22 +715,13 @@ impl Running {
                 warn!(
                     "the L2 records of written S3 disks and RBD images are not kept for the next start: \
                      {errors} backing store requests and {txgs} txg syncs failed in this run{}",
-                    if result.is_ok() { "" } else { ", and dirty data was left at stop" }
+                    if result.is_ok() { "" } else { ", and the stop could not write or flush everything" }
                 );
             }
         }
         if let Some(l2) = self.cache.l2() {
             l2.sync_logs();
             l2.mark_closed();
-        }
-        for v in &self.volumes {
-            if v.read_only() {
-                continue;
-            }
-            if let Err(e) = v.flush_backing() {
-                warn!("flushing export {:?}: {e}", v.name());
-                result = Err(e).context("flushing at shutdown");
-            }
         }
         // Only with every dirty byte in the bucket may another server write
         // there; otherwise the lease stays, and the log keeps the rest.
@@ -866,10 +866,7 @@ pub fn start_on(
         }
         None => None,
     };
-    let contents = cache.l2().and_then(|l2| {
-        let exports = (0u16..).zip(devices.iter().cloned()).collect();
-        Follower::new(l2, exports)
-    });
+    let contents = cache.l2().and_then(|l2| Follower::new(l2, &descs, &devices));
     if let Some(f) = &contents {
         f.unbind();
     }

@@ -576,6 +576,11 @@ fn a_writer_whose_run_had_a_failed_write_keeps_no_l2_for_the_next_start() {
             assert!(flushed.is_err(), "a FLUSH whose data cannot reach the bucket must fail");
             proxy.pass();
             timed(Duration::from_secs(60), "a FLUSH after the fault", || c.flush()).expect("FLUSH");
+            let st = s.stat();
+            assert!(
+                st["backing_errors"].as_u64().unwrap() > 0,
+                "the failed in-place commit went uncounted: {st}"
+            );
         }
         assert!(read(&mut c, 0, data.len()).unwrap() == data);
         wait_l2_holds(&s, data.len() as u64);

@@ -145,15 +145,6 @@ pub struct ExportId {
 }
 
 impl ExportId {
-    /// Same backing store with the same record geometry (the tag and name
-    /// do not count).
-    pub fn same_store(&self, other: &ExportId) -> bool {
-        self.kind == other.kind
-            && self.recordsize == other.recordsize
-            && self.size == other.size
-            && self.identity == other.identity
-            && self.contents == other.contents
-    }
     pub fn records(&self) -> u64 {
         if self.recordsize == 0 {
             return 0;

@@ -740,6 +740,14 @@ fn write_header_copy(dev: &L2Device, hdr: &mut Header) -> Result<(), String> {
     dev.flush().map_err(|e| e.to_string())
 }
 
+/// Writes `hdr` to both copies, so no older copy is ever read again.
+fn write_both_copies(dev: &L2Device, hdr: &mut Header) -> Result<(), String> {
+    for _ in 0..2 {
+        write_header_copy(dev, hdr)?;
+    }
+    Ok(())
+}
+
 /// Starts a new incarnation: a header with no log, written to both copies
 /// (so neither copy of the old incarnation survives to be trusted).
 pub(crate) fn reset_header(
@@ -775,9 +783,7 @@ pub(crate) fn reset_header(
     if persistent {
         add_new_exports(&mut hdr, exports)?;
     }
-    for _ in 0..2 {
-        write_header_copy(dev, &mut hdr)?;
-    }
+    write_both_copies(dev, &mut hdr)?;
     Ok(hdr)
 }
 
@@ -808,9 +814,7 @@ pub fn forget_exports(dev: &L2Device, names: &[String]) -> Result<(), String> {
     // The copies name who wrote them last; the state (clean stop or not)
     // stays what the server left.
     hdr.owner = Owner::this_process(hdr.owner.state);
-    for _ in 0..2 {
-        write_header_copy(dev, &mut hdr)?;
-    }
+    write_both_copies(dev, &mut hdr)?;
     info!("L2 device {}: records of {names:?} forgotten", dev.path);
     Ok(())
 }

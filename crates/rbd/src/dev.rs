@@ -5,7 +5,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -127,13 +127,11 @@ pub struct RbdDev {
     /// The image's contents epoch at open (see [`CONTENTS_EPOCH`]); empty
     /// for a snapshot, which never changes.
     epoch_at_open: String,
-    /// Whether this open has set a new epoch yet (before its first
-    /// change), read without the lock by every later change...
-    epoch_bumped: AtomicBool,
+    /// The epoch this open set before its first change, once it has: read
+    /// without the lock by every later change...
+    epoch_set: std::sync::OnceLock<String>,
     /// ...and taken by the first ones, so each waits until it is set.
     epoch_bumping: Mutex<()>,
-    /// The epoch this open set, once it has.
-    epoch_set: std::sync::OnceLock<String>,
 }
 
 /// The image metadata key every arcache writer sets to a new random value
@@ -302,9 +300,8 @@ impl RbdDev {
             read_only,
             identity,
             epoch_at_open,
-            epoch_bumped: AtomicBool::new(false),
-            epoch_bumping: Mutex::new(()),
             epoch_set: std::sync::OnceLock::new(),
+            epoch_bumping: Mutex::new(()),
         })
     }
 
@@ -312,11 +309,11 @@ impl RbdDev {
     /// reaches the image; a change that cannot set it fails (with librbd's
     /// error) rather than leave other servers' L2 copies looking current.
     fn before_change(&self, offset: u64, len: u64) -> DevResult<()> {
-        if self.epoch_bumped.load(Ordering::Acquire) {
+        if self.epoch_set.get().is_some() {
             return Ok(());
         }
         let _first = self.epoch_bumping.lock();
-        if self.epoch_bumped.load(Ordering::Acquire) {
+        if self.epoch_set.get().is_some() {
             return Ok(());
         }
         let op = "set the contents epoch";
@@ -333,7 +330,6 @@ impl RbdDev {
             Ok(())
         })?;
         let _ = self.epoch_set.set(epoch);
-        self.epoch_bumped.store(true, Ordering::Release);
         Ok(())
     }
 
