@@ -87,6 +87,9 @@ fn show(uri: &str, json: bool) -> Result<()> {
             "chunks_stored": d.chunks,
             "bytes_stored": d.stored_bytes,
             "lease": lease,
+            "head_generation": d.head.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.0),
+            "head_entries": d.head.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.1),
+            "head_error": d.head.as_ref().and_then(|h| h.as_ref().err()),
         });
         println!("{v}");
         return Ok(());
@@ -104,6 +107,15 @@ fn show(uri: &str, json: bool) -> Result<()> {
         "  chunks stored {} of {total}, {} bytes (a chunk never written is not stored)",
         d.chunks, d.stored_bytes
     );
+    match &d.head {
+        None => println!("  head: none (no generation committed yet)"),
+        Some(Ok((generation, entries))) => {
+            println!(
+                "  head: generation {generation}, listing {entries} chunk changes of the last generations"
+            )
+        }
+        Some(Err(e)) => println!("  head: does not decode: {e}"),
+    }
     match &d.lease {
         None => println!("  lease: never taken"),
         Some((l, age)) => println!(

@@ -1112,6 +1112,8 @@ impl ControlState {
                     "write_bytes": c.write_bytes.load(Relaxed),
                     "flushes": c.flushes.load(Relaxed),
                     "discards": c.discards.load(Relaxed),
+                    "store_changes": c.store_changes.load(Relaxed),
+                    "store_changed_bytes": c.store_changed_bytes.load(Relaxed),
                 })
             })
             .collect();

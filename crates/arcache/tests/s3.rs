@@ -27,6 +27,13 @@ fn read_all(s: &Serve, len: usize) -> Vec<u8> {
     out
 }
 
+/// A read-only server's arguments with a persistent L2 kept in `dir`.
+fn read_only_with_l2(dir: &Path) -> Vec<String> {
+    let mut args = persistent_l2_args(dir);
+    args.push("--read-only".into());
+    args
+}
+
 fn put(moto: &Moto, dir: &Path, key: &str, size: usize, seed: u64) -> (Vec<u8>, String) {
     let f = dir.join(format!("{}.{seed}", key.replace('/', "_")));
     let data = random_file(&f, size, seed);
@@ -391,9 +398,8 @@ fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
     let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "vms"]);
     let keep = tempfile::tempdir().unwrap();
-    let l2_args = persistent_l2_args(keep.path());
-    let mut reader: Vec<&str> = l2_args.iter().map(String::as_str).collect();
-    reader.push("--read-only");
+    let reader_args = read_only_with_l2(keep.path());
+    let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
     let old: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
     let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
     let b = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/?size=16M", &[]);
@@ -523,4 +529,126 @@ fn a_log_is_replayed_on_a_disk_its_writer_changed_since_opening_it() {
     assert!(read_at(&s, 1 << 20, synced.len()) == synced, "a synced write");
     assert!(read_at(&s, 9 << 20, logged.len()) == logged, "a FLUSHed write only in the log was lost");
     s.stop();
+}
+
+/// Reads `len` bytes at `offset` until they are `want` (a reader applies
+/// its writer's generations within its poll period); panics with what it
+/// last read after `secs`.
+fn read_until(s: &Serve, offset: u64, want: &[u8], secs: u64, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let got = read_at(s, offset, want.len());
+        if got == want {
+            return;
+        }
+        let differ = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: after {secs} s the reader still serves other bytes (first at {}); {}",
+            offset + differ as u64,
+            s.stat()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn export_stat(s: &Serve, field: &str) -> u64 {
+    s.stat()["export_stats"][0][field].as_u64().unwrap()
+}
+
+/// A read-only server of a chunked disk follows its writer: each flush the
+/// writer commits (a txg or an in-place commit) publishes a generation in
+/// the head object, and the reader, polling it, drops what it caches of
+/// every chunk changed (in RAM and on L2) and serves the new bytes: a
+/// rewritten chunk, a chunk trimmed whole (deleted: zeros), a chunk
+/// written for the first time. A chunk the writer rewrote that the
+/// reader reads before it polls is taken at once (its GET is refused:
+/// 412). Its next start restores nothing of the export from L2: a reader
+/// that saw a change never vouches for its L2 again.
+#[test]
+fn a_reader_follows_its_writer_generation_by_generation() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let keep = tempfile::tempdir().unwrap();
+    let reader_args = read_only_with_l2(keep.path());
+    let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
+    let mib = 1usize << 20;
+    let v0: Vec<u8> = (0..(12 * mib) as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/f/?size=32M", &[]);
+    write_flush(&w, 0, &v0[..8 * mib]);
+    let g1 = show_json(&moto, "s3://vms/f/")["head_generation"]
+        .as_u64()
+        .expect("a flush after writes commits a head");
+    // The reader caches chunks 0 and 1 (4 MiB each), in RAM and on L2.
+    let r = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/f/?head_poll_ms=200", &reader);
+    assert!(read_at(&r, 0, 8 * mib) == v0[..8 * mib]);
+    wait_l2_holds(&r, 8 * mib as u64);
+    // The writer rewrites part of chunk 0, trims chunk 1 whole and writes
+    // chunk 2 for the first time.
+    let v1: Vec<u8> = v0[..mib].iter().map(|b| b ^ 0x5a).collect();
+    write_flush(&w, 0, &v1);
+    {
+        let mut c = nbd::Client::connect(&w.target(), "").unwrap();
+        c.trim(4 << 20, 4 << 20).unwrap();
+        c.flush().unwrap();
+    }
+    write_flush(&w, 8 << 20, &v0[8 * mib..]);
+    let g2 = show_json(&moto, "s3://vms/f/")["head_generation"].as_u64().unwrap();
+    assert!(g2 >= g1 + 2, "generations {g1} then {g2}");
+    let mut want = v1.clone();
+    want.extend_from_slice(&v0[mib..4 * mib]);
+    want.extend(std::iter::repeat_n(0u8, 4 * mib));
+    want.extend_from_slice(&v0[8 * mib..]);
+    read_until(&r, 0, &want, 15, "the reader after three generations");
+    assert!(export_stat(&r, "store_changes") >= 2, "{}", r.stat());
+    // A reader that polls only once an hour: what it cached stays as of
+    // its last poll, but a chunk it never read is fetched as the writer
+    // left it, the refused GET taking the new ETag.
+    let slow =
+        serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/f/?head_poll_ms=3600000", &["--read-only"]);
+    let v2: Vec<u8> = v0[8 * mib..9 * mib].iter().map(|b| b ^ 0xa5).collect();
+    write_flush(&w, 8 << 20, &v2);
+    assert!(read_at(&slow, 8 << 20, mib) == v2, "a refused GET did not take the chunk's new ETag");
+    read_until(&r, 8 << 20, &v2, 15, "the polling reader after a fourth generation");
+    slow.stop();
+    w.stop();
+    r.stop();
+    // Restarted, the reader restores nothing of what it followed.
+    let r = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/f/", &reader);
+    let st = restored(&r, 1);
+    want[8 * mib..9 * mib].copy_from_slice(&v2);
+    assert!(read_at(&r, 0, want.len()) == want, "{st}");
+    r.stop();
+}
+
+/// A reader's persistent L2 vouches for the disk as the reader opened it.
+/// Once it follows a change it may hold records of newer chunks; killed
+/// then, and the disk put back as it was at its start (the same bytes,
+/// the same ETags), its next start must not take those records for the
+/// disk's: the first change unbinds them.
+#[test]
+fn a_reader_that_followed_a_change_never_restores_newer_records() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let keep = tempfile::tempdir().unwrap();
+    let reader_args = read_only_with_l2(keep.path());
+    let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
+    let mib = 1usize << 20;
+    let old: Vec<u8> = (0..(4 * mib) as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x3c).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/aba/?size=16M", &[]);
+    write_flush(&w, 0, &old);
+    let r = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/aba/?head_poll_ms=200", &reader);
+    assert!(read_at(&r, 0, old.len()) == old);
+    write_flush(&w, 0, &new);
+    read_until(&r, 0, &new, 15, "the reader after the rewrite");
+    wait_l2_holds(&r, new.len() as u64);
+    wait_stat(&r, "the log", |st| st["l2_log_uncommitted_bytes"] == 0);
+    let dir = r.kill9();
+    write_flush(&w, 0, &old);
+    w.stop();
+    let r = serve_s3(&moto, dir, "s3://vms/aba/", &reader);
+    let st = restored(&r, 1);
+    assert!(read_at(&r, 0, old.len()) == old, "records of the newer chunk came back: {st}");
+    r.stop();
 }

@@ -31,7 +31,9 @@ fn s3ctl(endpoint: &str, args: &[&str]) {
 /// flushed again (a PUT conditional on its ETag), across a lease renewal
 /// (also conditional), then read back by a fresh server: every FLUSH
 /// succeeds, the writer never fences itself, the bucket has the newest
-/// bytes.
+/// bytes. A read-only server beside the writer follows its generations
+/// through the head object (a GET with If-None-Match, answered 304 while
+/// nothing changed) and serves the rewritten bytes.
 #[test]
 fn a_chunked_disk_on_ceph_rgw_rewrites_chunks_and_renews_its_lease() {
     let venv_python = moto_venv().join("bin/python");
@@ -61,7 +63,17 @@ fn a_chunked_disk_on_ceph_rgw_rewrites_chunks_and_renews_its_lease() {
     };
     let (first, second, third) = (pattern(1), pattern(2), pattern(3));
     write_flush(&s, 0, &first);
+    let reader_args = ["--export", "s3://vms/d/?head_poll_ms=200", "--arc-max", "16M", "--read-only"];
+    let mut r = Serve::start_with_env(tempfile::tempdir().unwrap(), &reader_args, &env);
+    assert!(read_at(&r, 0, first.len()) == first);
     write_flush(&s, 0, &second);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while read_at(&r, 0, second.len()) != second {
+        assert!(std::time::Instant::now() < deadline, "the reader did not follow the rewrite: {}", r.stat());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, log) = r.terminate();
+    assert!(status.success() && !log.contains("WARN"), "the reader: {log}");
     // The lease is renewed every 10 s, conditional on its ETag.
     std::thread::sleep(Duration::from_secs(12));
     write_flush(&s, 512 << 10, &third);

@@ -151,6 +151,27 @@ pub trait BlockDev: Send + Sync {
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         parts.iter().try_for_each(|&(offset, data)| self.write_at(data, offset))
     }
+
+    /// Hands the store whoever caches its bytes, for a store another
+    /// server changes while this one reads it (a read-only server of a
+    /// chunked S3 disk following its writer): it tells `watcher` what
+    /// changed. Stores nobody else changes ignore it.
+    fn watch_changes(&self, _watcher: std::sync::Arc<dyn ChangeWatcher>) {}
+}
+
+/// What a store another server changes tells the cache in front of it.
+/// Both calls may block; neither is made from inside a `read_at` that
+/// holds the cache's locks of the range it reads, except
+/// `before_first_change`, which takes none of them.
+pub trait ChangeWatcher: Send + Sync {
+    /// Once, before the first change the store lets this server see (the
+    /// first byte of new contents read included): whatever the cache
+    /// keeps across restarts must stop vouching for the store as it was.
+    fn before_first_change(&self);
+
+    /// Bytes `[offset, offset + len)` now read differently: nothing cached
+    /// of them may be served again, nor come back after a restart.
+    fn changed(&self, offset: u64, len: u64);
 }
 
 /// The failure a named fail point injects (`fail::fail_point!(NAME, |_|
@@ -204,6 +225,9 @@ macro_rules! forward_store_hints {
         }
         fn contents_identity(&self) -> String {
             self.inner.contents_identity()
+        }
+        fn watch_changes(&self, watcher: std::sync::Arc<dyn $crate::ChangeWatcher>) {
+            self.inner.watch_changes(watcher)
         }
     };
 }
@@ -265,5 +289,8 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         (**self).write_parts(parts)
+    }
+    fn watch_changes(&self, watcher: std::sync::Arc<dyn ChangeWatcher>) {
+        (**self).watch_changes(watcher)
     }
 }

@@ -1,14 +1,31 @@
 //! Every decorator passes the store's hints through: a decorator that did
 //! not (as once the `Arc` forwarding did not for `write_unit`) would make
 //! the engine treat an object store as a disk, silently, or a persistent
-//! L2 restore records of a store that changed since (`contents_identity`).
+//! L2 restore records of a store that changed since (`contents_identity`),
+//! or a reader serve records of chunks its writer rewrote (`watch_changes`).
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
-use blockdev::{BlockDev, CountingDev, DevResult, FaultyDev, MemDev, SlowDev, SlowDevConfig};
+use blockdev::{BlockDev, ChangeWatcher, CountingDev, DevResult, FaultyDev, MemDev, SlowDev, SlowDevConfig};
 
-/// A store with every hint set.
+/// A store with every hint set; it tells a watcher it is handed that its
+/// first megabyte changed.
 struct Hinted(MemDev);
+
+/// Counts what it is told.
+#[derive(Default)]
+struct Told(AtomicU64);
+
+impl ChangeWatcher for Told {
+    fn before_first_change(&self) {
+        self.0.fetch_add(1, Relaxed);
+    }
+    fn changed(&self, _offset: u64, len: u64) {
+        self.0.fetch_add(len, Relaxed);
+    }
+}
 
 impl BlockDev for Hinted {
     fn size(&self) -> u64 {
@@ -41,22 +58,34 @@ impl BlockDev for Hinted {
     fn contents_identity(&self) -> String {
         "store#v2".into()
     }
+    fn watch_changes(&self, watcher: Arc<dyn ChangeWatcher>) {
+        watcher.before_first_change();
+        watcher.changed(0, 1 << 20);
+    }
 }
 
-type Hints = (Option<u64>, Option<u64>, Option<String>, String, String);
+type Hints = (Option<u64>, Option<u64>, Option<String>, String, String, u64);
 
 fn hints(d: &dyn BlockDev) -> Hints {
-    (d.write_unit(), d.read_unit(), d.changed(), d.identity(), d.contents_identity())
+    let told = Arc::new(Told::default());
+    d.watch_changes(told.clone());
+    (d.write_unit(), d.read_unit(), d.changed(), d.identity(), d.contents_identity(), told.0.load(Relaxed))
 }
 
 #[test]
 fn decorators_pass_the_stores_hints_through() {
-    let want: Hints =
-        (Some(1 << 20), Some(8 << 20), Some("replaced".to_string()), "store".into(), "store#v2".into());
+    let want: Hints = (
+        Some(1 << 20),
+        Some(8 << 20),
+        Some("replaced".to_string()),
+        "store".into(),
+        "store#v2".into(),
+        (1 << 20) + 1,
+    );
     let inner = || Hinted(MemDev::new(1 << 20));
     let slow = SlowDevConfig { latency: Duration::ZERO, parallelism: 1, bandwidth: u64::MAX };
     assert_eq!(hints(&CountingDev::new(inner())), want, "counting");
     assert_eq!(hints(&FaultyDev::new(inner(), 1)), want, "faulty");
     assert_eq!(hints(&SlowDev::new(inner(), slow)), want, "slow");
-    assert_eq!(hints(&std::sync::Arc::new(inner())), want, "Arc");
+    assert_eq!(hints(&Arc::new(inner())), want, "Arc");
 }

@@ -21,6 +21,7 @@ use crate::record::Record;
 use crate::writeback::{write_backing, Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
+mod changes;
 mod recent;
 mod record_write;
 mod ring_read;
@@ -150,6 +151,10 @@ pub struct VolumeCounts {
     pub write_bytes: AtomicU64,
     pub flushes: AtomicU64,
     pub discards: AtomicU64,
+    /// Ranges the store said another server changed underneath, and
+    /// their bytes (see `changes.rs`).
+    pub store_changes: AtomicU64,
+    pub store_changed_bytes: AtomicU64,
 }
 
 /// Records `first..last+1` and the byte range of the request within them.
@@ -191,7 +196,7 @@ impl Volume {
             wb.register(id, Backing { dev: Arc::clone(&dev), size, cache: Arc::clone(&cache) });
         }
         let unit = read_unit_records(dev.as_ref(), cfg.recordsize);
-        Arc::new_cyclic(|this| Volume {
+        let vol = Arc::new_cyclic(|this| Volume {
             id,
             name: cfg.name,
             size,
@@ -213,7 +218,9 @@ impl Volume {
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
             counts: VolumeCounts::default(),
-        })
+        });
+        vol.watch_store();
+        vol
     }
 
     pub fn counts(&self) -> &VolumeCounts {

@@ -32,7 +32,9 @@ use parking_lot::Mutex;
 use tracing::{info, warn};
 
 use crate::credentials::Credentials;
-use crate::format::{Lease, Manifest};
+use crate::follow::{Follow, DEFAULT_POLL};
+use crate::format::{ChunkChange, Lease, Manifest};
+use crate::head::{HeadWriter, PublishError};
 use crate::lease::LeaseKeeper;
 use crate::location::S3Location;
 use crate::object::{client, retry_budget};
@@ -56,7 +58,12 @@ pub struct S3ChunkDev {
     location: S3Location,
     manifest: Manifest,
     /// Chunk index to the ETag of its object; absent chunks read as zeros.
-    map: Mutex<HashMap<u64, String>>,
+    map: Arc<Mutex<HashMap<u64, String>>>,
+    /// A writer's generations, published in the head at each flush.
+    head: Option<HeadWriter>,
+    /// A reader's following of the writer's generations (none with
+    /// `head_poll_ms=0`: the disk as of its start).
+    follow: Option<Arc<Follow>>,
     /// Read-modify-writes of one chunk go one at a time.
     stripes: Vec<Mutex<()>>,
     fenced: Arc<AtomicBool>,
@@ -100,7 +107,7 @@ pub(crate) fn key(location: &S3Location, name: &str) -> Path {
     Path::from(format!("{}{name}", location.key))
 }
 
-fn chunk_key(location: &S3Location, index: u64) -> Path {
+pub(crate) fn chunk_key(location: &S3Location, index: u64) -> Path {
     key(location, &format!("c/{index:016x}"))
 }
 
@@ -121,7 +128,7 @@ fn contents_hash(map: &HashMap<u64, String>) -> u64 {
 /// An ETag without the quotes or the weak marker a server may put around
 /// it in one answer (a PUT's) and not in another (a LIST's): a writer's
 /// hash at its stop and the next start's must agree.
-fn bare_etag(etag: &str) -> &str {
+pub(crate) fn bare_etag(etag: &str) -> &str {
     etag.trim_start_matches("W/").trim_matches('"')
 }
 
@@ -247,24 +254,45 @@ impl S3ChunkDev {
         } else {
             None
         };
+        let budget = retry_budget(location);
+        let head = match &lease {
+            Some(_) => Some(HeadWriter::load(&store, location, manifest.disk_uuid, budget)?),
+            None => None,
+        };
         let lease = Arc::new(Mutex::new(lease));
         if writable {
             HELD.lock().push(Arc::clone(&lease));
         }
-        let mut map = HashMap::new();
+        let map = Arc::new(Mutex::new(HashMap::new()));
+        let poll = location.head_poll.unwrap_or(DEFAULT_POLL);
+        // The head before the listing: a generation committed in between
+        // is then applied once more, which changes nothing.
+        let follow = match writable || poll.is_zero() {
+            true => None,
+            false => {
+                Some(Follow::open(Arc::clone(&store), location, manifest, Arc::clone(&map), poll, budget)?)
+            }
+        };
+        let mut listed = HashMap::new();
         for (index, meta) in list_chunks(&store, location)? {
             let Some(etag) = meta.e_tag else {
                 warn!("{location}: ignoring {} (the server gave no ETag)", meta.location);
                 continue;
             };
-            map.insert(index, etag);
+            listed.insert(index, etag);
         }
-        info!("{location}: {} bytes, {} chunks stored", manifest.size, map.len());
+        info!("{location}: {} bytes, {} chunks stored", manifest.size, listed.len());
+        *map.lock() = listed;
+        if let Some(f) = &follow {
+            f.start()?;
+        }
         Ok(S3ChunkDev {
             store,
             location: location.clone(),
             manifest,
-            map: Mutex::new(map),
+            map,
+            head,
+            follow,
             stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             fenced,
             writable,
@@ -272,7 +300,7 @@ impl S3ChunkDev {
             writer_id: rand::random(),
             write_seq: AtomicU64::new(0),
             unsure: Mutex::new(HashMap::new()),
-            budget: retry_budget(location),
+            budget,
         })
     }
 
@@ -350,6 +378,19 @@ impl S3ChunkDev {
             match got {
                 Ok(n) if n == out.len() => return Ok(()),
                 Ok(n) => return Err(eio(format!("{path}: asked {} bytes, got {n}", out.len()))),
+                Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::NotFound { .. })
+                    if self.follow.is_some() =>
+                {
+                    // The writer changed the chunk since this reader last
+                    // applied its head.
+                    match self.follow.as_ref().map(|f| f.adopt(index)).transpose()?.flatten() {
+                        Some(now) => etag = now,
+                        None => {
+                            out.fill(0);
+                            return Ok(());
+                        }
+                    }
+                }
                 Err(object_store::Error::Precondition { .. }) => match self.landed(index)? {
                     Some((_, now)) if now != etag => etag = now,
                     _ => return Err(self.fence(format!("chunk {index} changed underneath"))),
@@ -361,6 +402,13 @@ impl S3ChunkDev {
             }
         }
         Err(self.fence(format!("chunk {index} keeps changing underneath")))
+    }
+
+    /// A change for the next generation's head.
+    fn note(&self, index: u64, change: ChunkChange) {
+        if let Some(h) = &self.head {
+            h.note(index, change);
+        }
     }
 
     fn next_write_id(&self) -> String {
@@ -389,6 +437,7 @@ impl S3ChunkDev {
             (Some(id), Some(etag)) if ids.contains(&id) => {
                 info!("{path}: a write of ours whose answer was lost had landed; taking its ETag");
                 self.map.lock().insert(index, etag.clone());
+                self.note(index, ChunkChange::Written(etag.clone()));
                 Ok(Some((id, etag)))
             }
             _ => Ok(None),
@@ -422,7 +471,8 @@ impl S3ChunkDev {
             match put {
                 Ok(r) => {
                     let etag = r.e_tag.ok_or_else(|| eio(format!("{path}: the server gave no ETag")))?;
-                    self.map.lock().insert(index, etag);
+                    self.map.lock().insert(index, etag.clone());
+                    self.note(index, ChunkChange::Written(etag));
                     // Every earlier write of ours to it is settled now.
                     self.unsure.lock().remove(&index);
                     return Ok(());
@@ -451,6 +501,7 @@ impl S3ChunkDev {
         match with_retries(self.budget, &path, || block(self.store.delete(&path))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                 self.map.lock().remove(&index);
+                self.note(index, ChunkChange::Deleted);
                 Ok(())
             }
             Err(e) => Err(eio(format!("{path}: {e}"))),
@@ -541,12 +592,25 @@ impl BlockDev for S3ChunkDev {
         by_chunk.iter().try_for_each(|(&index, parts)| self.patch_many(index, parts))
     }
 
-    /// Every write is a finished PUT: nothing is held back.
+    /// Every write is a finished PUT: nothing is held back but the head,
+    /// which commits the generation those PUTs make for read-only servers.
     fn flush(&self) -> DevResult<()> {
-        if self.writable && self.fenced.load(Ordering::Acquire) {
+        if !self.writable {
+            return Ok(());
+        }
+        if self.fenced.load(Ordering::Acquire) {
             return Err(eio(format!("{}: the lease was lost", self.location)));
         }
-        Ok(())
+        let Some(head) = &self.head else { return Ok(()) };
+        let token = self.lease.lock().as_ref().map(|l| l.token());
+        let Some(token) = token else {
+            return Err(eio(format!("{}: the lease was given back", self.location)));
+        };
+        match head.publish(&self.store, token, self.budget) {
+            Ok(()) => Ok(()),
+            Err(PublishError::Taken) => Err(self.fence("the head was written by someone else".into())),
+            Err(PublishError::Failed(why)) => Err(eio(format!("writing the head: {why}"))),
+        }
     }
 
     /// Whole chunks are deleted; parts of chunks are left as they are
@@ -601,15 +665,30 @@ impl BlockDev for S3ChunkDev {
     /// servers, so another server may have changed it while this one was
     /// stopped, and a persistent L2 filled before must then not be
     /// restored. A writer's follows its own PUTs and DELETEs (what a later
-    /// open finds if nobody else writes); a reader's map never changes
-    /// (only writes change it), so its value stays as at open, which its
-    /// ETag-pinned reads keep its L2 to.
+    /// open finds if nobody else writes); a reader's follows the writer's
+    /// generations, but only its value at open is ever bound (the first
+    /// change unbinds a reader's L2 for good, `follow.rs`).
     fn contents_identity(&self) -> String {
         format!("{}#{:016x}", self.identity(), contents_hash(&self.map.lock()))
     }
 
     fn is_read_only(&self) -> bool {
         !self.writable
+    }
+
+    fn changed(&self) -> Option<String> {
+        self.follow.as_ref().filter(|f| f.recreated()).map(|_| {
+            format!(
+                "{}: the disk was made again under its prefix; restart the server to serve it",
+                self.location
+            )
+        })
+    }
+
+    fn watch_changes(&self, watcher: Arc<dyn blockdev::ChangeWatcher>) {
+        if let Some(f) = &self.follow {
+            f.set_watcher(watcher);
+        }
     }
 }
 
@@ -662,6 +741,9 @@ pub fn break_lease(location: &S3Location, creds: &Credentials, force: bool) -> R
 
 impl Drop for S3ChunkDev {
     fn drop(&mut self) {
+        if let Some(f) = &self.follow {
+            f.stop();
+        }
         if let Some(l) = self.lease.lock().take() {
             l.release();
         }

@@ -10,6 +10,12 @@ const MANIFEST_MAGIC: &[u8; 8] = b"ARCS3MAN";
 const LEASE_MAGIC: &[u8; 8] = b"ARCS3LSE";
 const MANIFEST_SEED: u64 = 0x0041_5243_5333_4d4e;
 const LEASE_SEED: u64 = 0x0041_5243_5333_4c53;
+const HEAD_MAGIC: &[u8; 8] = b"ARCS3HED";
+const HEAD_SEED: u64 = 0x0041_5243_5333_4844;
+/// The head's fixed part: magic to flags.
+const HEAD_FIXED: usize = 72;
+/// The largest head a writer writes and a reader takes.
+pub const HEAD_MAX: usize = 65536;
 const VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +39,46 @@ pub struct Lease {
     pub renewals: u64,
     pub generation: u64,
     pub host: String,
+}
+
+/// What one generation did to one chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChunkChange {
+    /// Written whole; the ETag the PUT returned.
+    Written(String),
+    Deleted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadEntry {
+    pub generation: u64,
+    pub chunk: u64,
+    pub change: ChunkChange,
+}
+
+/// The head object (`PREFIX/arcache-head`): the writer's last committed
+/// generation and the chunks the last few generations changed, for
+/// read-only servers to follow (docs/s3-backing.md, "Generations and the
+/// head object").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub disk_uuid: [u8; 16],
+    pub token: [u8; 16],
+    pub generation: u64,
+    /// The oldest generation whose changes `entries` lists.
+    pub oldest: u64,
+    /// Some generation in `oldest..=generation` changed more than the
+    /// list holds: a reader that needs it lists the chunks again.
+    pub overflow: bool,
+    pub entries: Vec<HeadEntry>,
+}
+
+/// One entry's bytes: generation, chunk, kind, ETag length, ETag.
+pub fn head_entry_len(e: &HeadEntry) -> usize {
+    18 + match &e.change {
+        ChunkChange::Written(etag) => etag.len(),
+        ChunkChange::Deleted => 0,
+    }
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -180,6 +226,115 @@ impl Lease {
     }
 }
 
+impl Head {
+    /// The encoded length: fixed part, entries, checksum.
+    pub fn encoded_len(&self) -> usize {
+        HEAD_FIXED + self.entries.iter().map(head_entry_len).sum::<usize>() + 8
+    }
+
+    /// The head's bytes; an error if it would exceed [`HEAD_MAX`] or an
+    /// ETag is longer than 255 bytes (the writer drops entries first).
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let len = self.encoded_len();
+        if len > HEAD_MAX {
+            return Err(format!("a head of {len} bytes exceeds {HEAD_MAX}"));
+        }
+        let mut b = Vec::with_capacity(len);
+        b.extend_from_slice(HEAD_MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&(len as u32).to_le_bytes());
+        b.extend_from_slice(&self.disk_uuid);
+        b.extend_from_slice(&self.token);
+        b.extend_from_slice(&self.generation.to_le_bytes());
+        b.extend_from_slice(&self.oldest.to_le_bytes());
+        b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        b.extend_from_slice(&u32::from(self.overflow).to_le_bytes());
+        for e in &self.entries {
+            b.extend_from_slice(&e.generation.to_le_bytes());
+            b.extend_from_slice(&e.chunk.to_le_bytes());
+            let etag = match &e.change {
+                ChunkChange::Written(etag) => {
+                    b.push(1);
+                    etag.as_str()
+                }
+                ChunkChange::Deleted => {
+                    b.push(2);
+                    ""
+                }
+            };
+            let n = u8::try_from(etag.len()).map_err(|_| format!("an ETag of {} bytes", etag.len()))?;
+            b.push(n);
+            b.extend_from_slice(etag.as_bytes());
+        }
+        b.extend_from_slice(&[0; 8]);
+        seal(&mut b, HEAD_SEED);
+        Ok(b)
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Head, String> {
+        if b.len() < HEAD_FIXED + 8 || b.len() > HEAD_MAX {
+            return Err(format!("the head is {} bytes, not {} to {HEAD_MAX}", b.len(), HEAD_FIXED + 8));
+        }
+        check(b, b.len(), HEAD_MAGIC, HEAD_SEED, "the head")?;
+        let count = u32_at(b, 64) as usize;
+        let flags = u32_at(b, 68);
+        if flags > 1 {
+            return Err(format!("the head has unknown flags {flags:#x}"));
+        }
+        let (generation, oldest) = (u64_at(b, 48), u64_at(b, 56));
+        if oldest > generation.saturating_add(1) {
+            return Err(format!(
+                "the head lists generations from {oldest}, past its generation {generation}"
+            ));
+        }
+        let body = &b[HEAD_FIXED..b.len() - 8];
+        let mut at = 0usize;
+        let mut entries = Vec::with_capacity(count.min(body.len() / 18));
+        for _ in 0..count {
+            let fixed = body.get(at..at + 18).ok_or("the head's entries run past its end")?;
+            let etag_len = usize::from(fixed[17]);
+            let etag = body.get(at + 18..at + 18 + etag_len).ok_or("the head's entries run past its end")?;
+            let entry_gen = u64_at(fixed, 0);
+            if entry_gen < oldest || entry_gen > generation {
+                return Err(format!(
+                    "a head entry of generation {entry_gen} outside {oldest}..={generation}"
+                ));
+            }
+            let change = match (fixed[16], etag_len) {
+                (1, 1..) => ChunkChange::Written(
+                    std::str::from_utf8(etag).map_err(|_| "a head entry's ETag is not UTF-8")?.to_string(),
+                ),
+                (2, 0) => ChunkChange::Deleted,
+                (kind, n) => return Err(format!("a head entry of kind {kind} with an ETag of {n} bytes")),
+            };
+            entries.push(HeadEntry { generation: entry_gen, chunk: u64_at(fixed, 8), change });
+            at += 18 + etag_len;
+        }
+        if at != body.len() {
+            return Err("the head has bytes after its entries".into());
+        }
+        Ok(Head {
+            disk_uuid: arr16(b, 16),
+            token: arr16(b, 32),
+            generation,
+            oldest,
+            overflow: flags == 1,
+            entries,
+        })
+    }
+}
+
+/// Makes `b` carry the head's magic, version, its own length and checksum
+/// (for fuzzing past those checks); `b` is padded to the fixed part.
+pub fn seal_head(b: &mut Vec<u8>) {
+    if b.len() < HEAD_FIXED + 8 {
+        b.resize(HEAD_FIXED + 8, 0);
+    }
+    b.truncate(HEAD_MAX);
+    let len = b.len();
+    seal_as(b, len, HEAD_MAGIC, HEAD_SEED);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +380,40 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_head_round_trips_and_refuses_damage() {
+        let h = Head {
+            disk_uuid: [7; 16],
+            token: [9; 16],
+            generation: 12,
+            oldest: 11,
+            overflow: true,
+            entries: vec![
+                HeadEntry { generation: 11, chunk: 3, change: ChunkChange::Written("\"abc\"".into()) },
+                HeadEntry { generation: 12, chunk: 1 << 40, change: ChunkChange::Deleted },
+            ],
+        };
+        let b = h.encode().unwrap();
+        assert_eq!(b.len(), h.encoded_len());
+        assert_eq!(Head::decode(&b), Ok(h.clone()));
+        for i in [0, 9, 13, 50, 70, 80, b.len() - 1] {
+            let mut bad = b.clone();
+            bad[i] ^= 1;
+            assert!(Head::decode(&bad).is_err(), "byte {i} flipped");
+        }
+        // Entries outside the generations the head says it lists.
+        let mut odd = h.clone();
+        odd.entries[0].generation = 10;
+        assert!(Head::decode(&odd.encode().unwrap()).is_err_and(|e| e.contains("outside")));
+        let mut big = h.clone();
+        big.entries = (0..4000)
+            .map(|i| HeadEntry { generation: 12, chunk: i, change: ChunkChange::Written("x".repeat(20)) })
+            .collect();
+        assert!(big.encode().is_err_and(|e| e.contains("exceeds")));
+        let empty = Head { entries: Vec::new(), oldest: 13, ..h };
+        assert_eq!(Head::decode(&empty.encode().unwrap()), Ok(empty));
+    }
+
     /// The fuzz target's seeds are real encodings (fuzz/corpus/s3_formats).
     #[test]
     fn fuzz_seeds_decode() {
@@ -234,5 +423,7 @@ mod tests {
             std::fs::read(format!("{dir}/lease")).unwrap(),
         );
         assert!(Manifest::decode(&m).is_ok() && Lease::decode(&l).is_ok());
+        let h = std::fs::read(format!("{dir}/head")).unwrap();
+        assert!(Head::decode(&h).is_ok_and(|h| h.entries.len() == 2));
     }
 }

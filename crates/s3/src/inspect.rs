@@ -9,8 +9,9 @@ use object_store::ObjectStoreExt;
 use crate::chunked::{block, key, list_chunks, manifest};
 use crate::credentials::Credentials;
 use crate::format::{Lease, Manifest};
+use crate::head::{fetch, head_key, Fetched};
 use crate::location::S3Location;
-use crate::object::client;
+use crate::object::{client, retry_budget};
 
 /// A chunked disk as the bucket holds it.
 #[derive(Debug)]
@@ -21,6 +22,10 @@ pub struct DiskInfo {
     pub lease: Option<(Lease, Duration)>,
     pub chunks: u64,
     pub stored_bytes: u64,
+    /// The head's last committed generation and how many chunk changes it
+    /// lists; `None`: no head (nothing committed since heads were
+    /// written), or one that does not decode (the error).
+    pub head: Option<Result<(u64, usize), String>>,
 }
 
 /// Reads `location`'s manifest, lease and chunk list.
@@ -49,9 +54,15 @@ pub fn show(location: &S3Location, creds: &Credentials) -> Result<DiskInfo, Stri
         Err(object_store::Error::NotFound { .. }) => None,
         Err(e) => return Err(format!("{location}: reading the lease: {e}")),
     };
+    let head = match fetch(&store, &head_key(location), None, retry_budget(location)) {
+        Ok(Fetched::Found(_, Ok(h))) => Some(Ok((h.generation, h.entries.len()))),
+        Ok(Fetched::Found(_, Err(e))) => Some(Err(e)),
+        Ok(Fetched::Missing | Fetched::Unchanged) => None,
+        Err(e) => return Err(format!("{location}: reading the head: {e}")),
+    };
     let listed = list_chunks(&store, location)?;
     let stored_bytes = listed.iter().map(|(_, meta)| meta.size).sum();
-    Ok(DiskInfo { manifest, lease, chunks: listed.len() as u64, stored_bytes })
+    Ok(DiskInfo { manifest, lease, chunks: listed.len() as u64, stored_bytes, head })
 }
 
 /// Makes the disk `location` (its manifest) of `size` bytes in chunks of

@@ -267,6 +267,11 @@ impl Renewing {
 }
 
 impl LeaseKeeper {
+    /// The token this writer's lease carries (its head objects carry it too).
+    pub fn token(&self) -> [u8; 16] {
+        self.mine.lock().0.token
+    }
+
     /// How long since the lease was last written, once that is past the
     /// self-fence bound: the writer must not write to the bucket then, as
     /// `break-lease` may soon take the lease for dead.

@@ -24,10 +24,15 @@ pub struct S3Location {
     /// The query's `recheck=SECS`: how often an object is asked whether it
     /// changed (0: never); `None` for the default, 10 s.
     pub recheck: Option<Duration>,
+    /// The query's `head_poll_ms=MS`: how often a read-only server of a
+    /// chunked disk asks whether the writer committed a new generation
+    /// (0: never; it then serves the disk as of its start); `None` for the
+    /// default, 1 s.
+    pub head_poll: Option<Duration>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{uri}: {why} (expected s3://BUCKET/KEY[?recheck=SECS] or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE][&lease_renew=SECS], either with &retry_timeout=SECS)")]
+#[error("{uri}: {why} (expected s3://BUCKET/KEY[?recheck=SECS] or s3://BUCKET/PREFIX/?size=SIZE[&chunk=SIZE][&lease_renew=SECS][&head_poll_ms=MS], either with &retry_timeout=SECS)")]
 pub struct LocationError {
     uri: String,
     why: &'static str,
@@ -57,6 +62,7 @@ impl S3Location {
         let mut retry_timeout = None;
         let mut lease_renew = None;
         let mut recheck = None;
+        let mut head_poll = None;
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("size", v)) if !v.is_empty() => size = Some(v.to_string()),
@@ -69,20 +75,24 @@ impl S3Location {
                     Ok(secs @ 0..=3600) => recheck = Some(Duration::from_secs(secs)),
                     _ => return Err(bad("recheck is whole seconds, 0 (never) to 3600")),
                 },
+                Some(("head_poll_ms", v)) => match v.parse::<u64>() {
+                    Ok(ms @ 0..=3_600_000) => head_poll = Some(Duration::from_millis(ms)),
+                    _ => return Err(bad("head_poll_ms is whole milliseconds, 0 (never) to 3600000")),
+                },
                 Some(("lease_renew", v)) => match v.parse::<u64>() {
                     Ok(secs @ 1..=60) => lease_renew = Some(Duration::from_secs(secs)),
                     _ => return Err(bad("lease_renew is whole seconds, 1 to 60")),
                 },
                 _ => {
                     return Err(bad(
-                        "the only query keys are size=SIZE, chunk=SIZE, retry_timeout=SECS, lease_renew=SECS and recheck=SECS",
+                        "the only query keys are size=SIZE, chunk=SIZE, retry_timeout=SECS, lease_renew=SECS, head_poll_ms=MS and recheck=SECS",
                     ))
                 }
             }
         }
-        if (chunk.is_some() || lease_renew.is_some()) && !key.ends_with('/') {
+        if (chunk.is_some() || lease_renew.is_some() || head_poll.is_some()) && !key.ends_with('/') {
             return Err(bad(
-                "chunk= and lease_renew= are for a chunked disk (a prefix ending in /), not one object",
+                "chunk=, lease_renew= and head_poll_ms= are for a chunked disk (a prefix ending in /), not one object",
             ));
         }
         if recheck.is_some() && key.ends_with('/') {
@@ -96,6 +106,7 @@ impl S3Location {
             retry_timeout,
             lease_renew,
             recheck,
+            head_poll,
         })
     }
 
@@ -130,6 +141,8 @@ mod tests {
         let c = S3Location::parse("s3://vms/disk1/?size=10G&chunk=256K").unwrap();
         assert_eq!((c.size.as_deref(), c.chunk.as_deref()), (Some("10G"), Some("256K")));
         assert_eq!((p.chunk.clone(), p.lease_renew), (None, None));
+        let h = S3Location::parse("s3://vms/disk1/?head_poll_ms=250").unwrap();
+        assert_eq!(h.head_poll, Some(Duration::from_millis(250)));
         let l = S3Location::parse("s3://vms/disk1/?lease_renew=2").unwrap();
         assert_eq!(l.lease_renew, Some(Duration::from_secs(2)));
         let o = S3Location::parse("s3://games/disk.img?retry_timeout=60").unwrap();
@@ -152,6 +165,8 @@ mod tests {
             ("s3://bucket/d/?lease_renew=0", "lease_renew is whole seconds"),
             ("s3://bucket/d/?lease_renew=61", "lease_renew is whole seconds"),
             ("s3://bucket/d/?recheck=5", "recheck= is for one object"),
+            ("s3://bucket/k?head_poll_ms=5", "are for a chunked disk"),
+            ("s3://bucket/d/?head_poll_ms=1s", "head_poll_ms is whole milliseconds"),
             ("s3://bucket/k?recheck=x", "recheck is whole seconds"),
             ("s3://bucket/key?retry_timeout=0", "retry_timeout"),
             ("s3://bucket/key?retry_timeout=2s", "retry_timeout"),

@@ -1,0 +1,307 @@
+//! A read-only server of a chunked disk following its writer
+//! (docs/s3-backing.md, "Read-only servers of a chunked disk"): it polls
+//! the head object, and for every chunk a new generation changed it
+//! updates its chunk map first and then tells the cache to drop what it
+//! holds of the chunk, so reads see each chunk as of the last head applied.
+//! A ranged GET refused because the writer rewrote the chunk since (412)
+//! takes the chunk's new ETag at once and leaves the dropping to the
+//! poller: the read holds the cache's locks of part of the chunk.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use blockdev::{ChangeWatcher, DevError, DevResult};
+use object_store::aws::AmazonS3;
+use object_store::path::Path;
+use object_store::{GetOptions, ObjectStore};
+use parking_lot::{Condvar, Mutex};
+use tracing::{info, warn};
+
+use crate::chunked::{bare_etag, block, chunk_key, list_chunks};
+use crate::format::{ChunkChange, Manifest};
+use crate::head::{fetch, head_key, Fetched};
+use crate::location::S3Location;
+use crate::retry::with_retries;
+
+/// How often a reader asks whether the head changed (`head_poll_ms=`).
+pub(crate) const DEFAULT_POLL: Duration = Duration::from_millis(1000);
+
+/// The head as this reader last applied it: its generation (None: it did
+/// not decode, so the next one is applied by listing) and its ETag.
+struct Seen {
+    generation: Option<u64>,
+    etag: Option<String>,
+}
+
+pub(crate) struct Follow {
+    store: Arc<AmazonS3>,
+    location: S3Location,
+    manifest: Manifest,
+    head_path: Path,
+    map: Arc<Mutex<HashMap<u64, String>>>,
+    watcher: Mutex<Option<Arc<dyn ChangeWatcher>>>,
+    first: Once,
+    seen: Mutex<Seen>,
+    /// Chunks a refused read took the new ETag of, whose cached records
+    /// the poller drops next.
+    adopted: Mutex<Vec<u64>>,
+    woken: Mutex<bool>,
+    wake: Condvar,
+    every: Duration,
+    stop: AtomicBool,
+    /// The head names another disk: the prefix was made again.
+    recreated: AtomicBool,
+    budget: Duration,
+}
+
+fn eio(what: String) -> DevError {
+    DevError::Remote(what, libc::EIO)
+}
+
+impl Follow {
+    /// Reads the head as it is now; call before listing the chunks, so a
+    /// generation committed in between is applied again (a no-op).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open(
+        store: Arc<AmazonS3>,
+        location: &S3Location,
+        manifest: Manifest,
+        map: Arc<Mutex<HashMap<u64, String>>>,
+        every: Duration,
+        budget: Duration,
+    ) -> Result<Arc<Follow>, String> {
+        let head_path = head_key(location);
+        let seen = match fetch(&store, &head_path, None, budget).map_err(|e| format!("{head_path}: {e}"))? {
+            Fetched::Found(etag, Ok(h)) if h.disk_uuid == manifest.disk_uuid => {
+                Seen { generation: Some(h.generation), etag }
+            }
+            Fetched::Found(etag, _) => Seen { generation: None, etag },
+            Fetched::Missing | Fetched::Unchanged => Seen { generation: Some(0), etag: None },
+        };
+        Ok(Arc::new(Follow {
+            store,
+            location: location.clone(),
+            manifest,
+            head_path,
+            map,
+            watcher: Mutex::new(None),
+            first: Once::new(),
+            seen: Mutex::new(seen),
+            adopted: Mutex::new(Vec::new()),
+            woken: Mutex::new(false),
+            wake: Condvar::new(),
+            every,
+            stop: AtomicBool::new(false),
+            recreated: AtomicBool::new(false),
+            budget,
+        }))
+    }
+
+    pub(crate) fn start(self: &Arc<Follow>) -> Result<(), String> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("s3-follow".into())
+            .spawn(move || me.run())
+            .map(|_| ())
+            .map_err(|e| format!("{}: starting the head poller: {e}", self.location))
+    }
+
+    pub(crate) fn set_watcher(&self, watcher: Arc<dyn ChangeWatcher>) {
+        *self.watcher.lock() = Some(watcher);
+        self.poke();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.poke();
+    }
+
+    pub(crate) fn recreated(&self) -> bool {
+        self.recreated.load(Ordering::Acquire)
+    }
+
+    fn poke(&self) {
+        *self.woken.lock() = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self) {
+        loop {
+            {
+                let mut woken = self.woken.lock();
+                if !*woken {
+                    self.wake.wait_for(&mut woken, self.every);
+                }
+                *woken = false;
+            }
+            if self.stop.load(Ordering::Acquire) || self.recreated() {
+                return;
+            }
+            self.poll();
+        }
+    }
+
+    /// One round: drops what refused reads adopted, then applies the head
+    /// if it changed. Nothing is applied until the cache watches: until
+    /// then, nothing of a change could be dropped.
+    fn poll(&self) {
+        let Some(watcher) = self.watcher.lock().clone() else { return };
+        let adopted = std::mem::take(&mut *self.adopted.lock());
+        for index in adopted {
+            let (offset, len) = self.chunk_range(index);
+            watcher.changed(offset, len);
+        }
+        let known = self.seen.lock().etag.clone();
+        let fetched = match fetch(&self.store, &self.head_path, known.as_deref(), self.budget) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!("{}: asking for the head: {e}; asked again in {:?}", self.location, self.every);
+                return;
+            }
+        };
+        let (etag, head) = match fetched {
+            Fetched::Unchanged | Fetched::Missing => return,
+            Fetched::Found(etag, head) => (etag, head),
+        };
+        let from = self.seen.lock().generation;
+        let changes = match &head {
+            Ok(h) if h.disk_uuid != self.manifest.disk_uuid => {
+                self.recreated.store(true, Ordering::Release);
+                warn!(
+                    "{}: the head names another disk (the prefix was made again); this export now answers EIO until the server is restarted",
+                    self.location
+                );
+                return;
+            }
+            Ok(h) => match from {
+                Some(r) if !h.overflow && h.generation >= r && r + 1 >= h.oldest => {
+                    let mut out = BTreeMap::new();
+                    for e in h.entries.iter().filter(|e| e.generation > r) {
+                        let now = match &e.change {
+                            ChunkChange::Written(etag) => Some(etag.clone()),
+                            ChunkChange::Deleted => None,
+                        };
+                        out.insert(e.chunk, now);
+                    }
+                    Some(out)
+                }
+                _ => None,
+            },
+            Err(why) => {
+                warn!("{}: the head does not decode ({why}); listing the chunks instead", self.location);
+                None
+            }
+        };
+        let changes = match changes {
+            Some(c) => c,
+            None => match self.relist() {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!("{}: listing the chunks: {e}; tried again in {:?}", self.location, self.every);
+                    return;
+                }
+            },
+        };
+        let applied = self.apply(&watcher, changes);
+        let generation = head.as_ref().ok().map(|h| h.generation);
+        if applied > 0 {
+            info!(
+                "{}: generation {} applied: {applied} chunks changed",
+                self.location,
+                generation.map_or("?".to_string(), |g| g.to_string())
+            );
+        }
+        *self.seen.lock() = Seen { generation, etag };
+    }
+
+    /// Every chunk whose ETag differs from the map's, by a full listing.
+    fn relist(&self) -> Result<BTreeMap<u64, Option<String>>, String> {
+        let listed: HashMap<u64, String> = list_chunks(&self.store, &self.location)?
+            .into_iter()
+            .filter_map(|(index, meta)| meta.e_tag.map(|e| (index, e)))
+            .collect();
+        let map = self.map.lock();
+        let mut out = BTreeMap::new();
+        for (index, etag) in &listed {
+            if map.get(index).map(|e| bare_etag(e)) != Some(bare_etag(etag)) {
+                out.insert(*index, Some(etag.clone()));
+            }
+        }
+        for index in map.keys().filter(|i| !listed.contains_key(i)) {
+            out.insert(*index, None);
+        }
+        Ok(out)
+    }
+
+    /// The map first, then the cache: a fill that starts after the map
+    /// changed reads the new ETag, one that started before is dropped by
+    /// `changed` (it waits for the fill's locks).
+    fn apply(&self, watcher: &Arc<dyn ChangeWatcher>, changes: BTreeMap<u64, Option<String>>) -> usize {
+        let mut applied = 0;
+        for (index, now) in changes {
+            if index >= self.manifest.size.div_ceil(self.manifest.chunk_size) {
+                warn!("{}: the head names chunk {index}, past the disk's end; ignored", self.location);
+                continue;
+            }
+            let same = {
+                let map = self.map.lock();
+                map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag)
+            };
+            if same {
+                continue;
+            }
+            self.first.call_once(|| watcher.before_first_change());
+            {
+                let mut map = self.map.lock();
+                match &now {
+                    Some(etag) => map.insert(index, etag.clone()),
+                    None => map.remove(&index),
+                };
+            }
+            let (offset, len) = self.chunk_range(index);
+            watcher.changed(offset, len);
+            applied += 1;
+        }
+        applied
+    }
+
+    fn chunk_range(&self, index: u64) -> (u64, u64) {
+        let c = self.manifest.chunk_size;
+        let start = index * c;
+        (start, c.min(self.manifest.size.saturating_sub(start)))
+    }
+
+    /// After a ranged GET of chunk `index` was refused (412, or the chunk
+    /// is gone): the chunk's ETag now (None: not stored, zeros), taken
+    /// into the map; its cached records are dropped by the next poll,
+    /// which this wakes.
+    pub(crate) fn adopt(&self, index: u64) -> DevResult<Option<String>> {
+        let Some(watcher) = self.watcher.lock().clone() else {
+            return Err(eio(format!("{}: chunk {index} changed underneath", self.location)));
+        };
+        // Before any byte of the new contents is read.
+        self.first.call_once(|| watcher.before_first_change());
+        let path = chunk_key(&self.location, index);
+        let opts = GetOptions { head: true, ..Default::default() };
+        let now = match with_retries(self.budget, &path, || block(self.store.get_opts(&path, opts.clone()))) {
+            Ok(got) => match got.meta.e_tag {
+                Some(etag) => Some(etag),
+                None => return Err(eio(format!("{path}: the server gave no ETag"))),
+            },
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(eio(format!("{path}: {e}"))),
+        };
+        {
+            let mut map = self.map.lock();
+            match &now {
+                Some(etag) => map.insert(index, etag.clone()),
+                None => map.remove(&index),
+            };
+        }
+        self.adopted.lock().push(index);
+        self.poke();
+        Ok(now)
+    }
+}
