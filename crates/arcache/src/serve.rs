@@ -682,6 +682,11 @@ impl Running {
         if !self.server.shutdown(Duration::from_secs(30)) {
             warn!("some clients were still connected after 30 s");
         }
+        // Read-only servers of chunked S3 disks stop following their
+        // writers: no change is applied to caches about to close.
+        for v in &self.volumes {
+            v.device().stop_watching();
+        }
         if let Some(r) = &self.recorder {
             r.flush();
         }

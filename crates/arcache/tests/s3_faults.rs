@@ -596,3 +596,65 @@ fn a_writer_whose_run_had_a_failed_write_keeps_no_l2_for_the_next_start() {
         s.stop();
     }
 }
+
+/// A writer's head PUT that fails does not fail its FLUSH (the chunks are
+/// in the bucket): read-only servers lag until a later head lands, which
+/// lists what the failed one would have. A writer killed with changes no
+/// head named: the next writer's first head makes every reader list the
+/// chunks, so they see them.
+#[test]
+fn readers_see_what_a_failed_head_left_out_once_a_later_head_lands() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    let w = serve(&proxy.endpoint(), &["--export", "disk=s3://vms/h/?size=16M&retry_timeout=1"]);
+    let mut c = nbd::Client::connect(&w.target(), "disk").unwrap();
+    let (a, b, d) = (pattern(64 << 10, 60), pattern(64 << 10, 61), pattern(64 << 10, 62));
+    c.write(0, &a, false).unwrap();
+    c.flush().unwrap();
+    let r = serve(&s3.endpoint(), &["--read-only", "--export", "disk=s3://vms/h/?head_poll_ms=100"]);
+    let mut rc = nbd::Client::connect(&r.target(), "disk").unwrap();
+    assert!(read(&mut rc, 0, a.len()).unwrap() == a);
+    let reads_until_at = |rc: &mut nbd::Client, at: u64, want: &[u8], what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while read(rc, at, want.len()).unwrap() != want {
+            assert!(Instant::now() < deadline, "{what}: the reader still serves other bytes");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    proxy.rule(json!({"fault": "503", "methods": ["PUT"], "path": "arcache-head"}));
+    c.write(0, &b, false).unwrap();
+    c.flush().expect("a FLUSH whose head PUT failed still succeeds");
+    assert!(proxy.injected("503") > 0, "no head PUT was refused: {}", proxy.stats());
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(read(&mut rc, 0, a.len()).unwrap() == a, "the reader learnt the change without a head");
+    // The later head lands, but its answer is lost: the retry's 412 finds
+    // our own head there, and the writer goes on from it.
+    proxy.rule(json!({"fault": "reset_after", "count": 1, "methods": ["PUT"], "path": "arcache-head"}));
+    c.write(8 << 20, &d, false).unwrap();
+    c.flush().unwrap();
+    assert!(proxy.injected("reset_after") > 0, "no head answer was lost: {}", proxy.stats());
+    reads_until_at(&mut rc, 0, &b, "after a later head landed");
+    c.write(8 << 20, &b, false).unwrap();
+    c.flush().unwrap();
+    reads_until_at(&mut rc, 8 << 20, &b, "the head after the one whose answer was lost");
+
+    proxy.rule(json!({"fault": "503", "methods": ["PUT"], "path": "arcache-head"}));
+    c.write(0, &d, false).unwrap();
+    c.flush().unwrap();
+    drop(c);
+    let _dir = w.kill9();
+    let env = s3_env(&s3.endpoint());
+    let out = Command::new(BIN)
+        .args(["s3", "break-lease", "--force", "s3://vms/h/"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(read(&mut rc, 0, b.len()).unwrap() == b, "the reader learnt the change without a head");
+    let w = serve(&s3.endpoint(), &["--export", "disk=s3://vms/h/"]);
+    reads_until_at(&mut rc, 0, &d, "after the next writer's first head");
+    drop(rc);
+    w.stop();
+    r.stop();
+}

@@ -157,6 +157,10 @@ pub trait BlockDev: Send + Sync {
     /// chunked S3 disk following its writer): it tells `watcher` what
     /// changed. Stores nobody else changes ignore it.
     fn watch_changes(&self, _watcher: std::sync::Arc<dyn ChangeWatcher>) {}
+
+    /// Stops telling the watcher anything, once a change it was telling
+    /// is done: for a server that stops, before its caches close.
+    fn stop_watching(&self) {}
 }
 
 /// What a store another server changes tells the cache in front of it.
@@ -229,6 +233,9 @@ macro_rules! forward_store_hints {
         fn watch_changes(&self, watcher: std::sync::Arc<dyn $crate::ChangeWatcher>) {
             self.inner.watch_changes(watcher)
         }
+        fn stop_watching(&self) {
+            self.inner.stop_watching()
+        }
     };
 }
 
@@ -292,5 +299,8 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn watch_changes(&self, watcher: std::sync::Arc<dyn ChangeWatcher>) {
         (**self).watch_changes(watcher)
+    }
+    fn stop_watching(&self) {
+        (**self).stop_watching()
     }
 }

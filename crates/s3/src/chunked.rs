@@ -286,7 +286,7 @@ impl S3ChunkDev {
         if let Some(f) = &follow {
             f.start()?;
         }
-        Ok(S3ChunkDev {
+        let dev = S3ChunkDev {
             store,
             location: location.clone(),
             manifest,
@@ -301,7 +301,13 @@ impl S3ChunkDev {
             write_seq: AtomicU64::new(0),
             unsure: Mutex::new(HashMap::new()),
             budget,
-        })
+        };
+        // A writer's first head makes readers list the chunks (a writer
+        // before may have stopped between its PUTs and its head).
+        if writable {
+            dev.publish_head().map_err(|e| format!("{location}: {e}"))?;
+        }
+        Ok(dev)
     }
 
     fn chunk_len(&self, index: u64) -> u64 {
@@ -411,6 +417,36 @@ impl S3ChunkDev {
         }
     }
 
+    fn note_unknown(&self) {
+        if let Some(h) = &self.head {
+            h.note_unknown();
+        }
+    }
+
+    /// Publishes the head if anything changed since the last one landed.
+    /// A head that cannot be written now is tried again at the next flush
+    /// (readers lag meanwhile; the data is in the bucket); one someone else
+    /// wrote fences this writer.
+    fn publish_head(&self) -> DevResult<()> {
+        let Some(head) = self.head.as_ref().filter(|h| h.has_news()) else { return Ok(()) };
+        self.check_writable()?;
+        let token = self.lease.lock().as_ref().map(|l| l.token());
+        let Some(token) = token else {
+            return Err(eio(format!("{}: the lease was given back", self.location)));
+        };
+        match head.publish(&self.store, token, self.budget) {
+            Ok(()) => Ok(()),
+            Err(PublishError::Taken) => Err(self.fence("the head was written by someone else".into())),
+            Err(PublishError::Failed(why)) => {
+                warn!(
+                    "{}: writing the head: {why}; read-only servers see this generation once a later flush writes it",
+                    self.location
+                );
+                Ok(())
+            }
+        }
+    }
+
     fn next_write_id(&self) -> String {
         format!("{:032x}-{}", self.writer_id, self.write_seq.fetch_add(1, Ordering::Relaxed))
     }
@@ -488,8 +524,12 @@ impl S3ChunkDev {
                     Some(_) => {}
                     None => return Err(self.fence(format!("chunk {index} was written by someone else"))),
                 },
-                // The outcome is unknown: the id stays unsure.
-                Err(e) => return Err(eio(format!("{path}: {e}"))),
+                // The outcome is unknown: the id stays unsure, and the
+                // next head cannot say what the chunk holds.
+                Err(e) => {
+                    self.note_unknown();
+                    return Err(eio(format!("{path}: {e}")));
+                }
             }
         }
         Err(self.fence(format!("chunk {index} keeps changing underneath")))
@@ -504,7 +544,10 @@ impl S3ChunkDev {
                 self.note(index, ChunkChange::Deleted);
                 Ok(())
             }
-            Err(e) => Err(eio(format!("{path}: {e}"))),
+            Err(e) => {
+                self.note_unknown();
+                Err(eio(format!("{path}: {e}")))
+            }
         }
     }
 
@@ -601,16 +644,7 @@ impl BlockDev for S3ChunkDev {
         if self.fenced.load(Ordering::Acquire) {
             return Err(eio(format!("{}: the lease was lost", self.location)));
         }
-        let Some(head) = &self.head else { return Ok(()) };
-        let token = self.lease.lock().as_ref().map(|l| l.token());
-        let Some(token) = token else {
-            return Err(eio(format!("{}: the lease was given back", self.location)));
-        };
-        match head.publish(&self.store, token, self.budget) {
-            Ok(()) => Ok(()),
-            Err(PublishError::Taken) => Err(self.fence("the head was written by someone else".into())),
-            Err(PublishError::Failed(why)) => Err(eio(format!("writing the head: {why}"))),
-        }
+        self.publish_head()
     }
 
     /// Whole chunks are deleted; parts of chunks are left as they are
@@ -677,17 +711,19 @@ impl BlockDev for S3ChunkDev {
     }
 
     fn changed(&self) -> Option<String> {
-        self.follow.as_ref().filter(|f| f.recreated()).map(|_| {
-            format!(
-                "{}: the disk was made again under its prefix; restart the server to serve it",
-                self.location
-            )
-        })
+        let why = self.follow.as_ref()?.failure()?;
+        Some(format!("{}: {why}", self.location))
     }
 
     fn watch_changes(&self, watcher: Arc<dyn blockdev::ChangeWatcher>) {
         if let Some(f) = &self.follow {
             f.set_watcher(watcher);
+        }
+    }
+
+    fn stop_watching(&self) {
+        if let Some(f) = &self.follow {
+            f.stop();
         }
     }
 }

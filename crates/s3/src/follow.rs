@@ -53,6 +53,11 @@ pub(crate) struct Follow {
     stop: AtomicBool,
     /// The head names another disk: the prefix was made again.
     recreated: AtomicBool,
+    /// The poller died (a panic): the export must fail rather than go on
+    /// serving a disk it no longer follows.
+    broken: AtomicBool,
+    /// Held through each round, so `stop` can wait for the one under way.
+    round: Mutex<()>,
     budget: Duration,
 }
 
@@ -95,6 +100,8 @@ impl Follow {
             every,
             stop: AtomicBool::new(false),
             recreated: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            round: Mutex::new(()),
             budget,
         }))
     }
@@ -113,13 +120,25 @@ impl Follow {
         self.poke();
     }
 
+    /// No change is applied after this returns (a round under way is
+    /// waited for), and a refused read fails instead of taking a new ETag:
+    /// for a server that stops, before its caches are closed.
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.poke();
+        let _round = self.round.lock();
+        *self.watcher.lock() = None;
     }
 
-    pub(crate) fn recreated(&self) -> bool {
-        self.recreated.load(Ordering::Acquire)
+    /// Why the export must fail every read, if it must.
+    pub(crate) fn failure(&self) -> Option<&'static str> {
+        if self.recreated.load(Ordering::Acquire) {
+            Some("the disk was made again under its prefix; restart the server to serve it")
+        } else if self.broken.load(Ordering::Acquire) {
+            Some("following the writer's generations failed (see the log); restart the server")
+        } else {
+            None
+        }
     }
 
     fn poke(&self) {
@@ -136,10 +155,15 @@ impl Follow {
                 }
                 *woken = false;
             }
-            if self.stop.load(Ordering::Acquire) || self.recreated() {
+            let _round = self.round.lock();
+            if self.stop.load(Ordering::Acquire) || self.failure().is_some() {
                 return;
             }
-            self.poll();
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.poll())).is_err() {
+                self.broken.store(true, Ordering::Release);
+                warn!("{}: following the writer failed; this export now answers EIO", self.location);
+                return;
+            }
         }
     }
 
@@ -176,7 +200,7 @@ impl Follow {
                 return;
             }
             Ok(h) => match from {
-                Some(r) if !h.overflow && h.generation >= r && r + 1 >= h.oldest => {
+                Some(r) if !h.overflow && h.generation >= r && r.saturating_add(1) >= h.oldest => {
                     let mut out = BTreeMap::new();
                     for e in h.entries.iter().filter(|e| e.generation > r) {
                         let now = match &e.change {
@@ -204,7 +228,7 @@ impl Follow {
                 }
             },
         };
-        let applied = self.apply(&watcher, changes);
+        let Some(applied) = self.apply(&watcher, changes) else { return };
         let generation = head.as_ref().ok().map(|h| h.generation);
         if applied > 0 {
             info!(
@@ -237,10 +261,28 @@ impl Follow {
 
     /// The map first, then the cache: a fill that starts after the map
     /// changed reads the new ETag, one that started before is dropped by
-    /// `changed` (it waits for the fill's locks).
-    fn apply(&self, watcher: &Arc<dyn ChangeWatcher>, changes: BTreeMap<u64, Option<String>>) -> usize {
+    /// `changed` (it waits for the fill's locks). An absence is checked
+    /// with a HEAD first: a refused read may have taken a newer ETag than
+    /// the head or listing names, and an absent chunk reads as zeros with
+    /// no GET that could refuse. None: a check failed; the round is tried
+    /// again (what it applied is applied again as a no-op).
+    fn apply(
+        &self,
+        watcher: &Arc<dyn ChangeWatcher>,
+        changes: BTreeMap<u64, Option<String>>,
+    ) -> Option<usize> {
         let mut applied = 0;
-        for (index, now) in changes {
+        for (index, listed) in changes {
+            let now = match listed {
+                Some(etag) => Some(etag),
+                None => match self.stored_etag(index) {
+                    Ok(now) => now,
+                    Err(e) => {
+                        warn!("{}: {e}; asked again in {:?}", self.location, self.every);
+                        return None;
+                    }
+                },
+            };
             if index >= self.manifest.size.div_ceil(self.manifest.chunk_size) {
                 warn!("{}: the head names chunk {index}, past the disk's end; ignored", self.location);
                 continue;
@@ -264,7 +306,21 @@ impl Follow {
             watcher.changed(offset, len);
             applied += 1;
         }
-        applied
+        Some(applied)
+    }
+
+    /// Chunk `index`'s ETag as the bucket has it now; None: not stored.
+    fn stored_etag(&self, index: u64) -> DevResult<Option<String>> {
+        let path = chunk_key(&self.location, index);
+        let opts = GetOptions { head: true, ..Default::default() };
+        match with_retries(self.budget, &path, || block(self.store.get_opts(&path, opts.clone()))) {
+            Ok(got) => match got.meta.e_tag {
+                Some(etag) => Ok(Some(etag)),
+                None => Err(eio(format!("{path}: the server gave no ETag"))),
+            },
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(eio(format!("{path}: {e}"))),
+        }
     }
 
     fn chunk_range(&self, index: u64) -> (u64, u64) {
@@ -283,16 +339,7 @@ impl Follow {
         };
         // Before any byte of the new contents is read.
         self.first.call_once(|| watcher.before_first_change());
-        let path = chunk_key(&self.location, index);
-        let opts = GetOptions { head: true, ..Default::default() };
-        let now = match with_retries(self.budget, &path, || block(self.store.get_opts(&path, opts.clone()))) {
-            Ok(got) => match got.meta.e_tag {
-                Some(etag) => Some(etag),
-                None => return Err(eio(format!("{path}: the server gave no ETag"))),
-            },
-            Err(object_store::Error::NotFound { .. }) => None,
-            Err(e) => return Err(eio(format!("{path}: {e}"))),
-        };
+        let now = self.stored_etag(index)?;
         {
             let mut map = self.map.lock();
             match &now {

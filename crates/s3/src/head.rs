@@ -64,25 +64,45 @@ pub(crate) enum PublishError {
 }
 
 struct Published {
+    /// The last generation we know the bucket's head has.
     generation: u64,
     /// The head's ETag as our last write of it left it.
     etag: Option<String>,
     oldest: u64,
     history: Vec<HeadEntry>,
-    /// Changes since the last head, in the order they were made.
+    /// Changes not yet in a head we know landed, in the order made.
     pending: Vec<(u64, ChunkChange)>,
+    /// Generation numbers up to this one were sent in PUTs whose outcome
+    /// is unknown: never sent again with other contents.
+    used: u64,
+    /// Some change may be missing from `pending` (a chunk PUT or DELETE
+    /// whose answer was lost, a writer before us that stopped between its
+    /// PUTs and its head): the next head lists nothing older than itself,
+    /// so every reader lists the chunks instead.
+    relist: bool,
+}
+
+/// What one publication sends.
+struct Attempt {
+    head: Head,
+    bytes: Vec<u8>,
+    /// How many of `pending` it lists.
+    taken: usize,
 }
 
 pub(crate) struct HeadWriter {
     path: Path,
     disk_uuid: [u8; 16],
     state: Mutex<Published>,
+    /// One publication at a time; `state` stays free for `note` meanwhile.
+    publishing: Mutex<()>,
 }
 
 impl HeadWriter {
     /// Takes up the generations where the head in the bucket left them
-    /// (from 0 without one); a head that does not decode, or of another
-    /// disk, is written over and lists nothing older than our first.
+    /// (from 0 without one). The first head it publishes makes every
+    /// reader list the chunks: a writer before it may have stopped between
+    /// chunk PUTs and the head that would have named them.
     pub(crate) fn load(
         store: &AmazonS3,
         location: &S3Location,
@@ -91,117 +111,139 @@ impl HeadWriter {
     ) -> Result<HeadWriter, String> {
         let path = head_key(location);
         let fetched = fetch(store, &path, None, budget).map_err(|e| format!("{path}: {e}"))?;
-        let state = match fetched {
-            Fetched::Found(etag, Ok(h)) if h.disk_uuid == disk_uuid => Published {
-                generation: h.generation,
-                etag,
-                oldest: h.oldest,
-                history: h.entries,
-                pending: Vec::new(),
-            },
-            Fetched::Found(etag, head) => {
-                let generation = head.map_or(0, |h| h.generation);
-                Published {
-                    generation,
-                    etag,
-                    oldest: generation + 1,
-                    history: Vec::new(),
-                    pending: Vec::new(),
-                }
-            }
-            Fetched::Missing | Fetched::Unchanged => {
-                Published { generation: 0, etag: None, oldest: 1, history: Vec::new(), pending: Vec::new() }
-            }
+        let (generation, etag) = match fetched {
+            Fetched::Found(etag, head) => (head.map_or(0, |h| h.generation), etag),
+            Fetched::Missing | Fetched::Unchanged => (0, None),
         };
-        Ok(HeadWriter { path, disk_uuid, state: Mutex::new(state) })
+        let state = Published {
+            generation,
+            etag,
+            oldest: generation.saturating_add(1),
+            history: Vec::new(),
+            pending: Vec::new(),
+            used: generation,
+            relist: true,
+        };
+        Ok(HeadWriter { path, disk_uuid, state: Mutex::new(state), publishing: Mutex::new(()) })
     }
 
     pub(crate) fn note(&self, chunk: u64, change: ChunkChange) {
         self.state.lock().pending.push((chunk, change));
     }
 
+    /// A change of unknown outcome happened: the next head makes readers
+    /// list the chunks.
+    pub(crate) fn note_unknown(&self) {
+        self.state.lock().relist = true;
+    }
+
+    pub(crate) fn has_news(&self) -> bool {
+        let st = self.state.lock();
+        !st.pending.is_empty() || st.relist
+    }
+
     /// Writes the next generation's head if anything changed since the
-    /// last, conditional on the head being the one we wrote last. A head
-    /// whose answer was lost is recognised by our token and generation.
+    /// last one landed, conditional on the head being the one we know. A
+    /// head of ours found there instead (a PUT whose answer was lost) is
+    /// taken as the base and the head is written again over it, under a
+    /// generation number never sent before, so a reader never takes a head
+    /// for one with other contents.
     pub(crate) fn publish(
         &self,
         store: &AmazonS3,
         token: [u8; 16],
         budget: Duration,
     ) -> Result<(), PublishError> {
-        let mut st = self.state.lock();
-        if st.pending.is_empty() {
+        let _one = self.publishing.lock();
+        for _ in 0..3 {
+            let (attempt, known) = {
+                let mut st = self.state.lock();
+                if st.pending.is_empty() && !st.relist {
+                    return Ok(());
+                }
+                let a = self.attempt(&mut st, token);
+                (a, st.etag.clone())
+            };
+            let generation = attempt.head.generation;
+            let put = with_retries(budget, &self.path, || {
+                let body = attempt.bytes.clone().into();
+                crate::cond::put_conditional(store, &self.path, body, &Attributes::new(), known.as_deref())
+            });
+            let etag = match put {
+                Ok(r) => r.e_tag,
+                Err(object_store::Error::Precondition { .. })
+                | Err(object_store::Error::AlreadyExists { .. }) => {
+                    let there = match fetch(store, &self.path, None, budget) {
+                        Ok(Fetched::Found(etag, Ok(h))) if h.token == token => (etag, h.generation),
+                        Ok(_) => return Err(PublishError::Taken),
+                        Err(e) => return Err(PublishError::Failed(format!("{}: {e}", self.path))),
+                    };
+                    let mut st = self.state.lock();
+                    match there {
+                        // This very PUT landed; its answer was lost.
+                        (etag, g) if g == generation => etag,
+                        // An earlier PUT of ours whose outcome we did not
+                        // know: write ours again over it.
+                        (etag, g) if g > st.generation && g < generation => {
+                            tracing::info!("{}: an earlier head write of ours had landed", self.path);
+                            st.etag = etag;
+                            continue;
+                        }
+                        _ => return Err(PublishError::Taken),
+                    }
+                }
+                Err(e) => return Err(PublishError::Failed(format!("{}: {e}", self.path))),
+            };
+            let mut st = self.state.lock();
+            st.pending.drain(..attempt.taken);
+            st.generation = generation;
+            st.etag = etag;
+            st.oldest = attempt.head.oldest;
+            st.history = attempt.head.entries;
+            st.relist = false;
             return Ok(());
         }
-        let generation = st.generation + 1;
+        Err(PublishError::Failed(format!("{}: our own earlier writes kept landing", self.path)))
+    }
+
+    /// The head of the next unused generation: the history and every
+    /// pending change, as many of the last generations as fit in
+    /// [`HEAD_MAX`] (oldest dropped first). One that does not fit alone,
+    /// or names an ETag too long to encode, or follows a change of unknown
+    /// outcome, is not listed: the head lists from the next generation on,
+    /// so a reader that needs it lists the disk instead.
+    fn attempt(&self, st: &mut Published, token: [u8; 16]) -> Attempt {
+        let generation = st.used.max(st.generation).saturating_add(1);
+        st.used = generation;
+        let taken = st.pending.len();
         let mut entries = st.history.clone();
         entries.extend(st.pending.iter().map(|(chunk, change)| HeadEntry {
             generation,
             chunk: *chunk,
             change: change.clone(),
         }));
-        let (head, bytes) = self.fitted(token, generation, st.oldest, entries);
-        let put = with_retries(budget, &self.path, || {
-            crate::cond::put_conditional(
-                store,
-                &self.path,
-                bytes.clone().into(),
-                &Attributes::new(),
-                st.etag.as_deref(),
-            )
-        });
-        let etag = match put {
-            Ok(r) => r.e_tag,
-            Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::AlreadyExists { .. }) => {
-                match fetch(store, &self.path, None, budget) {
-                    Ok(Fetched::Found(etag, Ok(there)))
-                        if there.token == token && there.generation == generation =>
-                    {
-                        tracing::info!("{}: a head write of ours landed but its answer was lost", self.path);
-                        etag
-                    }
-                    Ok(_) => return Err(PublishError::Taken),
-                    Err(e) => return Err(PublishError::Failed(format!("{}: {e}", self.path))),
-                }
-            }
-            Err(e) => return Err(PublishError::Failed(format!("{}: {e}", self.path))),
-        };
-        *st = Published { generation, etag, oldest: head.oldest, history: head.entries, pending: Vec::new() };
-        Ok(())
-    }
-
-    /// The head for `generation` with as many of the last generations'
-    /// changes as fit in [`HEAD_MAX`], oldest dropped first; a generation
-    /// that does not fit alone (or names an ETag too long to encode) is
-    /// not listed, and the head lists from the next one, so a reader that
-    /// needs it lists the disk instead.
-    fn fitted(
-        &self,
-        token: [u8; 16],
-        generation: u64,
-        oldest: u64,
-        mut entries: Vec<HeadEntry>,
-    ) -> (Head, Vec<u8>) {
         let mut head = Head {
             disk_uuid: self.disk_uuid,
             token,
             generation,
-            oldest,
+            oldest: st.oldest,
             overflow: false,
             entries: Vec::new(),
         };
+        if st.relist {
+            entries.clear();
+            head.oldest = generation.saturating_add(1);
+        }
         loop {
             head.entries = entries.clone();
             if let Ok(bytes) = head.encode() {
-                return (head, bytes);
+                return Attempt { head, bytes, taken };
             }
             let first = entries.first().map_or(generation, |e| e.generation);
             if first >= generation {
-                head.oldest = generation + 1;
-                head.entries.clear();
-                let bytes = head.encode().unwrap_or_default();
-                return (head, bytes);
+                entries.clear();
+                head.oldest = generation.saturating_add(1);
+                continue;
             }
             entries.retain(|e| e.generation > first);
             head.oldest = first + 1;
