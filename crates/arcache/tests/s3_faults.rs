@@ -634,6 +634,8 @@ fn readers_see_what_a_failed_head_left_out_once_a_later_head_lands() {
     c.flush().unwrap();
     assert!(proxy.injected("reset_after") > 0, "no head answer was lost: {}", proxy.stats());
     reads_until_at(&mut rc, 0, &b, "after a later head landed");
+    // Cached by the reader, so only a head can tell it of the next write.
+    assert!(read(&mut rc, 8 << 20, d.len()).unwrap() == d);
     c.write(8 << 20, &b, false).unwrap();
     c.flush().unwrap();
     reads_until_at(&mut rc, 8 << 20, &b, "the head after the one whose answer was lost");

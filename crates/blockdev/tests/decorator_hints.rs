@@ -11,8 +11,8 @@ use std::time::Duration;
 use blockdev::{BlockDev, ChangeWatcher, CountingDev, DevResult, FaultyDev, MemDev, SlowDev, SlowDevConfig};
 
 /// A store with every hint set; it tells a watcher it is handed that its
-/// first megabyte changed.
-struct Hinted(MemDev);
+/// first megabyte changed, and counts the times it was told to stop.
+struct Hinted(MemDev, AtomicU64);
 
 /// Counts what it is told.
 #[derive(Default)]
@@ -62,14 +62,28 @@ impl BlockDev for Hinted {
         watcher.before_first_change();
         watcher.changed(0, 1 << 20);
     }
+    fn stop_watching(&self) {
+        self.1.fetch_add(1, Relaxed);
+    }
 }
 
 type Hints = (Option<u64>, Option<u64>, Option<String>, String, String, u64);
 
-fn hints(d: &dyn BlockDev) -> Hints {
+/// The hints as `d` passes them on; `stops` counts `stop_watching` calls
+/// that reached the store.
+fn hints(d: &dyn BlockDev, stops: impl Fn() -> u64) -> (Hints, u64) {
     let told = Arc::new(Told::default());
     d.watch_changes(told.clone());
-    (d.write_unit(), d.read_unit(), d.changed(), d.identity(), d.contents_identity(), told.0.load(Relaxed))
+    d.stop_watching();
+    let h = (
+        d.write_unit(),
+        d.read_unit(),
+        d.changed(),
+        d.identity(),
+        d.contents_identity(),
+        told.0.load(Relaxed),
+    );
+    (h, stops())
 }
 
 #[test]
@@ -82,10 +96,18 @@ fn decorators_pass_the_stores_hints_through() {
         "store#v2".into(),
         (1 << 20) + 1,
     );
-    let inner = || Hinted(MemDev::new(1 << 20));
     let slow = SlowDevConfig { latency: Duration::ZERO, parallelism: 1, bandwidth: u64::MAX };
-    assert_eq!(hints(&CountingDev::new(inner())), want, "counting");
-    assert_eq!(hints(&FaultyDev::new(inner(), 1)), want, "faulty");
-    assert_eq!(hints(&SlowDev::new(inner(), slow)), want, "slow");
-    assert_eq!(hints(&Arc::new(inner())), want, "Arc");
+    let inner = || Arc::new(Hinted(MemDev::new(1 << 20), AtomicU64::new(0)));
+    let stops = |h: &Arc<Hinted>| {
+        let h = Arc::clone(h);
+        move || h.1.load(Relaxed)
+    };
+    let h = inner();
+    assert_eq!(hints(&CountingDev::new(Arc::clone(&h)), stops(&h)), (want.clone(), 1), "counting");
+    let h = inner();
+    assert_eq!(hints(&FaultyDev::new(Arc::clone(&h), 1), stops(&h)), (want.clone(), 1), "faulty");
+    let h = inner();
+    assert_eq!(hints(&SlowDev::new(Arc::clone(&h), slow), stops(&h)), (want.clone(), 1), "slow");
+    let h = inner();
+    assert_eq!(hints(&Arc::clone(&h), stops(&h)), (want, 1), "Arc");
 }

@@ -256,7 +256,15 @@ impl S3ChunkDev {
         };
         let budget = retry_budget(location);
         let head = match &lease {
-            Some(_) => Some(HeadWriter::load(&store, location, manifest.disk_uuid, budget)?),
+            Some(_) => match HeadWriter::load(&store, location, manifest.disk_uuid, budget) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    if let Some(l) = lease {
+                        l.release();
+                    }
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let lease = Arc::new(Mutex::new(lease));
@@ -434,7 +442,8 @@ impl S3ChunkDev {
         let Some(token) = token else {
             return Err(eio(format!("{}: the lease was given back", self.location)));
         };
-        match head.publish(&self.store, token, self.budget) {
+        let may_write = || self.check_writable().map_err(|e| e.to_string());
+        match head.publish(&self.store, token, self.budget, &may_write) {
             Ok(()) => Ok(()),
             Err(PublishError::Taken) => Err(self.fence("the head was written by someone else".into())),
             Err(PublishError::Failed(why)) => {

@@ -58,6 +58,11 @@ pub(crate) struct Follow {
     broken: AtomicBool,
     /// Held through each round, so `stop` can wait for the one under way.
     round: Mutex<()>,
+    /// The poller's thread: a `stop` from it (the last reference to the
+    /// device dropped there) must not wait for its own round.
+    poller: std::sync::OnceLock<std::thread::ThreadId>,
+    /// Serializes deciding a chunk's ETag (see `decide`).
+    deciding: Mutex<()>,
     budget: Duration,
 }
 
@@ -102,6 +107,8 @@ impl Follow {
             recreated: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             round: Mutex::new(()),
+            poller: std::sync::OnceLock::new(),
+            deciding: Mutex::new(()),
             budget,
         }))
     }
@@ -126,7 +133,9 @@ impl Follow {
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.poke();
-        let _round = self.round.lock();
+        if self.poller.get() != Some(&std::thread::current().id()) {
+            let _round = self.round.lock();
+        }
         *self.watcher.lock() = None;
     }
 
@@ -147,6 +156,7 @@ impl Follow {
     }
 
     fn run(&self) {
+        let _ = self.poller.set(std::thread::current().id());
         loop {
             {
                 let mut woken = self.woken.lock();
@@ -228,7 +238,7 @@ impl Follow {
                 }
             },
         };
-        let Some(applied) = self.apply(&watcher, changes) else { return };
+        let (applied, complete) = self.apply(&watcher, changes);
         let generation = head.as_ref().ok().map(|h| h.generation);
         if applied > 0 {
             info!(
@@ -237,7 +247,9 @@ impl Follow {
                 generation.map_or("?".to_string(), |g| g.to_string())
             );
         }
-        *self.seen.lock() = Seen { generation, etag };
+        if complete {
+            *self.seen.lock() = Seen { generation, etag };
+        }
     }
 
     /// Every chunk whose ETag differs from the map's, by a full listing.
@@ -264,49 +276,70 @@ impl Follow {
     /// `changed` (it waits for the fill's locks). An absence is checked
     /// with a HEAD first: a refused read may have taken a newer ETag than
     /// the head or listing names, and an absent chunk reads as zeros with
-    /// no GET that could refuse. None: a check failed; the round is tried
-    /// again (what it applied is applied again as a no-op).
+    /// no GET that could refuse. The applied count, and whether every
+    /// change could be decided (if not, the round is tried again; what it
+    /// applied is then applied again as a no-op).
     fn apply(
         &self,
         watcher: &Arc<dyn ChangeWatcher>,
         changes: BTreeMap<u64, Option<String>>,
-    ) -> Option<usize> {
-        let mut applied = 0;
+    ) -> (usize, bool) {
+        let (mut applied, mut complete) = (0, true);
+        let chunks = self.manifest.size.div_ceil(self.manifest.chunk_size);
         for (index, listed) in changes {
-            let now = match listed {
-                Some(etag) => Some(etag),
-                None => match self.stored_etag(index) {
-                    Ok(now) => now,
-                    Err(e) => {
-                        warn!("{}: {e}; asked again in {:?}", self.location, self.every);
-                        return None;
-                    }
-                },
-            };
-            if index >= self.manifest.size.div_ceil(self.manifest.chunk_size) {
+            if index >= chunks {
                 warn!("{}: the head names chunk {index}, past the disk's end; ignored", self.location);
                 continue;
             }
-            let same = {
-                let map = self.map.lock();
-                map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag)
+            match self.decide(watcher, index, listed) {
+                Ok(false) => {}
+                Ok(true) => {
+                    let (offset, len) = self.chunk_range(index);
+                    watcher.changed(offset, len);
+                    applied += 1;
+                }
+                Err(e) => {
+                    warn!("{}: {e}; asked again in {:?}", self.location, self.every);
+                    complete = false;
+                }
+            }
+        }
+        (applied, complete)
+    }
+
+    /// Takes `listed` (or, for an absence, what the bucket holds now) into
+    /// the map if it differs; true if it did. Under `deciding`, which a
+    /// refused read's adoption takes too, so neither undoes a newer ETag
+    /// the other just took.
+    fn decide(
+        &self,
+        watcher: &Arc<dyn ChangeWatcher>,
+        index: u64,
+        listed: Option<String>,
+    ) -> DevResult<bool> {
+        loop {
+            let deciding = self.deciding.lock();
+            let now = match &listed {
+                Some(etag) => Some(etag.clone()),
+                None => self.stored_etag(index)?,
             };
-            if same {
+            let mut map = self.map.lock();
+            if map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag) {
+                return Ok(false);
+            }
+            if !self.first.is_completed() {
+                // Not under the locks: it writes the L2's headers.
+                drop(map);
+                drop(deciding);
+                self.first.call_once(|| watcher.before_first_change());
                 continue;
             }
-            self.first.call_once(|| watcher.before_first_change());
-            {
-                let mut map = self.map.lock();
-                match &now {
-                    Some(etag) => map.insert(index, etag.clone()),
-                    None => map.remove(&index),
-                };
-            }
-            let (offset, len) = self.chunk_range(index);
-            watcher.changed(offset, len);
-            applied += 1;
+            match now {
+                Some(etag) => map.insert(index, etag),
+                None => map.remove(&index),
+            };
+            return Ok(true);
         }
-        Some(applied)
     }
 
     /// Chunk `index`'s ETag as the bucket has it now; None: not stored.
@@ -339,14 +372,16 @@ impl Follow {
         };
         // Before any byte of the new contents is read.
         self.first.call_once(|| watcher.before_first_change());
-        let now = self.stored_etag(index)?;
-        {
+        let now = {
+            let _deciding = self.deciding.lock();
+            let now = self.stored_etag(index)?;
             let mut map = self.map.lock();
             match &now {
                 Some(etag) => map.insert(index, etag.clone()),
                 None => map.remove(&index),
             };
-        }
+            now
+        };
         self.adopted.lock().push(index);
         self.poke();
         Ok(now)

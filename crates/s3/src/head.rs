@@ -80,6 +80,9 @@ struct Published {
     /// PUTs and its head): the next head lists nothing older than itself,
     /// so every reader lists the chunks instead.
     relist: bool,
+    /// Counts changes of unknown outcome, so a head sent before one is not
+    /// taken for covering it.
+    unknowns: u64,
 }
 
 /// What one publication sends.
@@ -88,6 +91,8 @@ struct Attempt {
     bytes: Vec<u8>,
     /// How many of `pending` it lists.
     taken: usize,
+    /// `unknowns` when it was made.
+    unknowns: u64,
 }
 
 pub(crate) struct HeadWriter {
@@ -112,7 +117,9 @@ impl HeadWriter {
         let path = head_key(location);
         let fetched = fetch(store, &path, None, budget).map_err(|e| format!("{path}: {e}"))?;
         let (generation, etag) = match fetched {
-            Fetched::Found(etag, head) => (head.map_or(0, |h| h.generation), etag),
+            // Numbering starts again below a head that leaves it no room
+            // (readers seeing a generation go back list the chunks).
+            Fetched::Found(etag, head) => (head.map_or(0, |h| h.generation).min(u64::MAX >> 1), etag),
             Fetched::Missing | Fetched::Unchanged => (0, None),
         };
         let state = Published {
@@ -123,6 +130,7 @@ impl HeadWriter {
             pending: Vec::new(),
             used: generation,
             relist: true,
+            unknowns: 0,
         };
         Ok(HeadWriter { path, disk_uuid, state: Mutex::new(state), publishing: Mutex::new(()) })
     }
@@ -134,7 +142,9 @@ impl HeadWriter {
     /// A change of unknown outcome happened: the next head makes readers
     /// list the chunks.
     pub(crate) fn note_unknown(&self) {
-        self.state.lock().relist = true;
+        let mut st = self.state.lock();
+        st.relist = true;
+        st.unknowns += 1;
     }
 
     pub(crate) fn has_news(&self) -> bool {
@@ -153,9 +163,13 @@ impl HeadWriter {
         store: &AmazonS3,
         token: [u8; 16],
         budget: Duration,
+        may_write: &dyn Fn() -> Result<(), String>,
     ) -> Result<(), PublishError> {
         let _one = self.publishing.lock();
         for _ in 0..3 {
+            // Checked before every PUT: a publication can outlast the
+            // self-fence bound.
+            may_write().map_err(PublishError::Failed)?;
             let (attempt, known) = {
                 let mut st = self.state.lock();
                 if st.pending.is_empty() && !st.relist {
@@ -200,7 +214,9 @@ impl HeadWriter {
             st.etag = etag;
             st.oldest = attempt.head.oldest;
             st.history = attempt.head.entries;
-            st.relist = false;
+            // A change of unknown outcome made while this head was on its
+            // way is not covered by it.
+            st.relist = st.unknowns != attempt.unknowns;
             return Ok(());
         }
         Err(PublishError::Failed(format!("{}: our own earlier writes kept landing", self.path)))
@@ -237,7 +253,7 @@ impl HeadWriter {
         loop {
             head.entries = entries.clone();
             if let Ok(bytes) = head.encode() {
-                return Attempt { head, bytes, taken };
+                return Attempt { head, bytes, taken, unknowns: st.unknowns };
             }
             let first = entries.first().map_or(generation, |e| e.generation);
             if first >= generation {
