@@ -599,9 +599,11 @@ fn a_writer_whose_run_had_a_failed_write_keeps_no_l2_for_the_next_start() {
 
 /// A writer's head PUT that fails does not fail its FLUSH (the chunks are
 /// in the bucket): read-only servers lag until a later head lands, which
-/// lists what the failed one would have. A writer killed with changes no
-/// head named: the next writer's first head makes every reader list the
-/// chunks, so they see them.
+/// lists what the failed one would have. A head whose answer is lost is
+/// taken as written; one that landed although every try of it seemed to
+/// fail has its number used up, and the next head is written over it. A
+/// writer killed with changes no head named: the next writer's first head
+/// makes every reader list the chunks, so they see them.
 #[test]
 fn readers_see_what_a_failed_head_left_out_once_a_later_head_lands() {
     let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
@@ -640,12 +642,43 @@ fn readers_see_what_a_failed_head_left_out_once_a_later_head_lands() {
     c.flush().unwrap();
     reads_until_at(&mut rc, 8 << 20, &b, "the head after the one whose answer was lost");
 
+    // Every head PUT lands but loses its answer, retries included, until
+    // the budget is spent: the flush goes on (the chunks are in the
+    // bucket), and that generation's number is used up. The next head
+    // finds our earlier one there (412) and is written over it under a
+    // new number, listing what is still pending.
+    let env = s3_env(&s3.endpoint());
+    let generation = || {
+        let out = Command::new(BIN)
+            .args(["s3", "show", "--json", "s3://vms/h/"])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).expect("s3 show --json");
+        v["head_generation"].as_u64().expect("a head")
+    };
+    let before = generation();
+    proxy.rule(json!({"fault": "reset_after", "methods": ["PUT"], "path": "arcache-head"}));
+    c.write(12 << 20, &d, false).unwrap();
+    c.flush().expect("a FLUSH whose head PUTs all lost their answers still succeeds");
+    assert_eq!(generation(), before + 1, "the head PUT landed");
+    proxy.pass();
+    assert!(read(&mut rc, 0, b.len()).unwrap() == b);
+    c.write(0, &a, false).unwrap();
+    c.flush().expect("the next head is written over our earlier one");
+    assert_eq!(
+        generation(),
+        before + 3,
+        "one number used up by the refused PUT, one by the head written over it"
+    );
+    reads_until_at(&mut rc, 0, &a, "the head written over our earlier one");
+    reads_until_at(&mut rc, 12 << 20, &d, "what the earlier head listed");
+
     proxy.rule(json!({"fault": "503", "methods": ["PUT"], "path": "arcache-head"}));
     c.write(0, &d, false).unwrap();
     c.flush().unwrap();
     drop(c);
     let _dir = w.kill9();
-    let env = s3_env(&s3.endpoint());
     let out = Command::new(BIN)
         .args(["s3", "break-lease", "--force", "s3://vms/h/"])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -653,7 +686,7 @@ fn readers_see_what_a_failed_head_left_out_once_a_later_head_lands() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     std::thread::sleep(Duration::from_secs(1));
-    assert!(read(&mut rc, 0, b.len()).unwrap() == b, "the reader learnt the change without a head");
+    assert!(read(&mut rc, 0, a.len()).unwrap() == a, "the reader learnt the change without a head");
     let w = serve(&s3.endpoint(), &["--export", "disk=s3://vms/h/"]);
     reads_until_at(&mut rc, 0, &d, "after the next writer's first head");
     drop(rc);
