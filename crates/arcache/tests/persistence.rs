@@ -413,3 +413,31 @@ fn forgetting_one_export_keeps_the_others_records() {
     assert!(n(&s, "l2_hits") > 0, "the other export's records were not kept: {}", s.stat());
     s.stop();
 }
+
+/// Two exports whose names agree in the 64 bytes the L2's export table
+/// keeps of a name share its entry, so only one keeps its records across
+/// restarts: the server says so at start.
+#[test]
+fn exports_sharing_their_tables_name_are_named_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_path_buf();
+    random_file(&p.join("a.img"), 1 << 20, 41);
+    let prefix = "x".repeat(64);
+    let args = [
+        "--export".to_string(),
+        format!("{prefix}-one={}", p.join("a.img").display()),
+        "--export".to_string(),
+        format!("{prefix}-two={}", p.join("a.img").display()),
+        "--read-only".to_string(),
+        "--l2".to_string(),
+        format!("{}:32M", p.join("l2.img").display()),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut s = Serve::start(dir, &args);
+    let (status, log) = s.terminate();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("agree in the first 64 bytes") && log.contains("-one") && log.contains("-two"),
+        "no warning of the shared entry: {log}"
+    );
+}

@@ -187,6 +187,7 @@ impl L2Arc {
                 id => maps[id as usize] = Some(map),
             }
         }
+        warn_of_shared_table_names(exports);
         let stats = crate::L2Stats::default();
         let mut persist = Vec::with_capacity(devices.len());
         let mut rebuild = Vec::with_capacity(devices.len());
@@ -699,6 +700,24 @@ fn open_device(
 fn persist_state(hdr: Header) -> DevPersist {
     let seed = format::log_seed(hdr.uuid, hdr.incarnation);
     DevPersist { hdr, seed, live: VecDeque::new() }
+}
+
+/// Two exports whose names agree in the bytes the export table keeps of a
+/// name share one entry: only the one that made it keeps its records
+/// across restarts (the other's identity never matches it, so nothing
+/// wrong is restored). Said at start rather than left to be found.
+fn warn_of_shared_table_names(exports: &[ExportDesc]) {
+    for (i, a) in exports.iter().enumerate() {
+        if let Some(b) = exports[..i].iter().find(|b| table_name(&b.name) == table_name(&a.name)) {
+            warn!(
+                "exports {:?} and {:?} agree in the first {} bytes of their names, all the L2's export table keeps: \
+                 only one of them keeps its L2 records across restarts (shorten one name)",
+                b.name,
+                a.name,
+                table_name(&a.name).len()
+            );
+        }
+    }
 }
 
 fn add_new_exports(hdr: &mut Header, exports: &[ExportDesc]) -> Result<(), String> {
