@@ -3,7 +3,9 @@
 //! own changes"): while it serves, the L2 is bound to nothing any store can
 //! hold, and at a clean stop, once every change has reached the store, to
 //! what the store holds then. Another server's change still discards it,
-//! and so does a crash.
+//! and so does a crash. A reader of a chunked S3 disk that followed its
+//! writer is bound again at a clean stop the same way (its first change
+//! unbound it, `arcache_engine`'s `volume/changes.rs`).
 
 use std::sync::Arc;
 
@@ -15,11 +17,14 @@ pub(crate) fn contents_of(dev: &dyn BlockDev) -> u64 {
     xxhash_rust::xxh3::xxh3_64(dev.contents_identity().as_bytes())
 }
 
-/// The exports whose binding moves: written by this server, on stores
-/// whose contents identity is more than their identity.
+/// The exports whose binding moves, on stores whose contents identity is
+/// more than their identity: written by this server, or read while
+/// another server may write them.
 pub(crate) struct Follower {
     l2: Arc<L2Arc>,
     exports: Vec<(u16, Arc<dyn BlockDev>)>,
+    /// Of `exports`, those this server writes.
+    writers: Vec<u16>,
 }
 
 impl Follower {
@@ -33,13 +38,14 @@ impl Follower {
         let exports: Vec<_> = descs
             .iter()
             .zip(devices)
-            .filter(|(d, dev)| !dev.is_read_only() && d.contents != d.identity)
+            .filter(|(d, _)| d.contents != d.identity)
             .map(|(d, dev)| (d.id, Arc::clone(dev)))
             .collect();
         if exports.is_empty() || !(0..l2.devices().len()).any(|d| l2.is_persistent(d)) {
             return None;
         }
-        Some(Follower { l2: Arc::clone(l2), exports })
+        let writers = exports.iter().filter(|(_, dev)| !dev.is_read_only()).map(|(id, _)| *id).collect();
+        Some(Follower { l2: Arc::clone(l2), exports, writers })
     }
 
     /// Before the first change reaches any followed store (the intent
@@ -49,12 +55,16 @@ impl Follower {
     /// change and its binding, records newer than a store another server
     /// then put back as it was (a chunk zeroed again has its old ETags).
     pub(crate) fn unbind(&self) {
-        for (id, _) in &self.exports {
+        for id in &self.writers {
             self.l2.unbind_contents(*id);
         }
     }
 
-    /// At a clean stop, after the last change reached the stores.
+    /// At a clean stop, after the last change reached the stores, and
+    /// once readers stopped following theirs (`BlockDev::stop_watching`):
+    /// a reader's store answers a value no store holds while a change it
+    /// took is not yet dropped from the cache. Binding a reader that saw
+    /// no change writes nothing (the value is the one it has).
     pub(crate) fn bind(&self) {
         for (id, dev) in &self.exports {
             self.l2.rebind_contents(*id, contents_of(dev.as_ref()));

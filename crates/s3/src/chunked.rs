@@ -709,9 +709,13 @@ impl BlockDev for S3ChunkDev {
     /// stopped, and a persistent L2 filled before must then not be
     /// restored. A writer's follows its own PUTs and DELETEs (what a later
     /// open finds if nobody else writes); a reader's follows the writer's
-    /// generations, but only its value at open is ever bound (the first
-    /// change unbinds a reader's L2 for good, `follow.rs`).
+    /// generations as it applies them. While a chunk a refused read took
+    /// is not yet dropped from the cache (or the poller died), the cache
+    /// may hold two versions of it: then a value no disk has.
     fn contents_identity(&self) -> String {
+        if self.follow.as_ref().is_some_and(|f| !f.settled()) {
+            return format!("{}#unsettled-{:032x}", self.identity(), rand::random::<u128>());
+        }
         format!("{}#{:016x}", self.identity(), contents_hash(&self.map.lock()))
     }
 

@@ -63,6 +63,9 @@ pub(crate) struct Follow {
     poller: std::sync::OnceLock<std::thread::ThreadId>,
     /// Serializes deciding a chunk's ETag (see `decide`).
     deciding: Mutex<()>,
+    /// Chunks taken into the map whose cached records are still being
+    /// dropped (changed under `deciding`).
+    dropping: std::sync::atomic::AtomicU64,
     budget: Duration,
 }
 
@@ -109,6 +112,7 @@ impl Follow {
             round: Mutex::new(()),
             poller: std::sync::OnceLock::new(),
             deciding: Mutex::new(()),
+            dropping: std::sync::atomic::AtomicU64::new(0),
             budget,
         }))
     }
@@ -137,6 +141,16 @@ impl Follow {
             let _round = self.round.lock();
         }
         *self.watcher.lock() = None;
+    }
+
+    /// Whether every change taken into the map was also dropped from the
+    /// cache, and the poller lives: what the cache holds is then the disk
+    /// as the map says.
+    pub(crate) fn settled(&self) -> bool {
+        let _deciding = self.deciding.lock();
+        self.adopted.lock().is_empty()
+            && self.dropping.load(Ordering::Acquire) == 0
+            && self.failure().is_none()
     }
 
     /// Why the export must fail every read, if it must.
@@ -182,11 +196,15 @@ impl Follow {
     /// then, nothing of a change could be dropped.
     fn poll(&self) {
         let Some(watcher) = self.watcher.lock().clone() else { return };
-        let adopted = std::mem::take(&mut *self.adopted.lock());
-        for index in adopted {
+        let adopted: Vec<u64> = self.adopted.lock().clone();
+        for &index in &adopted {
             let (offset, len) = self.chunk_range(index);
             watcher.changed(offset, len);
         }
+        // Off the list only once dropped, so `settled` never sees a chunk
+        // taken but not yet dropped as done; one taken again meanwhile was
+        // appended and stays.
+        self.adopted.lock().drain(..adopted.len());
         let known = self.seen.lock().etag.clone();
         let fetched = match fetch(&self.store, &self.head_path, known.as_deref(), self.budget) {
             Ok(f) => f,
@@ -296,6 +314,7 @@ impl Follow {
                 Ok(true) => {
                     let (offset, len) = self.chunk_range(index);
                     watcher.changed(offset, len);
+                    self.dropping.fetch_sub(1, Ordering::AcqRel);
                     applied += 1;
                 }
                 Err(e) => {
@@ -338,6 +357,7 @@ impl Follow {
                 Some(etag) => map.insert(index, etag),
                 None => map.remove(&index),
             };
+            self.dropping.fetch_add(1, Ordering::AcqRel);
             return Ok(true);
         }
     }
@@ -380,9 +400,9 @@ impl Follow {
                 Some(etag) => map.insert(index, etag.clone()),
                 None => map.remove(&index),
             };
+            self.adopted.lock().push(index);
             now
         };
-        self.adopted.lock().push(index);
         self.poke();
         Ok(now)
     }

@@ -21,8 +21,8 @@ struct Watcher {
 impl ChangeWatcher for Watcher {
     /// The persistent L2 vouches for the store as it was when this server
     /// opened it; from the first change on, nothing it holds of this
-    /// export is restored after a restart (a crash or a clean stop alike:
-    /// a reader is never bound again, docs/persistence.md).
+    /// export is restored after a crash (a clean stop binds it again to
+    /// what the store then says it holds, docs/persistence.md).
     fn before_first_change(&self) {
         self.unbound.call_once(|| {
             let Some(vol) = self.vol.upgrade() else { return };
