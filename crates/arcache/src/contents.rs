@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use arcache_l2::format::table_name;
 use arcache_l2::{ExportDesc, L2Arc};
 use blockdev::BlockDev;
 
@@ -35,10 +36,14 @@ impl Follower {
         descs: &[ExportDesc],
         devices: &[Arc<dyn BlockDev>],
     ) -> Option<Follower> {
+        // Exports sharing one table entry (names alike in the bytes it
+        // keeps) would bind it in turn, each to its own store's state.
+        let shared =
+            |d: &ExportDesc| descs.iter().filter(|o| table_name(&o.name) == table_name(&d.name)).count() > 1;
         let exports: Vec<_> = descs
             .iter()
             .zip(devices)
-            .filter(|(d, _)| d.contents != d.identity)
+            .filter(|(d, _)| d.contents != d.identity && !shared(d))
             .map(|(d, dev)| (d.id, Arc::clone(dev)))
             .collect();
         if exports.is_empty() || !(0..l2.devices().len()).any(|d| l2.is_persistent(d)) {

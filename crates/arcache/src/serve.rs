@@ -718,8 +718,9 @@ impl Running {
                 follower.bind();
             } else {
                 warn!(
-                    "the L2 records of written S3 disks and RBD images are not kept for the next start: \
-                     {errors} backing store requests and {txgs} txg syncs failed in this run{}",
+                    "the L2 records of S3 disks and RBD images this server wrote, or followed as they changed, \
+                     are not kept for the next start: {errors} backing store requests and {txgs} txg syncs \
+                     failed in this run{}",
                     if result.is_ok() { "" } else { ", and the stop could not write or flush everything" }
                 );
             }

@@ -713,10 +713,14 @@ impl BlockDev for S3ChunkDev {
     /// is not yet dropped from the cache (or the poller died), the cache
     /// may hold two versions of it: then a value no disk has.
     fn contents_identity(&self) -> String {
-        if self.follow.as_ref().is_some_and(|f| !f.settled()) {
-            return format!("{}#unsettled-{:032x}", self.identity(), rand::random::<u128>());
+        let hash = match &self.follow {
+            Some(f) => f.settled_hash(contents_hash),
+            None => Some(contents_hash(&self.map.lock())),
+        };
+        match hash {
+            Some(h) => format!("{}#{h:016x}", self.identity()),
+            None => format!("{}#unsettled-{:032x}", self.identity(), rand::random::<u128>()),
         }
-        format!("{}#{:016x}", self.identity(), contents_hash(&self.map.lock()))
     }
 
     fn is_read_only(&self) -> bool {

@@ -131,9 +131,11 @@ impl Follow {
         self.poke();
     }
 
-    /// No change is applied after this returns (a round under way is
-    /// waited for), and a refused read fails instead of taking a new ETag:
-    /// for a server that stops, before its caches are closed.
+    /// No round applies a change after this returns (the one under way is
+    /// waited for), and a refused read that starts after it fails instead
+    /// of taking a new ETag (one already under way still takes it, and is
+    /// left on the list of chunks to drop, so the store then counts as
+    /// unsettled): for a server that stops, before its caches are closed.
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.poke();
@@ -146,11 +148,18 @@ impl Follow {
     /// Whether every change taken into the map was also dropped from the
     /// cache, and the poller lives: what the cache holds is then the disk
     /// as the map says.
-    pub(crate) fn settled(&self) -> bool {
-        let _deciding = self.deciding.lock();
+    fn settled(&self) -> bool {
         self.adopted.lock().is_empty()
             && self.dropping.load(Ordering::Acquire) == 0
             && self.failure().is_none()
+    }
+
+    /// `hash` of the map if the cache holds the disk as the map says
+    /// ([`Follow::settled`]), checked and hashed in one step: a refused
+    /// read on a prefetch thread may take a new ETag at any time.
+    pub(crate) fn settled_hash(&self, hash: impl FnOnce(&HashMap<u64, String>) -> u64) -> Option<u64> {
+        let _deciding = self.deciding.lock();
+        self.settled().then(|| hash(&self.map.lock()))
     }
 
     /// Why the export must fail every read, if it must.
