@@ -13,6 +13,8 @@ pub struct FaultPlan {
     /// Writes (and zeroing) touching any of these byte ranges fail.
     pub fail_writes: Vec<Range<u64>>,
     pub fail_flush: bool,
+    /// Every trim fails.
+    pub fail_trims: bool,
     /// Probability that a read returns with one bit flipped.
     pub flip_bit_probability: f64,
 }
@@ -79,6 +81,9 @@ impl<D: BlockDev> BlockDev for FaultyDev<D> {
         self.inner.flush()
     }
     fn trim(&self, offset: u64, len: u64) -> DevResult<()> {
+        if self.plan.lock().fail_trims {
+            return Err(DevError::Injected { op: "trim", offset });
+        }
         self.inner.trim(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> DevResult<()> {

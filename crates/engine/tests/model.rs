@@ -111,11 +111,11 @@ fn read_errors_reach_the_caller_and_other_ranges_still_work() {
     assert_eq!(cache.stats().backing_errors, 1);
 }
 
-/// A failed zeroing or flush of the backing store is counted in
+/// A failed zeroing, trim or flush of the backing store is counted in
 /// `backing_errors`, as a failed read or write is: the clean stop's
 /// decision to keep a writer's L2 rests on that count.
 #[test]
-fn failed_zeroings_and_flushes_are_counted_as_backing_errors() {
+fn failed_zeroings_trims_and_flushes_are_counted_as_backing_errors() {
     let faulty = Arc::new(FaultyDev::new(MemDev::new(DEV), 1));
     let (cache, v) = volume(faulty.clone(), 4096, 1 << 20);
     faulty.set_plan(FaultPlan { fail_writes: std::iter::once(0..4096).collect(), ..Default::default() });
@@ -124,10 +124,14 @@ fn failed_zeroings_and_flushes_are_counted_as_backing_errors() {
     faulty.set_plan(FaultPlan { fail_flush: true, ..Default::default() });
     assert!(v.flush().is_err());
     assert_eq!(cache.stats().backing_errors, 2, "a failed flush");
+    faulty.set_plan(FaultPlan { fail_trims: true, ..Default::default() });
+    assert!(v.trim(0, 8192, false).is_err());
+    assert_eq!(cache.stats().backing_errors, 3, "a failed trim");
     faulty.set_plan(FaultPlan::default());
     v.write_zeroes(0, 8192, false).unwrap();
+    v.trim(0, 8192, false).unwrap();
     v.flush().unwrap();
-    assert_eq!(cache.stats().backing_errors, 2, "nothing counted once the store works");
+    assert_eq!(cache.stats().backing_errors, 3, "nothing counted once the store works");
 }
 
 fn libc_eio() -> i32 {
