@@ -2,7 +2,8 @@
 """Test helper: S3 operations on a test server with boto3 (moto's venv has
 it). Usage: s3ctl.py ENDPOINT mkbucket BUCKET | put BUCKET KEY FILE
 | list BUCKET PREFIX (prints the keys, one a line)
-| sizes BUCKET PREFIX (prints each key and its size, one a line)"""
+| sizes BUCKET PREFIX (prints each key and its size, one a line)
+| delete BUCKET PREFIX (deletes every key under PREFIX)"""
 import os
 import sys
 
@@ -23,5 +24,10 @@ elif op in ("list", "sizes"):
     for page in pages:
         for o in page.get("Contents", []):
             print(o["Key"] if op == "list" else f'{o["Key"]} {o["Size"]}')
+elif op == "delete":
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=args[0], Prefix=args[1])
+    for page in pages:
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=args[0], Key=o["Key"])
 else:
     sys.exit(f"unknown operation {op}")

@@ -665,3 +665,32 @@ fn a_reader_that_followed_a_change_never_restores_newer_records() {
     assert!(read_at(&r, 0, old.len()) == old, "records of the newer chunk came back: {st}");
     r.stop();
 }
+
+/// A disk made again under the same prefix (every object deleted, a new
+/// disk created, its writer started): a reader following the old one sees
+/// the new head name another disk and answers EIO from then on, its cached
+/// records of the old disk included, rather than mix the two.
+#[test]
+fn a_reader_of_a_disk_made_again_answers_eio() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/re/?size=16M", &[]);
+    write_flush(&w, 0, &data);
+    w.stop();
+    let r = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/re/?head_poll_ms=100", &["--read-only"]);
+    assert!(read_at(&r, 0, data.len()) == data);
+    moto.ctl(&["delete", "vms", "re/"]);
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/re/?size=16M", &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut c = nbd::Client::connect(&r.target(), "").unwrap();
+    let mut b = vec![0u8; 4096];
+    while c.read(0, &mut b).is_ok() {
+        assert!(b == data[..4096], "the reader served other bytes than the old disk's instead of failing");
+        assert!(std::time::Instant::now() < deadline, "the reader never noticed the disk was made again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(c);
+    w.stop();
+    r.stop();
+}

@@ -809,6 +809,37 @@ impl Volume {
             return Err(DevError::ReadOnly);
         }
         self.check(offset, len)?;
+        self.drop_records_around(offset, len, |guard, range| {
+            let (lo, hi) = (range.start, range.end);
+            let res = match wb {
+                Some(wb) => {
+                    wb.discard(self.id, guard.keys(), lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo))
+                }
+                None => op(self.dev.as_ref(), lo, hi - lo),
+            };
+            if res.is_err() {
+                self.cache.count_backing_error();
+            }
+            // Known zero only once the zeroing is on the store; a trim
+            // leaves the contents undefined.
+            if res.is_ok() && matches!(change, Change::Zero) {
+                self.zeroed.zeroed(lo..hi);
+            }
+            res
+        })
+    }
+
+    /// Runs `change` over `[offset, offset + len)` piece by piece: each
+    /// piece's records locked for a write, their L2 copies dropped durably
+    /// and their known zeroes forgotten first, and every cached record of
+    /// the piece dropped after, whatever `change` answered. Stops at the
+    /// first error. The range must lie within the volume.
+    fn drop_records_around(
+        &self,
+        offset: u64,
+        len: u64,
+        mut change: impl FnMut(&RecordWrite<'_>, Range<u64>) -> DevResult<()>,
+    ) -> DevResult<()> {
         let s = self.span(offset, len);
         let mut start = s.first;
         while start < s.end {
@@ -817,23 +848,10 @@ impl Volume {
             let hi = self.record_range(end - 1).end.min(offset + len);
             let mut guard = self.write_guard(start..end);
             guard.drop_l2_copies();
-            // Known zero only once the zeroing is on the store; a trim
-            // leaves the contents undefined.
             self.zeroed.changed(lo..hi);
-            let res = match wb {
-                Some(wb) => {
-                    wb.discard(self.id, guard.keys(), lo..hi, change, || op(self.dev.as_ref(), lo, hi - lo))
-                }
-                None => op(self.dev.as_ref(), lo, hi - lo),
-            };
+            let res = change(&guard, lo..hi);
             for &k in guard.keys() {
                 self.cache.invalidate(k);
-            }
-            if res.is_err() {
-                self.cache.count_backing_error();
-            }
-            if res.is_ok() && matches!(change, Change::Zero) {
-                self.zeroed.zeroed(lo..hi);
             }
             drop(guard);
             res?;

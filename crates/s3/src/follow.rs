@@ -69,6 +69,14 @@ pub(crate) struct Follow {
     budget: Duration,
 }
 
+/// Chunk `index` as stored with ETag `now`, or not stored (None).
+fn set_chunk(map: &mut HashMap<u64, String>, index: u64, now: Option<String>) {
+    match now {
+        Some(etag) => map.insert(index, etag),
+        None => map.remove(&index),
+    };
+}
+
 fn eio(what: String) -> DevError {
     DevError::Remote(what, libc::EIO)
 }
@@ -76,7 +84,6 @@ fn eio(what: String) -> DevError {
 impl Follow {
     /// Reads the head as it is now; call before listing the chunks, so a
     /// generation committed in between is applied again (a no-op).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn open(
         store: Arc<AmazonS3>,
         location: &S3Location,
@@ -362,10 +369,7 @@ impl Follow {
                 self.first.call_once(|| watcher.before_first_change());
                 continue;
             }
-            match now {
-                Some(etag) => map.insert(index, etag),
-                None => map.remove(&index),
-            };
+            set_chunk(&mut map, index, now);
             self.dropping.fetch_add(1, Ordering::AcqRel);
             return Ok(true);
         }
@@ -404,11 +408,7 @@ impl Follow {
         let now = {
             let _deciding = self.deciding.lock();
             let now = self.stored_etag(index)?;
-            let mut map = self.map.lock();
-            match &now {
-                Some(etag) => map.insert(index, etag.clone()),
-                None => map.remove(&index),
-            };
+            set_chunk(&mut self.map.lock(), index, now.clone());
             self.adopted.lock().push(index);
             now
         };

@@ -9,7 +9,7 @@ use std::sync::{Arc, Once, Weak};
 use arcache_sync::atomic::Ordering::Relaxed;
 use blockdev::ChangeWatcher;
 
-use super::{Volume, MAX_RECORDS_PER_IO};
+use super::Volume;
 
 struct Watcher {
     vol: Weak<Volume>,
@@ -57,19 +57,7 @@ impl Volume {
         }
         self.counts.store_changes.fetch_add(1, Relaxed);
         self.counts.store_changed_bytes.fetch_add(end - offset, Relaxed);
-        let s = self.span(offset, end - offset);
-        let mut start = s.first;
-        while start < s.end {
-            let stop = (start + 4 * MAX_RECORDS_PER_IO).min(s.end);
-            let lo = self.record_range(start).start.max(offset);
-            let hi = self.record_range(stop - 1).end.min(end);
-            let mut guard = self.write_guard(start..stop);
-            guard.drop_l2_copies();
-            self.zeroed.changed(lo..hi);
-            for &k in guard.keys() {
-                self.cache.invalidate(k);
-            }
-            start = stop;
-        }
+        // The store has changed already: nothing to do but drop.
+        let _ = self.drop_records_around(offset, end - offset, |_, _| Ok(()));
     }
 }
