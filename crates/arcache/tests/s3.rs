@@ -11,8 +11,22 @@ use std::time::Duration;
 use common::*;
 
 fn serve_s3(moto: &Moto, dir: tempfile::TempDir, backing: &str, extra: &[&str]) -> Serve {
+    serve_s3_failing(moto, dir, backing, extra, "")
+}
+
+/// `serve_s3` with fail points armed (FAILPOINTS; "" arms none).
+fn serve_s3_failing(
+    moto: &Moto,
+    dir: tempfile::TempDir,
+    backing: &str,
+    extra: &[&str],
+    failpoints: &str,
+) -> Serve {
     let env = moto.env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    if !failpoints.is_empty() {
+        env.push(("FAILPOINTS", failpoints));
+    }
     let mut args = vec!["--export", backing, "--arc-max", "16M"];
     args.extend_from_slice(extra);
     Serve::start_with_env(dir, &args, &env)
@@ -25,6 +39,22 @@ fn read_all(s: &Serve, len: usize) -> Vec<u8> {
         c.read((i << 20) as u64, chunk).unwrap();
     }
     out
+}
+
+/// Moto with a bucket `vms`, and a read-only server's arguments with a
+/// persistent L2 kept in the directory returned, which restarts share.
+fn moto_and_reader_l2() -> Option<(Moto, tempfile::TempDir, Vec<String>)> {
+    let moto = Moto::start(&[])?;
+    moto.ctl(&["mkbucket", "vms"]);
+    let keep = tempfile::tempdir().unwrap();
+    let args = read_only_with_l2(keep.path());
+    Some((moto, keep, args))
+}
+
+/// `len` bytes of a fixed pattern, each XORed with `xor`: versions of a
+/// disk's contents that differ in every byte.
+fn pattern(len: usize, xor: u8) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ xor).collect()
 }
 
 /// A read-only server's arguments with a persistent L2 kept in `dir`.
@@ -195,7 +225,7 @@ fn chunk_picks_a_new_disks_chunk_size_and_an_existing_one_keeps_it() {
     let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "vms"]);
     let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/small/?size=16M&chunk=256K", &[]);
-    let data: Vec<u8> = (0..(64u32 << 10)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let data: Vec<u8> = pattern(64 << 10, 0);
     write_flush(&s, (3 << 20) + 4096, &data);
     s.stop();
     // 64K at 3M+4K: chunk 12 of 256K, and only it.
@@ -395,12 +425,9 @@ fn an_exports_own_keys_and_endpoint_come_from_the_config_file() {
 /// changed keeps its L2 (a read-only server's).
 #[test]
 fn an_l2_never_brings_back_what_another_writer_changed_meanwhile() {
-    let Some(moto) = Moto::start(&[]) else { return };
-    moto.ctl(&["mkbucket", "vms"]);
-    let keep = tempfile::tempdir().unwrap();
-    let reader_args = read_only_with_l2(keep.path());
+    let Some((moto, _keep, reader_args)) = moto_and_reader_l2() else { return };
     let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
-    let old: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let old: Vec<u8> = pattern(1 << 20, 0);
     let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
     let b = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/moved/?size=16M", &[]);
     write_flush(&b, 0, &old);
@@ -452,9 +479,7 @@ fn a_writer_keeps_its_l2_of_what_it_wrote_across_restarts() {
     let keep = tempfile::tempdir().unwrap();
     let l2_args = persistent_l2_args(keep.path());
     let args: Vec<&str> = l2_args.iter().map(String::as_str).collect();
-    let versions: Vec<Vec<u8>> = (0..3u8)
-        .map(|v| (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ v).collect())
-        .collect();
+    let versions: Vec<Vec<u8>> = (0..3u8).map(|v| pattern(1 << 20, v)).collect();
     let len = versions[0].len();
     let fill = |s: &Serve, data: &[u8]| {
         write_flush(s, 0, data);
@@ -569,13 +594,10 @@ fn export_stat(s: &Serve, field: &str) -> u64 {
 /// it, so its restart keeps it.
 #[test]
 fn a_reader_follows_its_writer_generation_by_generation() {
-    let Some(moto) = Moto::start(&[]) else { return };
-    moto.ctl(&["mkbucket", "vms"]);
-    let keep = tempfile::tempdir().unwrap();
-    let reader_args = read_only_with_l2(keep.path());
+    let Some((moto, _keep, reader_args)) = moto_and_reader_l2() else { return };
     let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
     let mib = 1usize << 20;
-    let v0: Vec<u8> = (0..(12 * mib) as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let v0: Vec<u8> = pattern(12 * mib, 0);
     let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/f/?size=32M", &[]);
     write_flush(&w, 0, &v0[..8 * mib]);
     let g1 = show_json(&moto, "s3://vms/f/")["head_generation"]
@@ -641,13 +663,10 @@ fn a_reader_follows_its_writer_generation_by_generation() {
 /// disk's: the first change unbinds them.
 #[test]
 fn a_reader_that_followed_a_change_never_restores_newer_records() {
-    let Some(moto) = Moto::start(&[]) else { return };
-    moto.ctl(&["mkbucket", "vms"]);
-    let keep = tempfile::tempdir().unwrap();
-    let reader_args = read_only_with_l2(keep.path());
+    let Some((moto, _keep, reader_args)) = moto_and_reader_l2() else { return };
     let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
     let mib = 1usize << 20;
-    let old: Vec<u8> = (0..(4 * mib) as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let old: Vec<u8> = pattern(4 * mib, 0);
     let new: Vec<u8> = old.iter().map(|b| b ^ 0x3c).collect();
     let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/aba/?size=16M", &[]);
     write_flush(&w, 0, &old);
@@ -674,7 +693,7 @@ fn a_reader_that_followed_a_change_never_restores_newer_records() {
 fn a_reader_of_a_disk_made_again_answers_eio() {
     let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "vms"]);
-    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let data: Vec<u8> = pattern(1 << 20, 0);
     let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/re/?size=16M", &[]);
     write_flush(&w, 0, &data);
     w.stop();
@@ -692,5 +711,92 @@ fn a_reader_of_a_disk_made_again_answers_eio() {
     }
     drop(c);
     w.stop();
+    r.stop();
+}
+
+/// A reader whose poller dies (a panic while it applies a change) answers
+/// EIO from then on, its cached records included: it no longer knows
+/// which of them the writer has rewritten, and old bytes served as new
+/// would be silent wrong data.
+#[test]
+fn a_reader_whose_poller_died_answers_eio() {
+    if !failpoints_armed() {
+        return;
+    }
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let old: Vec<u8> = pattern(1 << 20, 0);
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x77).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/dies/?size=16M", &[]);
+    write_flush(&w, 0, &old);
+    let mut r = serve_s3_failing(
+        &moto,
+        tempfile::tempdir().unwrap(),
+        "s3://vms/dies/?head_poll_ms=100",
+        &["--read-only"],
+        "s3.follow.apply=panic",
+    );
+    assert!(read_at(&r, 0, old.len()) == old);
+    write_flush(&w, 0, &new);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut c = nbd::Client::connect(&r.target(), "").unwrap();
+    let mut b = vec![0u8; 4096];
+    let errno = loop {
+        match c.read(0, &mut b) {
+            Ok(()) => assert!(b == old[..4096], "the dying reader served bytes of neither version"),
+            Err(nbd::ClientError::Request { errno, .. }) => break errno,
+            Err(e) => panic!("the connection failed instead of the request: {e}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "a reader whose poller died went on serving");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(errno, 5, "EIO");
+    // Every read now, cached or not: none is known to be current.
+    for offset in [0u64, 512 << 10, 8 << 20] {
+        assert!(c.read(offset, &mut b).is_err(), "a read at {offset} was served after the poller died");
+    }
+    drop(c);
+    w.stop();
+    let (status, log) = r.terminate();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("following the writer failed"), "{log}");
+}
+
+/// A reader stopped while a chunk a refused read took is still waiting
+/// for its cached records to be dropped (its poller behind) holds records
+/// of the chunk's old contents beside a map naming the new: it must not
+/// bind its L2 at the stop, or its next start would serve those records
+/// as the new chunk's.
+#[test]
+fn a_reader_stopped_before_dropping_a_changed_chunk_keeps_no_l2() {
+    if !failpoints_armed() {
+        return;
+    }
+    let Some((moto, _keep, reader_args)) = moto_and_reader_l2() else { return };
+    let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
+    let mib = 1usize << 20;
+    let old: Vec<u8> = pattern(4 * mib, 0);
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0xc3).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/behind/?size=16M", &[]);
+    write_flush(&w, 0, &old);
+    let r = serve_s3_failing(
+        &moto,
+        tempfile::tempdir().unwrap(),
+        "s3://vms/behind/?head_poll_ms=3600000",
+        &reader,
+        "s3.follow.drop_adopted=return",
+    );
+    // Its first MiB cached, in RAM and durably on L2.
+    assert!(read_at(&r, 0, mib) == old[..mib]);
+    wait_l2_holds(&r, mib as u64);
+    wait_stat(&r, "the log", |st| st["l2_log_uncommitted_bytes"] == 0);
+    write_flush(&w, 0, &new);
+    // A part it never read: the GET is refused and takes the new ETag.
+    assert!(read_at(&r, 2 << 20, mib) == new[2 * mib..3 * mib], "the refused GET did not adopt");
+    w.stop();
+    r.stop();
+    let r = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/behind/?head_poll_ms=0", &reader);
+    let st = restored(&r, 1);
+    assert!(read_at(&r, 0, mib) == new[..mib], "old records came back as the new chunk's: {st}");
     r.stop();
 }

@@ -212,6 +212,9 @@ impl Follow {
     /// then, nothing of a change could be dropped.
     fn poll(&self) {
         let Some(watcher) = self.watcher.lock().clone() else { return };
+        // A poller that falls behind (`return`: the chunks refused reads
+        // took stay undropped), for the test of a reader's stop then.
+        fail::fail_point!("s3.follow.drop_adopted", |_| {});
         let adopted: Vec<u64> = self.adopted.lock().clone();
         for &index in &adopted {
             let (offset, len) = self.chunk_range(index);
@@ -318,6 +321,9 @@ impl Follow {
         watcher: &Arc<dyn ChangeWatcher>,
         changes: BTreeMap<u64, Option<String>>,
     ) -> (usize, bool) {
+        // A poller dying on a change (`panic`), for the test that the
+        // export then fails rather than serve a disk it no longer follows.
+        fail::fail_point!("s3.follow.apply", |_| (0, false));
         let (mut applied, mut complete) = (0, true);
         let chunks = self.manifest.size.div_ceil(self.manifest.chunk_size);
         for (index, listed) in changes {
