@@ -136,7 +136,7 @@ warm_up() {
   echo "$i"
 }
 
-origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= l2_per_read= l2_read_kib= l2_raw= l2_raw4= l2_ceiling= l2_ceiling4= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= seq_hwm= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
+origin_py= origin_curl= rbd_direct= rbd_warm= rbd_warm_runs= random_warm_runs= nbd_ceiling= l2_per_read= l2_read_kib= l2_raw= l2_raw4= l2_ceiling= l2_ceiling4= arc_warm= sb_warm= origin= arc_restart= sb_restart= seq_cold= seq_again= rclone_s= rclone_pipe_s= seq_hwm= arc_w= sb_w= l2hits= txg_syncs= seq_gets=
 # 1. random reads
 if want random; then
 echo "bench: random reads, origin alone" >&2
@@ -241,6 +241,13 @@ timed_cpu() {
 c0=$(ceph_ticks)
 rclone_s=$(timed_cpu "${rc[@]}" rclone cat ceph:bench/seq.img)
 rclone_cpu=$(cat "$work/cpu") rclone_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+# The same bytes handed on to a second process through a pipe, as an NBD
+# server hands them to its client: what one more copy between processes
+# costs on two cores the Ceph daemons share (the reader's CPU is rclone's
+# and dd's).
+c0=$(ceph_ticks)
+rclone_pipe_s=$(timed_cpu bash -c '"$@" | dd of=/dev/null bs=256k status=none' _ "${rc[@]}" rclone cat ceph:bench/seq.img)
+rclone_pipe_cpu=$(cat "$work/cpu") rclone_pipe_ceph=$(secs_of $(($(ceph_ticks) - c0)))
 # A bare client sending the GETs arcache's stream sends (the object's read
 # unit, 8 MiB, eight at once: its prefetch threads) and keeping nothing:
 # what reading in those GETs costs on this host, without a cache's work.
@@ -392,6 +399,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| reader | MB/s | GETs | Ceph daemons | reader | its client |"
     echo "|---|---:|---:|---:|---:|---:|"
     echo "| rclone cat (one streaming GET) | $(mbps "$rclone_s") | 1 | $rclone_ceph | $rclone_cpu | |"
+    echo "| rclone cat piped to dd (its bytes handed to one more process) | $(mbps "$rclone_pipe_s") | 1 | $rclone_pipe_ceph | $rclone_pipe_cpu | |"
     echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $(mbps "$curl_s") | $curl_gets | $curl_ceph | $curl_cpu | |"
     echo "| curl, ranged GETs of 32 MiB, 4 at once, bytes dropped | $(mbps "${curl32[0]}") | ${curl32[1]} | ${curl32[2]} | ${curl32[3]} | |"
     echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
