@@ -40,45 +40,77 @@ if [ ${#targets[@]} -eq 0 ]; then
   done
 fi
 
-for t in "${targets[@]}"; do
-  corpus="fuzz/corpus/$t"
+# Every target is built first, in one cargo run; the runs then only run,
+# two at a time (FUZZ_JOBS): a fuzzer runs on one thread, and CI's budget
+# is minutes.
+jobs_max=${FUZZ_JOBS:-2}
+results=$(mktemp -d)
+if ! cargo fuzz build >"$results/build.log" 2>&1; then
+  tail -30 "$results/build.log" >&2
+  fail build "cargo fuzz build failed (its log's end above)"
+  exit 1
+fi
+
+# Runs target $1; what it prints goes to $results/$1.out, and a failure's
+# reason to $results/$1.failed.
+fuzz_one() {
+  local t=$1 corpus="fuzz/corpus/$1" out="$results/$1.out"
   if [ -z "$(ls -A "$corpus" 2>/dev/null)" ]; then
-    fail "$t" "no seed corpus in $corpus"
-    continue
+    echo "no seed corpus in $corpus" >"$results/$t.failed"
+    return
   fi
+  local work found log
   work=$(mktemp -d)
   found=$(mktemp -d)
   log=$(mktemp)
   # The run grows its corpus; the committed seeds stay as they are.
   cp -r "$corpus/." "$work/"
-  extra=()
+  local extra=()
   # The engine writes a txg with scoped threads, whose thread-local buffers
   # are freed after the join returns: LeakSanitizer's per-input check would
   # report them. Real leaks show as growth, which -rss_limit_mb catches.
   [ "$t" = engine_model ] && extra=(-detect_leaks=0 -rss_limit_mb=1024)
-  echo "== fuzz $t for ${secs}s"
-  rc=0
+  local rc=0
   cargo fuzz run "$t" "$work" -- -max_total_time="$secs" -timeout="$per_input_timeout" \
     -print_final_stats=1 -artifact_prefix="$found/" "${extra[@]}" >"$log" 2>&1 || rc=$?
+  local execs rate
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   if [ -n "$(ls -A "$found")" ]; then
     mkdir -p "fuzz/artifacts/$t"
     cp "$found"/* "fuzz/artifacts/$t/"
     # libFuzzer's report (the panic, the sanitizer's summary) ends its log.
-    tail -n 40 "$log" >&2
-    fail "$t" "left $(ls "$found" | tr '\n' ' ')(copied to fuzz/artifacts/$t/)"
+    tail -n 40 "$log" >"$out"
+    echo "left $(ls "$found" | tr '\n' ' ')(copied to fuzz/artifacts/$t/)" >"$results/$t.failed"
   elif [ "$rc" -ne 0 ]; then
-    tail -30 "$log" >&2
-    fail "$t" "cargo fuzz exited with status $rc (build failure or error above)"
+    tail -30 "$log" >"$out"
+    echo "cargo fuzz exited with status $rc (error above)" >"$results/$t.failed"
   elif [ -z "$execs" ] || [ "$execs" -eq 0 ]; then
-    tail -30 "$log" >&2
-    fail "$t" "ran no input"
+    tail -30 "$log" >"$out"
+    echo "ran no input" >"$results/$t.failed"
   else
-    echo "fuzz $t: ${execs} executions, ${rate} exec/s, no findings"
+    echo "fuzz $t: ${execs} executions, ${rate} exec/s, no findings" >"$out"
   fi
   rm -rf "$work" "$found" "$log"
+}
+
+echo "== fuzz ${targets[*]} for ${secs}s each, $jobs_max at a time"
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+    wait -n || true
+  done
+  fuzz_one "$t" &
 done
+wait
+for t in "${targets[@]}"; do
+  [ -f "$results/$t.out" ] && cat "$results/$t.out"
+  if [ -f "$results/$t.failed" ]; then
+    fail "$t" "$(cat "$results/$t.failed")"
+  elif [ ! -f "$results/$t.out" ]; then
+    fail "$t" "its run ended without a result"
+  fi
+done
+rm -rf "$results"
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz/run-all.sh: ${#failed[@]} of ${#targets[@]} targets failed: ${failed[*]}" >&2
