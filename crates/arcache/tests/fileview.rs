@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{skip_or_fail, BIN};
+use common::{failpoints_armed, skip_or_fail, BIN};
 
 /// Every test ends within this, hung FUSE or not: the watchdog kills the
 /// server, which turns any request still waiting into ENOTCONN.
@@ -1305,18 +1305,6 @@ fn a_file_replaced_in_source_is_read_as_the_new_file_and_an_old_handle_as_the_ol
     assert!(read_direct(&new_handle, 0, new.len()) == new);
     // The handle opened before still reads the old file, every record.
     assert!(read_direct(&old_handle, 0, old.len()) == old, "the old handle got other bytes");
-}
-
-/// Fail points exist only in a `failpoints` build (`.ci/run` builds the
-/// tests with one).
-fn failpoints_armed() -> bool {
-    if cfg!(feature = "failpoints") {
-        return true;
-    }
-    skip_or_fail(
-        "the binary was built without the failpoints feature (cargo test --features arcache/failpoints)",
-    );
-    false
 }
 
 /// A revalidation whose `lstat` was taken before a write through the view
