@@ -94,16 +94,34 @@ fuzz_one() {
   rm -rf "$work" "$found" "$log"
 }
 
+# Waits for target $1's run (process $2). A run that exits with an error
+# (a command of fuzz_one failed under set -e) fails its target, whatever it
+# wrote before.
+reap() {
+  local rc=0
+  wait "$2" || rc=$?
+  if [ "$rc" -ne 0 ] && [ ! -f "$results/$1.failed" ]; then
+    echo "its run exited with status $rc" >"$results/$1.failed"
+  fi
+}
+
 echo "== fuzz ${targets[*]} for ${secs}s each, $jobs_max at a time"
-for t in "${targets[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-    wait -n || true
-  done
-  fuzz_one "$t" &
+pids=()
+for i in "${!targets[@]}"; do
+  # Every run lasts about as long: the oldest ends first.
+  if [ "$i" -ge "$jobs_max" ]; then
+    reap "${targets[i - jobs_max]}" "${pids[i - jobs_max]}"
+  fi
+  fuzz_one "${targets[i]}" &
+  pids+=($!)
 done
-wait
+for ((i = ${#targets[@]} > jobs_max ? ${#targets[@]} - jobs_max : 0; i < ${#targets[@]}; i++)); do
+  reap "${targets[i]}" "${pids[i]}"
+done
 for t in "${targets[@]}"; do
-  [ -f "$results/$t.out" ] && cat "$results/$t.out"
+  if [ -f "$results/$t.out" ]; then
+    cat "$results/$t.out"
+  fi
   if [ -f "$results/$t.failed" ]; then
     fail "$t" "$(cat "$results/$t.failed")"
   elif [ ! -f "$results/$t.out" ]; then
