@@ -58,6 +58,40 @@ fn fusermount_u(path: &Path) {
     let _ = Command::new("fusermount3").args(["-u", "-z"]).arg(path).stderr(Stdio::null()).status();
 }
 
+/// The kernel's dentries and inodes are the machine's, not a mount's:
+/// a test that drops them (`drop_caches`) makes every running view forget
+/// its nodes, and a view that forgot a node looks it up again and can see
+/// SOURCE's changes before its window ends (a control case of the inotify
+/// test failed so whenever it ran beside one). Every view holds this lock
+/// shared for its life; a test that drops the caches holds it alone. A
+/// file lock, so that test processes (nextest runs each test in its own)
+/// and test threads alike wait for each other.
+struct KernelCaches {
+    _held: fs::File,
+}
+
+impl KernelCaches {
+    fn shared() -> KernelCaches {
+        KernelCaches::take(libc::LOCK_SH)
+    }
+
+    fn alone() -> KernelCaches {
+        KernelCaches::take(libc::LOCK_EX)
+    }
+
+    fn take(how: i32) -> KernelCaches {
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join("arcache-tests-kernel-caches.lock");
+        let file = fs::OpenOptions::new().create(true).append(true).open(&path).expect("open the lock file");
+        // SAFETY: flock on a descriptor this function owns.
+        while unsafe { libc::flock(file.as_raw_fd(), how) } != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.kind(), ErrorKind::Interrupted, "flock {}: {e}", path.display());
+        }
+        KernelCaches { _held: file }
+    }
+}
+
 /// A running `arcache mount` of `dir/src` at `dir/mnt`, unmounted and
 /// killed on drop whatever happened.
 struct View {
@@ -67,6 +101,8 @@ struct View {
     control: PathBuf,
     done: Arc<AtomicBool>,
     _dir: Arc<tempfile::TempDir>,
+    // Dropped after the unmount (fields drop after `Drop::drop`).
+    _caches: KernelCaches,
 }
 
 impl View {
@@ -74,7 +110,22 @@ impl View {
         View::start_with_env(dir, args, &[])
     }
 
+    /// For a test that drops the kernel's caches: no other view runs
+    /// meanwhile.
+    fn start_alone(dir: &Arc<tempfile::TempDir>, args: &[&str]) -> View {
+        View::start_locked(dir, args, &[], KernelCaches::alone())
+    }
+
     fn start_with_env(dir: &Arc<tempfile::TempDir>, args: &[&str], env: &[(&str, &str)]) -> View {
+        View::start_locked(dir, args, env, KernelCaches::shared())
+    }
+
+    fn start_locked(
+        dir: &Arc<tempfile::TempDir>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        caches: KernelCaches,
+    ) -> View {
         let src = dir.path().join("src");
         let mnt = dir.path().join("mnt");
         let control = dir.path().join("control.sock");
@@ -113,7 +164,8 @@ impl View {
                 fusermount_u(&mnt);
             });
         }
-        let mut v = View { child: Some(child), src, mnt, control, done, _dir: Arc::clone(dir) };
+        let mut v =
+            View { child: Some(child), src, mnt, control, done, _dir: Arc::clone(dir), _caches: caches };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !(is_mounted(&v.mnt) && v.control.exists()) {
             if let Some(st) = v.child.as_mut().unwrap().try_wait().unwrap() {
@@ -354,7 +406,8 @@ fn the_table_of_source_files_stays_within_its_limit_and_what_it_dropped_still_hi
         }
     }
     let limit = 64u64 << 10;
-    let v = View::start(&dir, &["--revalidate", "600", "--set", &format!("zfs_arc_dnode_limit={limit}")]);
+    let v =
+        View::start_alone(&dir, &["--revalidate", "600", "--set", &format!("zfs_arc_dnode_limit={limit}")]);
     let files = compare_trees(&v.mnt, &v.src) as u64;
     let walked = v.stat();
     assert_eq!(n(&walked, "arc_dnode_limit"), limit);
@@ -402,7 +455,7 @@ fn nodes_the_kernel_forgot_are_found_again_without_asking_source() {
     }
     let dir = new_dir();
     make_tree(&dir.path().join("src"));
-    let v = View::start(&dir, &["--revalidate", "600"]);
+    let v = View::start_alone(&dir, &["--revalidate", "600"]);
     compare_trees(&v.mnt, &v.src);
     let before = v.stat();
     // The kernel drops its dentries and inodes and tells the view to
