@@ -931,6 +931,10 @@ pub fn start_on(
         tls,
     );
     startup::stage("binding the sockets");
+    // A client may connect and write as soon as a socket is bound: a signal
+    // from here on must stop cleanly (syncing what it wrote), not end the
+    // process as during the stages above.
+    startup::serving();
     let (uris, sockets) = listen_all(settings, &server, &volumes)?;
     let control = if with_control {
         let handler = Arc::new(ControlState {
@@ -970,6 +974,10 @@ pub fn start_on(
         (None, None)
     };
     let (control, state) = control;
+    // A fault test holds start-up here with its sockets answering
+    // (tests/failpoints.rs: a signal then must be a clean stop).
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("serve.bound");
     Ok(Running {
         server,
         cache,

@@ -4,7 +4,9 @@
 //! SIGTERM/SIGINT there instead: it names the stage and ends the process.
 //! Ending it mid-stage is safe because every stage is: a replay is redone
 //! from the log at the next start, headers are written copy by copy, and
-//! nothing has been acknowledged to a client yet.
+//! nothing has been acknowledged to a client yet. The watch therefore ends
+//! ([`serving`]) before the first socket accepts a client: from there a
+//! signal is a clean stop, which syncs what clients wrote.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,34 +29,52 @@ fn current() -> &'static str {
 /// Exit status of a start-up ended by a signal.
 pub const STOPPED_DURING_STARTUP: i32 = 1;
 
-/// Watches `stop` (set by the signal handlers) until [`Watch::finish`].
+/// Whether a watch is on: the watcher reads it, and exits, under the lock,
+/// so that no exit can follow [`serving`].
+static WATCHING: Mutex<bool> = Mutex::new(false);
+
+/// Ends the watch, if one is on, before clients can connect: a signal from
+/// here on is left to the main loop's clean stop. Returns once no watcher
+/// can end the process any more.
+pub fn serving() {
+    if let Ok(mut w) = WATCHING.lock() {
+        *w = false;
+    }
+}
+
+/// Watches `stop` (set by the signal handlers) until [`serving`] or
+/// [`Watch::finish`].
 pub struct Watch {
-    done: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watch {
     pub fn start(stop: Arc<AtomicBool>) -> Watch {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = Arc::clone(&done);
+        if let Ok(mut w) = WATCHING.lock() {
+            *w = true;
+        }
         let thread = std::thread::Builder::new()
             .name("startup-watch".into())
-            .spawn(move || {
-                while !d.load(Ordering::Acquire) {
+            .spawn(move || loop {
+                {
+                    let Ok(watching) = WATCHING.lock() else { return };
+                    if !*watching {
+                        return;
+                    }
                     if stop.load(Ordering::Relaxed) {
                         eprintln!("arcache: stopped by a signal while {}; nothing was served", current());
                         std::process::exit(STOPPED_DURING_STARTUP);
                     }
-                    std::thread::sleep(Duration::from_millis(20));
                 }
+                std::thread::sleep(Duration::from_millis(20));
             })
             .ok();
-        Watch { done, thread }
+        Watch { thread }
     }
 
     /// Serving: from here the main loop answers signals with a clean stop.
     pub fn finish(mut self) {
-        self.done.store(true, Ordering::Release);
+        serving();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

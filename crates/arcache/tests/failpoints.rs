@@ -67,3 +67,40 @@ fn a_failed_log_write_still_makes_flushed_data_durable() {
     assert!(back == payload, "a flushed write was lost after the log failed and the server was killed");
     s.stop();
 }
+
+/// A signal that comes once the sockets answer, while start-up is still
+/// finishing (held at `serve.bound`), is a clean stop: a write a client
+/// had acknowledged from RAM, with no FLUSH, reaches the backing store and
+/// the exit status is 0. The start-up watcher used to end the process
+/// there ("nothing was served") and the write was lost; a CI run hit it
+/// by chance (a test's SIGTERM right after its server came up).
+#[test]
+fn a_signal_once_the_sockets_answer_is_a_clean_stop_that_keeps_acknowledged_writes() {
+    if !failpoints_armed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    random_file(&img, 8 << 20, 13);
+    let hold = std::time::Duration::from_secs(3);
+    let s = serve_failing(
+        dir,
+        &format!("serve.bound=sleep({})", hold.as_millis()),
+        &["--export", img.to_str().unwrap()],
+    );
+    let answered = std::time::Instant::now();
+    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
+    let payload: Vec<u8> = (0..65_536u32).map(|i| (i * 13 + 5) as u8).collect();
+    c.write(1 << 20, &payload, false).expect("the write is acknowledged");
+    // The signal must land while start-up is held, or the test did not
+    // reach its case (the hold began before the sockets answered).
+    let signalled = answered.elapsed();
+    assert!(signalled < hold * 2 / 3, "the signal came {signalled:?} after the sockets answered: too late");
+    drop(c);
+    let dir = s.stop();
+    let on_disk = std::fs::read(dir.path().join("disk.img")).unwrap();
+    assert!(
+        on_disk[1 << 20..(1 << 20) + payload.len()] == payload[..],
+        "an acknowledged write was lost at the stop"
+    );
+}
