@@ -79,6 +79,13 @@ if ! RUSTFLAGS="${fuzz_rustflags[*]}" \
   exit 1
 fi
 bin_dir=fuzz/target/$host/release
+# FUZZ_BUILD_ONLY=1: the build alone (.ci/run starts it early, at idle
+# priority, and runs the targets later).
+if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then
+  rm -rf "$results"
+  echo "fuzz/run-all.sh: built ${targets[*]}"
+  exit 0
+fi
 
 # Runs target $1; what it prints goes to $results/$1.out, and a failure's
 # reason to $results/$1.failed.
