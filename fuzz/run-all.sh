@@ -83,6 +83,8 @@ bin_dir=fuzz/target/$host/release
 # priority, and runs the targets later).
 if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then
   rm -rf "$results"
+  # A stale fuzz/Cargo.lock (checked above) fails the build-only run too.
+  [ ${#failed[@]} -eq 0 ] || exit 1
   echo "fuzz/run-all.sh: built ${targets[*]}"
   exit 0
 fi
