@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Test helper: S3 operations on a test server with boto3 (moto's venv has
 it). Usage: s3ctl.py ENDPOINT mkbucket BUCKET | put BUCKET KEY FILE
+| get BUCKET KEY FILE (writes the object's bytes to FILE)
 | list BUCKET PREFIX (prints the keys, one a line)
 | sizes BUCKET PREFIX (prints each key and its size, one a line)
 | delete BUCKET PREFIX (deletes every key under PREFIX)"""
@@ -19,6 +20,9 @@ if op == "mkbucket":
 elif op == "put":
     with open(args[2], "rb") as f:
         print(s3.put_object(Bucket=args[0], Key=args[1], Body=f)["ETag"])
+elif op == "get":
+    with open(args[2], "wb") as f:
+        f.write(s3.get_object(Bucket=args[0], Key=args[1])["Body"].read())
 elif op in ("list", "sizes"):
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=args[0], Prefix=args[1])
     for page in pages:

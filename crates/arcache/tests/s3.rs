@@ -803,3 +803,75 @@ fn a_reader_stopped_before_dropping_a_changed_chunk_keeps_no_l2() {
     assert!(read_at(&r, 0, mib) == new[..mib], "old records came back as the new chunk's: {st}");
     r.stop();
 }
+
+/// A deletion the head reports is checked against the bucket before the
+/// reader takes it: a refused read may already have taken a newer write of
+/// the chunk than the head names (the writer's chunk PUT landed, its head
+/// PUT not yet), and a chunk taken as absent reads as zeros with no GET
+/// that could be refused, so the reader would go back in time for good.
+/// The bucket is made to hold that moment: the head as of the trim, the
+/// chunk as written after it.
+#[test]
+fn a_deletion_the_head_reports_is_checked_against_the_bucket() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let keep = tempfile::tempdir().unwrap();
+    let mib = 1usize << 20;
+    let old: Vec<u8> = pattern(4 * mib, 0);
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x3c).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/gone/?size=16M", &[]);
+    write_flush(&w, 0, &old);
+    let g1 = show_json(&moto, "s3://vms/gone/")["head_generation"].as_u64().expect("a head");
+    // The reader's log at info for the S3 crate: it says when it kept a
+    // chunk the head has deleted, which shows this test reached that.
+    let env = moto.env();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("RUST_LOG", "warn,arcache_s3=info"));
+    let args = [
+        "--export",
+        "s3://vms/gone/?head_poll_ms=3600000",
+        "--arc-max",
+        "16M",
+        "--read-only",
+        "--set",
+        "zfs_prefetch_disable=1",
+    ];
+    let mut r = Serve::start_with_env(tempfile::tempdir().unwrap(), &args, &env);
+    assert!(read_at(&r, 0, mib) == old[..mib]);
+    // The writer trims chunk 0 whole (deleting its object), then writes it
+    // again; the head as of the trim is kept aside.
+    {
+        let mut c = nbd::Client::connect(&w.target(), "").unwrap();
+        c.trim(0, 4 << 20).unwrap();
+        c.flush().unwrap();
+    }
+    let g2 = show_json(&moto, "s3://vms/gone/")["head_generation"].as_u64().unwrap();
+    assert!(g2 > g1, "the trim committed no generation ({g1}, {g2})");
+    let saved = keep.path().join("head-at-trim");
+    moto.ctl(&["get", "vms", "gone/arcache-head", saved.to_str().unwrap()]);
+    write_flush(&w, 0, &new);
+    w.stop();
+    moto.ctl(&["put", "vms", "gone/arcache-head", saved.to_str().unwrap()]);
+    assert_eq!(show_json(&moto, "s3://vms/gone/")["head_generation"].as_u64(), Some(g2));
+    // A part the reader never read: its GET is refused and takes the
+    // chunk's newest ETag, which wakes the poller, which finds the head as
+    // of the trim.
+    assert!(read_at(&r, 2 << 20, mib) == new[2 * mib..3 * mib], "the refused GET did not adopt");
+    read_until(&r, 0, &new[..mib], 15, "the reader after its refused GET");
+    let until = std::time::Instant::now() + Duration::from_millis(1500);
+    while std::time::Instant::now() < until {
+        let got = read_at(&r, 0, mib);
+        assert!(
+            got == new[..mib],
+            "the reader went back to {}",
+            if got.iter().all(|&b| b == 0) { "zeros" } else { "other bytes" }
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, log) = r.terminate();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("chunk 0 is deleted by what the writer published, but the bucket holds it again"),
+        "the poller never applied the head as of the trim: {log}"
+    );
+}

@@ -364,6 +364,12 @@ impl Follow {
                 Some(etag) => Some(etag.clone()),
                 None => self.stored_etag(index)?,
             };
+            if listed.is_none() && now.is_some() {
+                info!(
+                    "{}: chunk {index} is deleted by what the writer published, but the bucket holds it again (written since): kept as stored",
+                    self.location
+                );
+            }
             let mut map = self.map.lock();
             if map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag) {
                 return Ok(false);
