@@ -875,3 +875,55 @@ fn a_deletion_the_head_reports_is_checked_against_the_bucket() {
         "the poller never applied the head as of the trim: {log}"
     );
 }
+
+/// A reader stopped while a round of its poller is between taking a
+/// change into the chunk map and dropping the chunk's cached records: the
+/// stop waits for the round, so the cache holds the disk as the map says
+/// when the L2 is bound, and the restart keeps the L2 and serves the new
+/// bytes. A stop that did not wait would find the change half applied and
+/// bind nothing (the restart then discards the L2), or close the caches
+/// under the round.
+#[test]
+fn a_reader_stopped_during_a_round_waits_for_it_and_keeps_its_l2() {
+    if !failpoints_armed() {
+        return;
+    }
+    let Some((moto, _keep, reader_args)) = moto_and_reader_l2() else { return };
+    let reader: Vec<&str> = reader_args.iter().map(String::as_str).collect();
+    let mib = 1usize << 20;
+    let old: Vec<u8> = pattern(8 * mib, 0);
+    let new: Vec<u8> = old[..mib].iter().map(|b| b ^ 0x99).collect();
+    let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/mid/?size=16M", &[]);
+    write_flush(&w, 0, &old);
+    let mut r = serve_s3_failing(
+        &moto,
+        tempfile::tempdir().unwrap(),
+        "s3://vms/mid/?head_poll_ms=100",
+        &reader,
+        "s3.follow.before_drop=sleep(4000)",
+    );
+    assert!(read_at(&r, 0, 8 * mib) == old);
+    wait_l2_holds(&r, 8 * mib as u64);
+    wait_stat(&r, "the log", |st| st["l2_log_uncommitted_bytes"] == 0);
+    // The writer's next generation rewrites chunk 0; the reader's poller
+    // takes it within about 100 ms and then holds for 4 s.
+    write_flush(&w, 0, &new);
+    std::thread::sleep(Duration::from_millis(1000));
+    let asked = std::time::Instant::now();
+    let (status, log) = r.terminate();
+    let took = asked.elapsed();
+    assert!(status.success(), "{log}");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "the stop took {took:?}: it did not wait for the round under way (or the round had not begun)"
+    );
+    w.stop();
+    let r = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/mid/", &reader);
+    let st = restored(&r, 0);
+    assert!(st["l2_rebuild_bufs"].as_u64().unwrap() > 0, "the reader's L2 was not kept: {st}");
+    let mut want = old.clone();
+    want[..mib].copy_from_slice(&new);
+    assert!(read_at(&r, 0, want.len()) == want, "{st}");
+    assert!(r.stat()["l2_hits"].as_u64().unwrap() > 0, "{}", r.stat());
+    r.stop();
+}

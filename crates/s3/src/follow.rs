@@ -334,6 +334,10 @@ impl Follow {
             match self.decide(watcher, index, listed) {
                 Ok(false) => {}
                 Ok(true) => {
+                    // A round held between taking a change and dropping
+                    // the chunk's records (`sleep(MS)`), for the test of a
+                    // stop then.
+                    fail::fail_point!("s3.follow.before_drop");
                     let (offset, len) = self.chunk_range(index);
                     watcher.changed(offset, len);
                     self.dropping.fetch_sub(1, Ordering::AcqRel);
