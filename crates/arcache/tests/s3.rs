@@ -871,7 +871,7 @@ fn a_deletion_the_head_reports_is_checked_against_the_bucket() {
     let (status, log) = r.terminate();
     assert!(status.success(), "{log}");
     assert!(
-        log.contains("chunk 0 is deleted by what the writer published, but the bucket holds it again"),
+        log.contains("chunk 0 is absent from the head or listing, but the bucket holds it"),
         "the poller never applied the head as of the trim: {log}"
     );
 }

@@ -368,14 +368,19 @@ impl Follow {
                 Some(etag) => Some(etag.clone()),
                 None => self.stored_etag(index)?,
             };
-            if listed.is_none() && now.is_some() {
-                info!(
-                    "{}: chunk {index} is deleted by what the writer published, but the bucket holds it again (written since): kept as stored",
-                    self.location
-                );
-            }
+            // Rare (a write that landed after the head or listing was
+            // made), and what makes a reader's view differ from the head's.
+            let say_kept = || {
+                if listed.is_none() && now.is_some() {
+                    info!(
+                        "{}: chunk {index} is absent from the head or listing, but the bucket holds it (written since): kept as stored",
+                        self.location
+                    );
+                }
+            };
             let mut map = self.map.lock();
             if map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag) {
+                say_kept();
                 return Ok(false);
             }
             if !self.first.is_completed() {
@@ -385,6 +390,7 @@ impl Follow {
                 self.first.call_once(|| watcher.before_first_change());
                 continue;
             }
+            say_kept();
             set_chunk(&mut map, index, now);
             self.dropping.fetch_add(1, Ordering::AcqRel);
             return Ok(true);
