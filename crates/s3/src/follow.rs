@@ -370,17 +370,11 @@ impl Follow {
             };
             // Rare (a write that landed after the head or listing was
             // made), and what makes a reader's view differ from the head's.
-            let say_kept = || {
-                if listed.is_none() && now.is_some() {
-                    info!(
-                        "{}: chunk {index} is absent from the head or listing, but the bucket holds it (written since): kept as stored",
-                        self.location
-                    );
-                }
-            };
+            let present_though_absent = listed.is_none() && now.is_some();
             let mut map = self.map.lock();
             if map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag) {
-                say_kept();
+                drop(map);
+                self.say_present(index, present_though_absent);
                 return Ok(false);
             }
             if !self.first.is_completed() {
@@ -390,10 +384,21 @@ impl Follow {
                 self.first.call_once(|| watcher.before_first_change());
                 continue;
             }
-            say_kept();
             set_chunk(&mut map, index, now);
             self.dropping.fetch_add(1, Ordering::AcqRel);
+            // Logged with the map free: every read of a chunk takes it.
+            drop(map);
+            self.say_present(index, present_though_absent);
             return Ok(true);
+        }
+    }
+
+    fn say_present(&self, index: u64, present_though_absent: bool) {
+        if present_though_absent {
+            info!(
+                "{}: chunk {index} is absent from the head or listing, but the bucket holds it (written since): taken as the bucket has it",
+                self.location
+            );
         }
     }
 
