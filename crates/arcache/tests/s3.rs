@@ -22,14 +22,25 @@ fn serve_s3_failing(
     extra: &[&str],
     failpoints: &str,
 ) -> Serve {
-    let env = moto.env();
-    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    if !failpoints.is_empty() {
-        env.push(("FAILPOINTS", failpoints));
-    }
+    let armed = [("FAILPOINTS", failpoints)];
+    serve_s3_with_env(moto, dir, backing, extra, if failpoints.is_empty() { &[] } else { &armed })
+}
+
+/// `serve_s3` with `env` added to the server's (after moto's credentials
+/// and endpoint, so it may override them or RUST_LOG).
+fn serve_s3_with_env(
+    moto: &Moto,
+    dir: tempfile::TempDir,
+    backing: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Serve {
+    let base = moto.env();
+    let mut all: Vec<(&str, &str)> = base.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.extend_from_slice(env);
     let mut args = vec!["--export", backing, "--arc-max", "16M"];
     args.extend_from_slice(extra);
-    Serve::start_with_env(dir, &args, &env)
+    Serve::start_with_env(dir, &args, &all)
 }
 
 fn read_all(s: &Serve, len: usize) -> Vec<u8> {
@@ -824,19 +835,13 @@ fn a_deletion_the_head_reports_is_checked_against_the_bucket() {
     let g1 = show_json(&moto, "s3://vms/gone/")["head_generation"].as_u64().expect("a head");
     // The reader's log at info for the S3 crate: it says when it kept a
     // chunk the head has deleted, which shows this test reached that.
-    let env = moto.env();
-    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    env.push(("RUST_LOG", "warn,arcache_s3=info"));
-    let args = [
-        "--export",
+    let mut r = serve_s3_with_env(
+        &moto,
+        tempfile::tempdir().unwrap(),
         "s3://vms/gone/?head_poll_ms=3600000",
-        "--arc-max",
-        "16M",
-        "--read-only",
-        "--set",
-        "zfs_prefetch_disable=1",
-    ];
-    let mut r = Serve::start_with_env(tempfile::tempdir().unwrap(), &args, &env);
+        &["--read-only", "--set", "zfs_prefetch_disable=1"],
+        &[("RUST_LOG", "warn,arcache_s3=info")],
+    );
     assert!(read_at(&r, 0, mib) == old[..mib]);
     // The poller's one round before the refused GET (the one its start
     // asks for) must be over before the writer's next head lands: later,
@@ -899,18 +904,19 @@ fn a_reader_stopped_during_a_round_waits_for_it_and_keeps_its_l2() {
     let new: Vec<u8> = old[..mib].iter().map(|b| b ^ 0x99).collect();
     let w = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/mid/?size=16M", &[]);
     write_flush(&w, 0, &old);
+    let hold = Duration::from_secs(4);
     let mut r = serve_s3_failing(
         &moto,
         tempfile::tempdir().unwrap(),
         "s3://vms/mid/?head_poll_ms=100",
         &reader,
-        "s3.follow.before_drop=sleep(4000)",
+        &format!("s3.follow.before_drop=sleep({})", hold.as_millis()),
     );
     assert!(read_at(&r, 0, 8 * mib) == old);
     wait_l2_holds(&r, 8 * mib as u64);
     wait_stat(&r, "the log", |st| st["l2_log_uncommitted_bytes"] == 0);
     // The writer's next generation rewrites chunk 0; the reader's poller
-    // takes it within about 100 ms and then holds for 4 s.
+    // takes it within about 100 ms and then holds for `hold`.
     write_flush(&w, 0, &new);
     std::thread::sleep(Duration::from_millis(1000));
     let asked = std::time::Instant::now();

@@ -374,7 +374,9 @@ impl Follow {
             let mut map = self.map.lock();
             if map.get(&index).map(|e| bare_etag(e)) == now.as_deref().map(bare_etag) {
                 drop(map);
-                self.say_present(index, present_though_absent);
+                if present_though_absent {
+                    self.say_present(index);
+                }
                 return Ok(false);
             }
             if !self.first.is_completed() {
@@ -388,18 +390,18 @@ impl Follow {
             self.dropping.fetch_add(1, Ordering::AcqRel);
             // Logged with the map free: every read of a chunk takes it.
             drop(map);
-            self.say_present(index, present_though_absent);
+            if present_though_absent {
+                self.say_present(index);
+            }
             return Ok(true);
         }
     }
 
-    fn say_present(&self, index: u64, present_though_absent: bool) {
-        if present_though_absent {
-            info!(
-                "{}: chunk {index} is absent from the head or listing, but the bucket holds it (written since): taken as the bucket has it",
-                self.location
-            );
-        }
+    fn say_present(&self, index: u64) {
+        info!(
+            "{}: chunk {index} is absent from the head or listing, but the bucket holds it (written since): taken as the bucket has it",
+            self.location
+        );
     }
 
     /// Chunk `index`'s ETag as the bucket has it now; None: not stored.
