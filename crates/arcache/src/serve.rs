@@ -930,6 +930,14 @@ pub fn start_on(
         settings.apply_limits(ServerConfig { workers: settings.workers, ..nbd_cfg }),
         tls,
     );
+    // Each connection's thread finishes the ring reads it starts
+    // (blockdev::uring::LocalRing); with no ring at all, workers read.
+    if ring.is_some() {
+        server.set_thread_io(Arc::new(|| {
+            let own = blockdev::uring::LocalRing::install().ok()?;
+            Some(Box::new(ConnRing(own)) as Box<dyn nbd::ThreadIo>)
+        }));
+    }
     startup::stage("binding the sockets");
     // A client may connect and write as soon as a socket is bound: a signal
     // from here on must stop cleanly (syncing what it wrote), not end the
@@ -1283,5 +1291,17 @@ impl control::Handler for ControlState {
                 Ok(json!({ "name": name, "value": v, "text": tunables::format_value(&name, v) }))
             }
         }
+    }
+}
+
+/// A connection thread's own IO ring, for the NBD server.
+struct ConnRing(blockdev::uring::LocalRing);
+
+impl nbd::ThreadIo for ConnRing {
+    fn busy(&self) -> bool {
+        self.0.busy()
+    }
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>, out: &mut nbd::Batch) {
+        self.0.wait(fd, out)
     }
 }

@@ -75,6 +75,9 @@ struct Shared {
     inject_failure: AtomicBool,
     /// A submitter's push failed: the ring thread fails the ring.
     broken: AtomicBool,
+    /// A thread's own ring ([`LocalRing`]): no ring thread; its owner
+    /// submits, waits and finishes.
+    local: bool,
 }
 
 struct State {
@@ -88,6 +91,8 @@ struct State {
     /// Reads that found every entry in use; the ring thread starts them as
     /// entries come free, oldest first.
     waiting: VecDeque<Op>,
+    /// A thread's own ring: its poll of the owner's socket is armed.
+    poll_armed: bool,
 }
 
 /// The submitting side; dropping it stops the thread once every read
@@ -110,27 +115,14 @@ struct ReadAt {
 const DEPTH: u32 = 256;
 /// The data of the wake-up read's completion.
 const WAKE: u64 = u64::MAX;
+/// The data of a thread's own ring's poll of its socket.
+const POLL: u64 = u64::MAX - 1;
 
 impl Uring {
     /// Sets up a ring and its thread; fails where io_uring is not
     /// available (old kernels, sandboxes that forbid it).
     pub fn start(name: &str) -> io::Result<Uring> {
-        let (kernel, wake) = kernel::start(DEPTH)?;
-        let shared = Arc::new(Shared {
-            kernel,
-            state: Mutex::new(State {
-                failed: false,
-                slots: Vec::new(),
-                free: Vec::new(),
-                spare: Vec::new(),
-                in_flight: 0,
-                waiting: VecDeque::new(),
-            }),
-            wake,
-            closed: AtomicBool::new(false),
-            inject_failure: AtomicBool::new(false),
-            broken: AtomicBool::new(false),
-        });
+        let shared = Shared::new(false)?;
         {
             let _sq = shared.state.lock();
             shared.kernel.arm_wake()?;
@@ -166,29 +158,59 @@ impl Uring {
     /// device sees it without waiting for the ring thread to wake: on a
     /// 2-core host that wake-up cost more than the read's own submission.
     pub fn submit(&self, op: Op) -> Result<(), Op> {
-        let sh = &*self.shared;
-        {
-            let mut st = sh.state.lock();
-            if st.failed {
-                return Err(op);
-            }
-            if st.in_flight >= DEPTH as usize - 1 || !st.waiting.is_empty() {
-                st.waiting.push_back(op);
-                return Ok(());
-            }
-            if st.push(&sh.kernel, op).is_err() {
-                // The read is in its slot: the ring thread's failure path
-                // answers it.
-                sh.broken.store(true, SeqCst);
-                sh.wake.kick();
-                return Ok(());
-            }
+        match LOCAL.with(|l| l.borrow().clone()) {
+            Some(own) => submit_to(&own, op),
+            None => submit_to(&self.shared, op),
         }
-        // Outside the lock: an entry another thread pushes meanwhile goes
-        // with this call or the next. A failed call leaves the entries
-        // queued for the ring thread's next wait, which reports the error.
-        let _ = sh.kernel.submit();
-        Ok(())
+    }
+}
+
+/// Starts `op` on the ring of `sh`: the caller enters the kernel itself.
+fn submit_to(sh: &Shared, op: Op) -> Result<(), Op> {
+    {
+        let mut st = sh.state.lock();
+        if st.failed {
+            return Err(op);
+        }
+        if st.in_flight >= DEPTH as usize - 1 || !st.waiting.is_empty() {
+            st.waiting.push_back(op);
+            return Ok(());
+        }
+        if st.push(&sh.kernel, op, sh.local).is_err() {
+            // The read is in its slot: the failure path (the ring thread's,
+            // or the owner's next wait) answers it.
+            sh.broken.store(true, SeqCst);
+            sh.wake.kick();
+            return Ok(());
+        }
+    }
+    // Outside the lock: an entry another thread pushes meanwhile goes with
+    // this call or the next. A failed call leaves the entries queued for
+    // the next wait, which reports the error.
+    let _ = sh.kernel.submit();
+    Ok(())
+}
+
+impl Shared {
+    fn new(local: bool) -> io::Result<Arc<Shared>> {
+        let (kernel, wake) = kernel::start(DEPTH)?;
+        Ok(Arc::new(Shared {
+            kernel,
+            state: Mutex::new(State {
+                failed: false,
+                slots: Vec::new(),
+                free: Vec::new(),
+                spare: Vec::new(),
+                in_flight: 0,
+                waiting: VecDeque::new(),
+                poll_armed: false,
+            }),
+            wake,
+            closed: AtomicBool::new(false),
+            inject_failure: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            local,
+        }))
     }
 }
 
@@ -211,14 +233,16 @@ struct InFlight {
 impl State {
     /// Puts a read in a free slot and its entry in the submission queue;
     /// the caller holds the state lock, which is the queue's too.
-    fn push(&mut self, kernel: &Kernel, op: Op) -> io::Result<()> {
+    fn push(&mut self, kernel: &Kernel, op: Op, local: bool) -> io::Result<()> {
         // `reuse_as` sizes a kept buffer to this read if its allocation
         // holds it (its `capacity` is only the last read's length).
         let mut buf = match self.spare.iter_mut().position(|b| b.reuse_as(op.need)) {
             Some(i) => self.spare.swap_remove(i),
             None => {
-                // Room for bigger reads later; sized to this one now.
-                let mut b = AlignedBuf::new(op.need.max(64 << 10));
+                // Room for bigger reads later; sized to this one now. A
+                // thread's own ring (one per connection) keeps no room.
+                let room = if local { op.need } else { op.need.max(64 << 10) };
+                let mut b = AlignedBuf::new(room);
                 b.reuse_as(op.need);
                 b
             }
@@ -257,27 +281,35 @@ fn run(sh: &Shared) -> io::Result<()> {
             }
         }
         sh.kernel.wait()?;
-        complete(sh)?;
+        let mut batch = Batch::new();
+        complete(sh, &mut batch, true)?;
     }
 }
 
 /// Finishes every completed read: takes them from their slots, starts
 /// waiting reads in the entries they free (before the completions' work,
 /// so the device is not idle while this thread copies and inserts), then
-/// runs the completions, all with one batch.
-fn complete(sh: &Shared) -> io::Result<()> {
+/// runs the completions, with `batch`, flushed after each one when
+/// `flush_each`. Returns whether the owner's socket poll completed.
+fn complete(sh: &Shared, batch: &mut Batch, flush_each: bool) -> io::Result<bool> {
     let done = sh.kernel.reap();
     let mut finished: Vec<(InFlight, i32)> = Vec::with_capacity(done.len());
     let mut started = false;
     // An error is returned after the completions taken out of their slots
     // have run: nothing `fail_all` cannot see goes unanswered.
     let mut failed = None;
+    let mut readable = false;
     {
         let mut st = sh.state.lock();
         let mut woken = false;
         for (data, res) in done {
             if data == WAKE {
                 woken = true;
+                continue;
+            }
+            if data == POLL {
+                st.poll_armed = false;
+                readable = true;
                 continue;
             }
             let slot = data as usize;
@@ -290,7 +322,7 @@ fn complete(sh: &Shared) -> io::Result<()> {
         while failed.is_none() && st.in_flight < DEPTH as usize - 1 {
             let Some(op) = st.waiting.pop_front() else { break };
             // A failed push leaves the read in its slot for `fail_all`.
-            failed = st.push(&sh.kernel, op).err();
+            failed = st.push(&sh.kernel, op, sh.local).err();
             started = true;
         }
         if woken && failed.is_none() {
@@ -301,14 +333,13 @@ fn complete(sh: &Shared) -> io::Result<()> {
     if started && failed.is_none() {
         failed = sh.kernel.submit().err();
     }
-    let mut batch = Batch::new();
     let mut bufs = Vec::with_capacity(finished.len());
     for (f, res) in finished {
         let InFlight { buf, at, skip, len, finish } = f;
         let bytes = buf.as_slice();
         let need = bytes.len();
         if res >= 0 && res as usize == need {
-            finish_guarded(finish, Ok(&bytes[skip..skip + len]), &mut batch);
+            finish_guarded(finish, Ok(&bytes[skip..skip + len]), batch);
         } else {
             let source = if res < 0 {
                 io::Error::from_raw_os_error(-res)
@@ -317,18 +348,117 @@ fn complete(sh: &Shared) -> io::Result<()> {
             };
             let e =
                 DevError::Io { op: "read", dev: "the IO ring".into(), offset: at, len: need as u64, source };
-            finish_guarded(finish, Err(ReadError::Device(e)), &mut batch);
+            finish_guarded(finish, Err(ReadError::Device(e)), batch);
         }
         bufs.push(buf);
-        // Each reply leaves as soon as it is made: holding the first
-        // until the last completion of the pass is finished (copies,
-        // inserts) added that whole pass to its latency.
-        batch.flush();
+        // On the ring thread each reply leaves as soon as it is made:
+        // holding the first until the last completion of the pass is
+        // finished (copies, inserts) added that whole pass to its latency.
+        if flush_each {
+            batch.flush();
+        }
     }
     let mut st = sh.state.lock();
-    let room = 64usize.saturating_sub(st.spare.len());
+    let keep = if sh.local { LOCAL_SPARE } else { 64 };
+    let room = keep.saturating_sub(st.spare.len());
     st.spare.extend(bufs.into_iter().take(room));
-    failed.map_or(Ok(()), Err)
+    failed.map_or(Ok(readable), Err)
+}
+
+/// Read buffers a thread's own ring keeps for its next reads.
+const LOCAL_SPARE: usize = 16;
+
+thread_local! {
+    /// The ring of this thread's own reads, while a [`LocalRing`] is alive.
+    static LOCAL: std::cell::RefCell<Option<Arc<Shared>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A ring of the calling thread's own: while it lives, every read this
+/// thread starts through any [`Uring`] goes to it, and the thread itself
+/// finishes them in [`LocalRing::wait`], which also waits for its socket.
+///
+/// Why: a read's completion is posted by the kernel in the context of the
+/// thread that submitted it, so with one ring thread every completion
+/// took two wake-ups (the submitter's, to post it; the ring thread's, to
+/// finish it), and the ring thread's replies woke the client on the ring
+/// thread's core, where it waited for the rest of the pass. A connection
+/// thread that finishes its own reads posts and finishes them in one
+/// wake-up, and sends the replies of a pass with one system call.
+pub struct LocalRing {
+    shared: Arc<Shared>,
+}
+
+impl LocalRing {
+    /// Gives the calling thread a ring of its own; fails where io_uring is
+    /// not available, or if the thread has one already.
+    pub fn install() -> io::Result<LocalRing> {
+        if LOCAL.with(|l| l.borrow().is_some()) {
+            return Err(io::Error::other("this thread has a ring already"));
+        }
+        let shared = Shared::new(true)?;
+        LOCAL.with(|l| *l.borrow_mut() = Some(Arc::clone(&shared)));
+        Ok(LocalRing { shared })
+    }
+
+    /// Whether reads of this ring are under way.
+    pub fn busy(&self) -> bool {
+        let st = self.shared.state.lock();
+        st.in_flight > 0 || !st.waiting.is_empty()
+    }
+
+    /// Finishes this ring's completed reads with `out` until `fd` is
+    /// readable (or, with no `fd`, until at least one read finished). A
+    /// ring that fails gives its reads to their fallbacks and is not used
+    /// again.
+    pub fn wait(&self, fd: Option<RawFd>, out: &mut Batch) {
+        if let Err(e) = self.wait_inner(fd, out) {
+            warn!("a connection's IO ring failed, reading the blocking way from now on: {e}");
+            fail_all(&self.shared);
+        }
+    }
+
+    fn wait_inner(&self, fd: Option<RawFd>, out: &mut Batch) -> io::Result<()> {
+        let sh = &*self.shared;
+        loop {
+            if sh.broken.load(SeqCst) {
+                return Err(io::Error::other("a read could not be queued to the ring"));
+            }
+            {
+                let mut st = sh.state.lock();
+                if st.failed {
+                    return Ok(());
+                }
+                if let Some(fd) = fd {
+                    if !st.poll_armed {
+                        sh.kernel.poll_in(fd, POLL)?;
+                        st.poll_armed = true;
+                    }
+                } else if st.in_flight == 0 && st.waiting.is_empty() {
+                    return Ok(());
+                }
+            }
+            sh.kernel.wait()?;
+            let readable = complete(sh, out, false)?;
+            // The pass's replies leave together, before the next wait.
+            out.flush();
+            if readable || fd.is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Drop for LocalRing {
+    /// Finishes every read still under way first: the kernel writes into
+    /// their buffers until they complete.
+    fn drop(&mut self) {
+        let mut out = Batch::new();
+        while self.busy() && !self.shared.state.lock().failed {
+            self.wait(None, &mut out);
+            out.flush();
+        }
+        LOCAL.with(|l| l.borrow_mut().take());
+    }
 }
 
 /// Ends every read the ring still owes an answer as failed by the ring,
@@ -410,6 +540,66 @@ mod tests {
         assert!(rx.recv().unwrap().unwrap_err().contains("short read"));
         assert!(ring.submit(op(-1, 0, 4096, 0, 4096, &tx)).is_ok());
         assert!(rx.recv().unwrap().is_err(), "a bad descriptor fails the read");
+    }
+
+    #[test]
+    fn a_thread_with_its_own_ring_finishes_its_reads_itself() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 13 + i / 4096) as u8).collect();
+        f.write_all(&data).unwrap();
+        let fd = f.as_raw_fd();
+        let shared = Uring::start("test-ring").unwrap();
+        let own = LocalRing::install().unwrap();
+        assert!(LocalRing::install().is_err(), "one ring per thread");
+        let (tx, rx) = mpsc::channel();
+        for i in 0..40u64 {
+            assert!(shared.submit(op(fd, i * 8192, 4096, 0, 4096, &tx)).is_ok());
+        }
+        // Only this thread finishes them, and only while it waits: the
+        // shared ring's thread never sees them.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "a read was finished outside this thread's wait");
+        assert!(own.busy());
+        let mut out = Batch::new();
+        let mut got = 0;
+        while own.busy() {
+            own.wait(None, &mut out);
+            got += rx.try_iter().map(|r| assert!(r.is_ok())).count();
+        }
+        assert_eq!(got, 40, "every read finished in the waits");
+
+        // Waiting for a socket: reads finish meanwhile, and the wait ends
+        // once the socket has bytes.
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        for i in 0..8u64 {
+            assert!(shared.submit(op(fd, i * 4096, 4096, 0, 4096, &tx)).is_ok());
+        }
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            a.write_all(b"x").unwrap();
+            a
+        });
+        let t0 = std::time::Instant::now();
+        own.wait(Some(b.as_raw_fd()), &mut out);
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(150),
+            "the wait ended before the socket had bytes"
+        );
+        let done: Vec<_> = rx.try_iter().collect();
+        assert_eq!(done.len(), 8, "the reads finished while waiting for the socket");
+        assert_eq!(done[0].as_deref().unwrap().len(), 4096);
+        drop(writer.join().unwrap());
+
+        // Dropping the ring finishes what is still under way.
+        for i in 0..16u64 {
+            assert!(shared.submit(op(fd, i * 4096, 4096, 0, 4096, &tx)).is_ok());
+        }
+        drop(own);
+        assert_eq!(rx.try_iter().count(), 16, "dropping the ring finished its reads");
+        // From now on this thread's reads go to the shared ring again.
+        assert!(shared.submit(op(fd, 0, 4096, 0, 4096, &tx)).is_ok());
+        let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the shared ring finishes it");
+        assert_eq!(r.unwrap(), data[..4096].to_vec());
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub use client::{Client, ClientError};
 pub use conn::Conn;
 pub use server::{
     Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion, ReadEnd, Server,
-    ServerConfig,
+    ServerConfig, ThreadIo, ThreadIoStart,
 };
 pub use tls::{TlsPolicy, TlsSetupError};
 pub use uri::{NbdUri, Target};

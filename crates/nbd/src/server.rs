@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read};
 use std::net::TcpListener;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -34,6 +35,21 @@ pub type NbdResult = Result<(), Errno>;
 /// flushes it, so a thread completing many requests at once sends their
 /// replies together.
 pub type Completion = Box<dyn FnOnce(NbdResult, &mut Batch) + Send>;
+
+/// Work a connection's own thread starts and finishes itself besides
+/// reading its socket (arcache: reads queued to the thread's own IO ring,
+/// whose completions the thread finishes while it waits for requests).
+pub trait ThreadIo {
+    /// Whether any of it is under way.
+    fn busy(&self) -> bool;
+    /// Finishes what is done (its replies go into `out`) until `fd` is
+    /// readable, or, without `fd`, until at least one piece finished.
+    fn wait(&mut self, fd: Option<RawFd>, out: &mut Batch);
+}
+
+/// Gives a connection's thread its [`ThreadIo`], if it has one, as its
+/// requests begin.
+pub type ThreadIoStart = Arc<dyn Fn() -> Option<Box<dyn ThreadIo>> + Send + Sync>;
 
 /// How a read started with [`Export::read_async`] ends: its bytes or
 /// error, or work the server runs on a worker thread, answering with what
@@ -224,6 +240,7 @@ pub struct Server {
     live: Mutex<HashMap<u64, Conn>>,
     live_changed: Condvar,
     tls: Option<TlsPolicy>,
+    thread_io: std::sync::OnceLock<ThreadIoStart>,
 }
 
 /// What the handshake settled for the transmission phase.
@@ -287,7 +304,14 @@ impl Server {
             live: Mutex::new(HashMap::new()),
             live_changed: Condvar::new(),
             tls,
+            thread_io: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Gives every later connection's thread (of plain, not TLS,
+    /// connections) the work `start` makes; set once, before listening.
+    pub fn set_thread_io(&self, start: ThreadIoStart) {
+        let _ = self.thread_io.set(start);
     }
 
     pub fn stats(&self) -> &ServerStats {
@@ -668,9 +692,21 @@ impl Server {
         // made here wait until the reader has nothing more buffered, and go
         // out before it could block.
         let mut out = Batch::new();
+        // Only a plain socket: TLS may hold decrypted bytes the socket's
+        // readiness does not show. Dropped (and its work finished) when
+        // this loop ends, before the connection waits for its workers.
+        let fd = match rd.get_ref() {
+            Reader::Plain(c) => Some(c.as_raw_fd()),
+            Reader::Tls(_) => None,
+        };
+        let mut own = fd.and_then(|_| self.thread_io.get().and_then(|start| start()));
         loop {
             if rd.buffer().is_empty() {
                 out.flush();
+                if let Some(own) = own.as_mut().filter(|o| o.busy()) {
+                    own.wait(fd, &mut out);
+                    out.flush();
+                }
             }
             let mut hdr = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut hdr) {
@@ -686,7 +722,7 @@ impl Server {
                 return Ok(());
             }
             // Taken before the payload is read or a reply buffer allocated.
-            let slot = self.admit(shared, &req, &mut out);
+            let slot = self.admit(shared, &req, &mut out, &mut own);
             let payload = if req.kind == CMD_WRITE {
                 if rd.buffer().len() < req.length as usize {
                     out.flush();
@@ -873,7 +909,13 @@ impl Server {
 
     /// Waits until the connection may hold `req`'s payload (its WRITE data
     /// or its READ reply) on top of what its requests in flight hold.
-    fn admit(&self, shared: &Arc<ConnShared>, req: &Request, out: &mut Batch) -> Slot {
+    fn admit(
+        &self,
+        shared: &Arc<ConnShared>,
+        req: &Request,
+        out: &mut Batch,
+        own: &mut Option<Box<dyn ThreadIo>>,
+    ) -> Slot {
         let bytes = match req.kind {
             CMD_READ | CMD_WRITE => u64::from(req.length.min(self.cfg.max_request)),
             _ => 0,
@@ -887,6 +929,15 @@ impl Server {
                 self.stats.budget_waits.fetch_add(1, Relaxed);
                 waited = true;
                 drop(n);
+                out.flush();
+                n = shared.in_flight.lock();
+                continue;
+            }
+            // Requests this thread finishes itself give budget back only
+            // when it finishes them.
+            if let Some(own) = own.as_mut().filter(|o| o.busy()) {
+                drop(n);
+                own.wait(None, out);
                 out.flush();
                 n = shared.in_flight.lock();
                 continue;

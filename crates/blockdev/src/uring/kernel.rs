@@ -71,6 +71,13 @@ impl Kernel {
         self.push_entry(&e)
     }
 
+    /// Arms a one-shot poll for `fd` becoming readable (or hung up),
+    /// completing as `data`; under the state lock, as `read`.
+    pub(super) fn poll_in(&self, fd: RawFd, data: u64) -> io::Result<()> {
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(data);
+        self.push_entry(&e)
+    }
+
     fn push_entry(&self, e: &io_uring::squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: the callers hold the state lock, so no other

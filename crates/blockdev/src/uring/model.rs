@@ -7,6 +7,7 @@
 //! would).
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use arcache_sync::{Condvar, Mutex};
@@ -59,6 +60,11 @@ impl Kernel {
     pub(super) fn arm_wake(&self) -> io::Result<()> {
         self.0.m.lock().wake_armed = true;
         Ok(())
+    }
+
+    /// No sockets under shuttle: a thread's own ring is not modelled.
+    pub(super) fn poll_in(&self, _fd: RawFd, _data: u64) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 
     pub(super) fn submit(&self) -> io::Result<()> {
