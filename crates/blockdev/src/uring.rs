@@ -158,10 +158,9 @@ impl Uring {
     /// device sees it without waiting for the ring thread to wake: on a
     /// 2-core host that wake-up cost more than the read's own submission.
     pub fn submit(&self, op: Op) -> Result<(), Op> {
-        match LOCAL.with(|l| l.borrow().clone()) {
-            Some(own) => submit_to(&own, op),
-            None => submit_to(&self.shared, op),
-        }
+        // The borrow is held across the push only: nothing in it starts
+        // another read.
+        LOCAL.with(|l| submit_to(l.borrow().as_deref().unwrap_or(&*self.shared), op))
     }
 }
 
@@ -407,19 +406,31 @@ impl LocalRing {
     }
 
     /// Finishes this ring's completed reads with `out` until `fd` is
-    /// readable (or, with no `fd`, until at least one read finished). A
-    /// ring that fails gives its reads to their fallbacks and is not used
-    /// again.
+    /// readable (or, with no `fd`, until at least one read finished), and
+    /// returns with every reply they made sent. A ring that fails gives
+    /// its reads to their fallbacks and is not used again.
     pub fn wait(&self, fd: Option<RawFd>, out: &mut Batch) {
         if let Err(e) = self.wait_inner(fd, out) {
             warn!("a connection's IO ring failed, reading the blocking way from now on: {e}");
             fail_all(&self.shared);
         }
+        // A pass that failed after its completions ran left their replies.
+        out.flush();
+    }
+
+    /// Makes the ring fail at its owner's next wait, as a kernel error
+    /// would; for tests of what its failure does to its reads.
+    #[doc(hidden)]
+    pub fn inject_failure(&self) {
+        self.shared.inject_failure.store(true, SeqCst);
     }
 
     fn wait_inner(&self, fd: Option<RawFd>, out: &mut Batch) -> io::Result<()> {
         let sh = &*self.shared;
         loop {
+            if sh.inject_failure.load(SeqCst) {
+                return Err(io::Error::other("failure injected by a test"));
+            }
             if sh.broken.load(SeqCst) {
                 return Err(io::Error::other("a read could not be queued to the ring"));
             }
@@ -453,9 +464,9 @@ impl Drop for LocalRing {
     /// their buffers until they complete.
     fn drop(&mut self) {
         let mut out = Batch::new();
-        while self.busy() && !self.shared.state.lock().failed {
+        // A failed ring is never busy: `fail_all` answered its reads.
+        while self.busy() {
             self.wait(None, &mut out);
-            out.flush();
         }
         LOCAL.with(|l| l.borrow_mut().take());
     }
@@ -600,6 +611,33 @@ mod tests {
         assert!(shared.submit(op(fd, 0, 4096, 0, 4096, &tx)).is_ok());
         let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the shared ring finishes it");
         assert_eq!(r.unwrap(), data[..4096].to_vec());
+    }
+
+    #[test]
+    fn a_thread_whose_own_ring_fails_gives_its_reads_back() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![3u8; 1 << 16]).unwrap();
+        let fd = f.as_raw_fd();
+        let shared = Uring::start("test-ring").unwrap();
+        let own = LocalRing::install().unwrap();
+        let (tx, rx) = mpsc::channel();
+        for i in 0..8u64 {
+            assert!(shared.submit(op(fd, i * 4096, 4096, 0, 4096, &tx)).is_ok());
+        }
+        own.inject_failure();
+        own.wait(None, &mut Batch::new());
+        let ends: Vec<_> = rx.try_iter().collect();
+        assert_eq!(ends.len(), 8, "every read under way is answered");
+        assert!(
+            ends.iter().all(|e| e.as_ref().is_err_and(|e| e.contains("RingFailed"))),
+            "as failed by the ring, not the device: {ends:?}"
+        );
+        assert!(!own.busy());
+        assert!(shared.submit(op(fd, 0, 4096, 0, 4096, &tx)).is_err(), "a later read is given back");
+        drop(own);
+        assert!(shared.submit(op(fd, 0, 4096, 0, 4096, &tx)).is_ok());
+        let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the shared ring finishes it");
+        assert_eq!(r.unwrap(), vec![3u8; 4096]);
     }
 
     #[test]

@@ -42,8 +42,10 @@ pub type Completion = Box<dyn FnOnce(NbdResult, &mut Batch) + Send>;
 pub trait ThreadIo {
     /// Whether any of it is under way.
     fn busy(&self) -> bool;
-    /// Finishes what is done (its replies go into `out`) until `fd` is
-    /// readable, or, without `fd`, until at least one piece finished.
+    /// Finishes what is done until `fd` is readable, or, without `fd`,
+    /// until at least one piece finished; the replies it made go through
+    /// `out` and have been sent by the time it returns (a wait for the
+    /// socket with replies held back would wait for ever).
     fn wait(&mut self, fd: Option<RawFd>, out: &mut Batch);
 }
 
@@ -705,7 +707,6 @@ impl Server {
                 out.flush();
                 if let Some(own) = own.as_mut().filter(|o| o.busy()) {
                     own.wait(fd, &mut out);
-                    out.flush();
                 }
             }
             let mut hdr = [0u8; REQUEST_LEN];
@@ -938,7 +939,6 @@ impl Server {
             if let Some(own) = own.as_mut().filter(|o| o.busy()) {
                 drop(n);
                 own.wait(None, out);
-                out.flush();
                 n = shared.in_flight.lock();
                 continue;
             }

@@ -348,3 +348,120 @@ fn held_replies_go_out_before_the_reader_waits() {
     s.write_all(&[7u8; 3096]).unwrap();
     assert_eq!(simple_reply(&mut s), (0, 99));
 }
+
+thread_local! {
+    /// Reads `OwnReads` started on this thread, for its `ThreadIo` to finish.
+    static STARTED: std::cell::RefCell<Vec<(u64, u32, nbd::ReadCompletion)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Answers every read later, on the connection's own thread: its reads
+/// wait in that thread's `STARTED` until the server lets the thread's
+/// `ThreadIo` finish them. Each byte read is its offset's low byte.
+struct OwnReads;
+
+impl Export for OwnReads {
+    fn info(&self) -> ExportInfo {
+        ExportInfo {
+            size: 1 << 20,
+            read_only: true,
+            multi_conn: true,
+            rotational: false,
+            description: "own".into(),
+            min_block: 1,
+            preferred_block: 4096,
+        }
+    }
+    fn read_async(
+        &self,
+        offset: u64,
+        len: u32,
+        done: nbd::ReadCompletion,
+        _out: &mut nbd::Batch,
+    ) -> Result<(), nbd::ReadCompletion> {
+        STARTED.with(|s| s.borrow_mut().push((offset, len, done)));
+        Ok(())
+    }
+    fn read(&self, _offset: u64, _buf: &mut [u8]) -> NbdResult {
+        panic!("every read here is the connection thread's own")
+    }
+    fn write(&self, _o: u64, _d: &[u8], _f: bool) -> NbdResult {
+        Err(Errno(libc::EPERM))
+    }
+    fn flush(&self) -> NbdResult {
+        Ok(())
+    }
+    fn trim(&self, _o: u64, _l: u64, _f: bool) -> NbdResult {
+        Err(Errno(libc::EPERM))
+    }
+    fn write_zeroes(&self, _o: u64, _l: u64, _f: bool) -> NbdResult {
+        Err(Errno(libc::EPERM))
+    }
+    fn cache(&self, _o: u64, _l: u64) -> NbdResult {
+        Err(Errno(libc::ENOTSUP))
+    }
+}
+
+/// Finishes the reads its thread started, when the server waits on it.
+struct FinishStarted;
+
+impl nbd::ThreadIo for FinishStarted {
+    fn busy(&self) -> bool {
+        STARTED.with(|s| !s.borrow().is_empty())
+    }
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>, out: &mut nbd::Batch) {
+        for (offset, len, done) in STARTED.with(|s| std::mem::take(&mut *s.borrow_mut())) {
+            let bytes = (offset..offset + u64::from(len)).map(|b| b as u8).collect();
+            done(nbd::ReadEnd::Done(Ok(bytes)), out);
+        }
+        out.flush();
+        if let Some(fd) = fd {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd, live for the call.
+            unsafe { libc::poll(&mut p, 1, -1) };
+        }
+    }
+}
+
+/// A connection thread with reads of its own finishes them when it has no
+/// request to read, and when its budget is spent (here two requests, so
+/// the third of a burst of six waits for the first two): left to the
+/// socket or to the budget's condition variable, nobody would ever answer
+/// them.
+#[test]
+fn a_connection_finishes_its_own_reads_when_it_would_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
+    m.insert("".into(), Arc::new(OwnReads));
+    let cfg = ServerConfig { max_in_flight: 2, workers: WORKERS, ..Default::default() };
+    let server = Server::new(Arc::new(Set(m)), cfg);
+    server.set_thread_io(Arc::new(|| Some(Box::new(FinishStarted) as Box<dyn nbd::ThreadIo>)));
+    server.listen_unix(UnixListener::bind(&sock).unwrap());
+    let t = Target::Unix(sock);
+    let mut s = raw_session(&t, "");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut burst = Vec::new();
+    for handle in 1..=6u64 {
+        let read = Request { flags: 0, kind: CMD_READ, handle, offset: handle * 1000, length: 300 };
+        burst.extend_from_slice(&read.encode());
+    }
+    s.write_all(&burst).unwrap();
+    let mut handles = Vec::new();
+    for _ in 1..=6 {
+        let (err, handle) = simple_reply(&mut s);
+        assert_eq!(err, 0);
+        let mut data = [0u8; 300];
+        s.read_exact(&mut data).unwrap();
+        let want: Vec<u8> = (handle * 1000..handle * 1000 + 300).map(|b| b as u8).collect();
+        assert_eq!(data.to_vec(), want, "request {handle}'s own bytes");
+        handles.push(handle);
+    }
+    handles.sort();
+    assert_eq!(handles, (1..=6).collect::<Vec<_>>());
+    // And after a quiet spell, a read that comes alone.
+    std::thread::sleep(Duration::from_millis(100));
+    let read = Request { flags: 0, kind: CMD_READ, handle: 7, offset: 0, length: 10 };
+    s.write_all(&read.encode()).unwrap();
+    assert_eq!(simple_reply(&mut s), (0, 7));
+}
