@@ -66,3 +66,20 @@ wait_l2_feed() {
     sleep 1
   done
 }
+
+# bench_ceph_up MON_PORT RGW_PORT OSD_BYTES: a one-node Ceph with RGW
+# (tests/ceph/ceph-up.sh) in $work/ceph, stopped with the script; sets `ep`
+# (RGW's endpoint) and exports the credentials and endpoint every S3 tool
+# here takes.
+bench_ceph_up() {
+  local root
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  echo "bench: starting Ceph" >&2
+  CEPH_UP_MON_PORT=$1 CEPH_UP_RGW_PORT=$2 CEPH_UP_OSD_BYTES=$3 CEPH_UP_EXIT_WITH_PARENT=1 \
+    bash "$root/tests/ceph/ceph-up.sh" "$work/ceph" >"$work/ceph.log" 2>&1 & pids+=($!)
+  for _ in $(seq 600); do grep -q "ceph up" "$work/ceph.log" && break; sleep 0.2; done
+  grep -q "ceph up" "$work/ceph.log" || { cat "$work/ceph.log" >&2; echo "bench: Ceph did not start" >&2; exit 1; }
+  ep=http://127.0.0.1:$2
+  export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtesttest AWS_ENDPOINT_URL=$ep AWS_REGION=us-east-1
+  unset AWS_PROFILE
+}

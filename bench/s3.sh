@@ -59,15 +59,8 @@ cleanup_mounts() {
 }
 trap cleanup_mounts EXIT
 
-echo "bench: starting Ceph" >&2
 rgw_port=7491
-CEPH_UP_MON_PORT=3391 CEPH_UP_RGW_PORT=$rgw_port CEPH_UP_OSD_BYTES=$((7 << 30)) CEPH_UP_EXIT_WITH_PARENT=1 \
-  bash "$root/tests/ceph/ceph-up.sh" "$work/ceph" >"$work/ceph.log" 2>&1 & pids+=($!)
-for _ in $(seq 600); do grep -q "ceph up" "$work/ceph.log" && break; sleep 0.2; done
-grep -q "ceph up" "$work/ceph.log" || { cat "$work/ceph.log" >&2; echo "bench: Ceph did not start" >&2; exit 1; }
-ep=http://127.0.0.1:$rgw_port
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtesttest AWS_ENDPOINT_URL=$ep AWS_REGION=us-east-1
-unset AWS_PROFILE
+bench_ceph_up 3391 $rgw_port $((7 << 30))
 s3t() { "$py" "$root/bench/s3tool.py" "$ep" "$@"; }
 for b in bench sbr sbw; do s3t mkbucket "$b"; done
 echo "bench: uploading 1 GiB and 2 GiB objects" >&2

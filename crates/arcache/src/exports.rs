@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arcache_engine::{Batch, CommitDone, Volume};
+use arcache_engine::{Batch, CommitDone, Held, Volume};
 use blockdev::{Alloc, DevError};
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
-use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion};
+use nbd::{Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, Piece, ReadCompletion};
 
 use crate::recorder::Recorder;
 use tracing::warn;
@@ -26,6 +26,19 @@ impl NbdExport {
         if let Some(r) = &self.recorder {
             r.record(self.vol.id(), write, offset, len as u64);
         }
+    }
+}
+
+/// A held record as the reply carries it: an uncompressed record's stored
+/// bytes are exactly its bytes.
+fn piece(held: Held) -> Piece {
+    match held {
+        Held::Record(rec) => {
+            let len = rec.psize() as usize;
+            let bytes: nbd::SharedBytes = rec;
+            Piece::new(bytes, 0..len).unwrap_or_else(|| Piece::owned(Vec::new()))
+        }
+        Held::Bytes(b) => Piece::owned(b),
     }
 }
 
@@ -67,6 +80,16 @@ impl Export for NbdExport {
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
         self.note(false, offset, buf.len());
         self.vol.read(offset, buf).map_err(|e| errno("read", &e))
+    }
+
+    fn read_pieces(&self, offset: u64, len: u32) -> Option<Result<Vec<Piece>, Errno>> {
+        let held = match self.vol.read_held(offset, len as usize) {
+            Ok(Some(held)) => held,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(errno("read", &e))),
+        };
+        self.note(false, offset, len as usize);
+        Some(Ok(held.into_iter().map(piece).collect()))
     }
 
     fn read_async(

@@ -85,6 +85,10 @@ pub enum ReadEnd<E> {
     Done(Result<Vec<u8>, E>),
     /// Not finished without blocking: run this on a thread that may block.
     Blocking(Box<dyn FnOnce() -> Result<Vec<u8>, E> + Send>),
+    /// Not started: the reader declined it, and the caller reads it the
+    /// blocking way through its own path (the protocol's: an export's
+    /// blocking calls on a worker).
+    Declined,
 }
 
 impl<E: 'static> ReadEnd<E> {
@@ -93,6 +97,7 @@ impl<E: 'static> ReadEnd<E> {
         match self {
             ReadEnd::Done(res) => ReadEnd::Done(res.map_err(f)),
             ReadEnd::Blocking(work) => ReadEnd::Blocking(Box::new(move || work().map_err(f))),
+            ReadEnd::Declined => ReadEnd::Declined,
         }
     }
 }

@@ -26,6 +26,6 @@ pub use record::Record;
 pub use replay::replay_log;
 pub use sizing::{SizingView, SAMPLE_EVERY};
 pub use stats::{ArcStats, L2DeviceStats};
-pub use volume::{ReadDone, ReadEnd, SyncMode, Volume, VolumeConfig, VolumeCounts};
+pub use volume::{Held, ReadDone, ReadEnd, SyncMode, Volume, VolumeConfig, VolumeCounts};
 pub use writeback::{Backing, WriteBack, WriteStats, WriteTunables, WriteView};
 pub use zfetch::{Zfetch, ZfetchStats, ZfetchTunables};

@@ -22,10 +22,12 @@ use crate::writeback::{write_backing, Backing, Change, WriteBack};
 use crate::zfetch::Zfetch;
 
 mod changes;
+mod out;
 mod recent;
 mod record_write;
 mod ring_read;
 mod tiers;
+pub use out::Held;
 
 use record_write::RecordWrite;
 pub use ring_read::{ReadDone, ReadEnd};

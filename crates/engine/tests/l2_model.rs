@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use arcache_engine::{ArcStats, Cache, CacheConfig, Feed, FeedTunables, Volume, VolumeConfig};
+use arcache_engine::{ArcStats, Cache, CacheConfig, Feed, FeedTunables, Held, Volume, VolumeConfig};
 use arcache_l2::{L2Arc, L2Device, HEADER_RESERVED};
 use blockdev::{BlockDev, FaultPlan, FaultyDev, MemDev};
 use proptest::prelude::*;
@@ -63,6 +63,9 @@ fn payload(seed: u8, len: usize) -> Vec<u8> {
 #[derive(Debug, Clone)]
 enum Op {
     Read(u64, u64),
+    /// A read answered with the records themselves (`read_held`), aligned
+    /// to whole records when the flag says so.
+    ReadHeld(u64, u64, bool),
     Write(u64, u64, u8),
     Zero(u64, u64),
     Feed,
@@ -73,6 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
     let range = (0..DEV, 1u64..70_000).prop_map(|(o, l)| (o, l.min(DEV - o)));
     prop_oneof![
         6 => range.clone().prop_map(|(o, l)| Op::Read(o, l)),
+        3 => (range.clone(), any::<bool>()).prop_map(|((o, l), a)| Op::ReadHeld(o, l, a)),
         3 => (range.clone(), any::<u8>()).prop_map(|((o, l), b)| Op::Write(o, l, b)),
         1 => range.prop_map(|(o, l)| Op::Zero(o, l)),
         4 => Just(Op::Feed),
@@ -87,12 +91,30 @@ proptest! {
     fn reads_match_the_model_with_l2_and_faults(ops in prop::collection::vec(op(), 1..250), rs in 12u32..15) {
         let r = rig(1 << rs, 96 << 10, 4, true);
         let mut model = vec![0u8; DEV as usize];
+        // The records of the last held read and the bytes they had: no
+        // write may change them while they are held.
+        let mut kept: Option<(Vec<Held>, Vec<u8>)> = None;
         for op in ops {
             match op {
                 Op::Read(o, l) => {
                     let mut b = vec![0u8; l as usize];
                     r.vol.read(o, &mut b).unwrap();
                     prop_assert!(b == model[o as usize..(o + l) as usize], "read {}+{}", o, l);
+                }
+                Op::ReadHeld(o, l, aligned) => {
+                    let rsz = 1u64 << rs;
+                    let (o, l) = if aligned { (o / rsz * rsz, l.div_ceil(rsz) * rsz) } else { (o, l) };
+                    let l = l.min(DEV - o);
+                    let whole = o % rsz == 0 && (l % rsz == 0 || o + l == DEV) && l > 0;
+                    match r.vol.read_held(o, l as usize).unwrap() {
+                        Some(held) => {
+                            prop_assert!(whole, "held a read of part of a record: {}+{}", o, l);
+                            let b = held_bytes(&held);
+                            prop_assert!(b == model[o as usize..(o + l) as usize], "held read {}+{}", o, l);
+                            kept = Some((held, b));
+                        }
+                        None => prop_assert!(!whole, "declined a read of whole records: {}+{}", o, l),
+                    }
                 }
                 Op::Write(o, l, s) => {
                     let d = payload(s, l as usize);
@@ -116,9 +138,16 @@ proptest! {
             if let Err(e) = r.cache.validate() {
                 return Err(TestCaseError::fail(e));
             }
+            if let Some((held, bytes)) = &kept {
+                prop_assert!(&held_bytes(held) == bytes, "a held record changed under its reader");
+            }
         }
         prop_assert!(r.backing.snapshot() == model);
     }
+}
+
+fn held_bytes(held: &[Held]) -> Vec<u8> {
+    held.iter().flat_map(Held::as_slice).copied().collect()
 }
 
 /// The real feed thread, three clients on disjoint regions (each checks its

@@ -15,8 +15,8 @@ pub use arcache_batch::Batch;
 pub use client::{Client, ClientError};
 pub use conn::Conn;
 pub use server::{
-    Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, ReadCompletion, ReadEnd, Server,
-    ServerConfig, ThreadIo, ThreadIoStart,
+    Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, Piece, ReadCompletion, ReadEnd,
+    Server, ServerConfig, SharedBytes, ThreadIo, ThreadIoStart,
 };
 pub use tls::{TlsPolicy, TlsSetupError};
 pub use uri::{NbdUri, Target};

@@ -22,7 +22,10 @@ use arcache_batch::Batch;
 use arcache_pool::{Job, JobQueue};
 
 mod held;
+mod pieces;
 use held::{hold_reply, hold_slot};
+use pieces::Payload;
+pub use pieces::{Piece, SharedBytes};
 
 /// A host errno describing why a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +74,35 @@ fn split(res: Result<Vec<u8>, Errno>) -> (NbdResult, Vec<u8>) {
     }
 }
 
+/// A READ on a worker, for an export that did not start it itself: from
+/// the pieces the export holds if it can answer that way, else into a
+/// buffer.
+fn read_through(ex: &dyn Export, req: Request) -> (NbdResult, Payload) {
+    match ex.read_pieces(req.offset, req.length) {
+        Some(Ok(pieces)) if pieces.iter().map(Piece::len).sum::<usize>() == req.length as usize => {
+            (Ok(()), Payload::Pieces(pieces))
+        }
+        Some(Ok(_)) => {
+            tracing::error!("read {req:?}: the export's pieces do not add up to the request; answered EIO");
+            (Err(Errno(libc::EIO)), Payload::empty())
+        }
+        Some(Err(e)) => (Err(e), Payload::empty()),
+        None => {
+            let mut buf = vec![0u8; req.length as usize];
+            let res = ex.read(req.offset, &mut buf);
+            (res, Payload::Bytes(buf))
+        }
+    }
+}
+
+/// A reply's header followed by its payload's parts, for one vectored write.
+fn with_header<'a>(h: &'a [u8], data: &[&'a [u8]]) -> Vec<&'a [u8]> {
+    let mut parts = Vec::with_capacity(data.len() + 1);
+    parts.push(h);
+    parts.extend_from_slice(data);
+    parts
+}
+
 /// What a client learns about an export during the handshake.
 #[derive(Debug, Clone)]
 pub struct ExportInfo {
@@ -98,6 +130,14 @@ pub trait Export: Send + Sync {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult;
+
+    /// Answers a read on a worker with pieces of bytes the export already
+    /// holds, in order, `len` bytes in all, which the server writes to the
+    /// socket from where they lie (see [`Piece`]); `None`: the server reads
+    /// through [`Export::read`] instead. May block.
+    fn read_pieces(&self, _offset: u64, _len: u32) -> Option<Result<Vec<Piece>, Errno>> {
+        None
+    }
 
     /// Starts a read whose device IO the export queues itself, calling
     /// `done` when it ends (on any thread), so no worker thread sleeps in
@@ -748,7 +788,7 @@ impl Server {
                 scratch.resize(req.length as usize, 0);
                 if let Some(res) = export.try_read_now(req.offset, &mut scratch) {
                     self.stats.immediate_reads.fetch_add(1, Relaxed);
-                    shared.reply_read(req, res, &scratch, &self.stats, Some(&mut out));
+                    shared.reply_read(req, res, &[&scratch], &self.stats, Some(&mut out));
                     if scratch.capacity() > 4 << 20 {
                         // Do not keep a rare huge buffer for the connection's life.
                         scratch = Vec::new();
@@ -786,13 +826,13 @@ impl Server {
                         CMD_CACHE => ex.cache(off, len),
                         CMD_BLOCK_STATUS => {
                             return match ex.block_status(off, req.length) {
-                                Ok(extents) => (Ok(()), encode_extents(&extents, &req)),
-                                Err(e) => (Err(e), Vec::new()),
+                                Ok(extents) => (Ok(()), Payload::Bytes(encode_extents(&extents, &req))),
+                                Err(e) => (Err(e), Payload::empty()),
                             }
                         }
                         _ => Err(Errno(libc::EINVAL)),
                     };
-                    (res, Vec::new())
+                    (res, Payload::empty())
                 },
                 export,
             );
@@ -833,18 +873,22 @@ impl Server {
         let done: ReadCompletion = Box::new(move |end, out| match end {
             ReadEnd::Done(res) => {
                 let (res, buf) = split(res);
-                slot.shared.reply_read(req, res, &buf, &server.stats, Some(&mut *out));
+                slot.shared.reply_read(req, res, &[&buf], &server.stats, Some(&mut *out));
                 hold_slot(out, slot);
             }
-            ReadEnd::Blocking(work) => server.dispatch(slot, req, move |_| split(work()), &ex),
+            ReadEnd::Blocking(work) => server.dispatch(
+                slot,
+                req,
+                move |_| {
+                    let (res, buf) = split(work());
+                    (res, Payload::Bytes(buf))
+                },
+                &ex,
+            ),
+            ReadEnd::Declined => server.dispatch(slot, req, move |ex| read_through(ex, req), &ex),
         });
         if let Err(done) = export.read_async(req.offset, req.length, done, out) {
-            let ex = Arc::clone(export);
-            let work = Box::new(move || {
-                let mut buf = vec![0u8; req.length as usize];
-                ex.read(req.offset, &mut buf).map(|()| buf)
-            });
-            done(ReadEnd::Blocking(work), out);
+            done(ReadEnd::Declined, out);
         }
     }
 
@@ -951,7 +995,7 @@ impl Server {
 
     fn dispatch<F>(self: &Arc<Self>, slot: Slot, req: Request, work: F, export: &Arc<dyn Export>)
     where
-        F: FnOnce(&dyn Export) -> (NbdResult, Vec<u8>) + Send + 'static,
+        F: FnOnce(&dyn Export) -> (NbdResult, Payload) + Send + 'static,
     {
         let export = Arc::clone(export);
         let server = Arc::clone(self);
@@ -960,13 +1004,13 @@ impl Server {
             // A panic in the export (a bug) is that request's EIO: unanswered,
             // its client would wait for ever, and the worker would be gone.
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(export.as_ref())));
-            let (res, buf) = ran.unwrap_or_else(|_| {
+            let (res, payload) = ran.unwrap_or_else(|_| {
                 tracing::error!("request {req:?} panicked in the export; answered EIO");
-                (Err(Errno(libc::EIO)), Vec::new())
+                (Err(Errno(libc::EIO)), Payload::empty())
             });
             match req.kind {
-                CMD_READ => shared.reply_read(req, res, &buf, &server.stats, None),
-                CMD_BLOCK_STATUS => shared.reply_block_status(req, res, &buf, &server.stats),
+                CMD_READ => shared.reply_read(req, res, &payload.slices(), &server.stats, None),
+                CMD_BLOCK_STATUS => shared.reply_block_status(req, res, payload.bytes(), &server.stats),
                 _ => shared.reply_status(req, res, &server.stats, None),
             }
             // The reply is out: dropping `slot` gives its budget back.
@@ -1035,26 +1079,27 @@ impl ConnShared {
         self: &Arc<Self>,
         req: Request,
         res: NbdResult,
-        data: &[u8],
+        data: &[&[u8]],
         stats: &ServerStats,
         out: Option<&mut Batch>,
     ) {
+        let len: usize = data.iter().map(|d| d.len()).sum();
         match res {
             Err(Errno(e)) => self.reply_error(req, wire_errno(e), stats, out),
-            Ok(()) if self.structured && !data.is_empty() => {
+            Ok(()) if self.structured && len > 0 => {
                 let mut h = [0u8; 28];
                 h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
                 h[4..6].copy_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
                 h[6..8].copy_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
                 h[8..16].copy_from_slice(&req.handle.to_be_bytes());
-                h[16..20].copy_from_slice(&(8 + data.len() as u32).to_be_bytes());
+                h[16..20].copy_from_slice(&(8 + len as u32).to_be_bytes());
                 h[20..28].copy_from_slice(&req.offset.to_be_bytes());
-                self.send(&[&h, data], out);
+                self.send(&with_header(&h, data), out);
             }
             Ok(()) if self.structured => self.reply_status(req, Ok(()), stats, out),
             Ok(()) => {
                 let h = simple_header(req.handle, 0);
-                self.send(&[&h, data], out);
+                self.send(&with_header(&h, data), out);
             }
         }
     }

@@ -23,6 +23,7 @@ use arcache_sync::MutexGuard;
 use blockdev::uring::{Op, ReadError, Uring};
 use blockdev::DevError;
 
+use super::out::Out;
 use super::tiers::{injected_backing_error, Snapshot};
 use super::{Span, Volume};
 use crate::cache::{Found, Looked};
@@ -252,7 +253,7 @@ impl Volume {
         };
         let work = Box::new(move || {
             let mut buf = vec![0u8; w.len];
-            vol.fill(w.r..w.r + 1, false, w.offset, Some(&mut buf))?;
+            vol.fill(w.r..w.r + 1, false, w.offset, Some(&mut Out::Copy(&mut buf)))?;
             Ok(buf)
         });
         done(ReadEnd::Blocking(work), out);
@@ -324,7 +325,9 @@ impl Volume {
         }
         let mut buf = vec![0u8; w.len];
         let settled = match fetch {
-            Fetch::L2(ptr) => self.settle_l2(w.r, ptr, bytes, snap, false, w.offset, Some(&mut buf)),
+            Fetch::L2(ptr) => {
+                self.settle_l2(w.r, ptr, bytes, snap, false, w.offset, Some(&mut Out::Copy(&mut buf)))
+            }
             Fetch::Half(_, which) => Ok(self.settle_half(w.r, which, bytes, snap, w.offset, &mut buf)),
             Fetch::Backing => return self.finish_backing_read(w, bytes, snap, buf, lock, done, out),
         };
@@ -369,7 +372,7 @@ impl Volume {
         }
         done(ReadEnd::Done(Ok(buf)), out);
         out.flush();
-        self.insert_block(w.r..w.r + 1, &block, false);
+        self.insert_block(w.r..w.r + 1, &block, false, None);
         drop(lock);
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use arcache_l2::L2Ptr;
 use blockdev::{BlockDev, DevResult};
 
+use super::out::{Held, Keep, Out};
 use super::{runs, Volume, MAX_RECORDS_PER_IO};
 use crate::cache::{Found, Looked, RecordData};
 use crate::dirty::{Page, PAGE};
@@ -33,9 +34,55 @@ impl Volume {
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
         self.note_request(s);
-        let missed = self.load(offset, buf.len() as u64, false, Some(buf))?;
+        let missed = self.load(offset, buf.len() as u64, false, Some(&mut Out::Copy(buf)))?;
         self.predict(s, missed);
         Ok(())
+    }
+
+    /// A read of whole records answered with the records themselves
+    /// rather than a copy of their bytes (see `out.rs`); `Ok(None)` for a
+    /// read that does not start and end on record boundaries, which goes
+    /// through [`Volume::read`]: a part of a record may be served from half
+    /// of its L2 copy or out of a decompressed copy, each with its own
+    /// rules there.
+    pub fn read_held(&self, offset: u64, len: usize) -> DevResult<Option<Vec<Held>>> {
+        let len64 = len as u64;
+        self.check(offset, len64)?;
+        let s = self.span(offset, len64);
+        if len == 0
+            || offset != self.record_range(s.first).start
+            || offset + len64 != self.record_range(s.end - 1).end
+        {
+            return Ok(None);
+        }
+        self.check_unchanged()?;
+        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
+        self.note_request(s);
+        let mut keep = Keep::new(s.first..s.end);
+        let missed = self.load(offset, len64, false, Some(&mut Out::Keep(&mut keep)))?;
+        self.predict(s, missed);
+        keep.finish(self).map(Some)
+    }
+
+    /// Record `r` read whole into a buffer of its own, the copying way.
+    pub(super) fn read_record_copy(&self, r: u64) -> DevResult<Vec<u8>> {
+        let rr = self.record_range(r);
+        let mut buf = vec![0u8; (rr.end - rr.start) as usize];
+        self.fill(r..r + 1, false, rr.start, Some(&mut Out::Copy(&mut buf)))?;
+        Ok(buf)
+    }
+
+    /// Puts record `r`, found for a read at `offset`, where the read wants
+    /// it.
+    fn put(&self, r: u64, data: &RecordData, offset: u64, out: &mut Out) -> DevResult<()> {
+        match out {
+            Out::Copy(buf) => self.copy_out(r, data, offset, buf),
+            Out::Keep(keep) => {
+                keep.keep(r, data);
+                Ok(())
+            }
+        }
     }
 
     /// Brings a range into the ARC as a prefetch (NBD_CMD_CACHE).
@@ -58,7 +105,7 @@ impl Volume {
     /// Finds every record of the range, filling missing runs from the
     /// device, and copies into `out` when given. Returns true if any record
     /// was not in RAM.
-    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut [u8]>) -> DevResult<bool> {
+    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut Out>) -> DevResult<bool> {
         let s = self.span(offset, len);
         let mut missing: Vec<u64> = Vec::new();
         let mut missed = false;
@@ -66,11 +113,13 @@ impl Volume {
             match self.cache.lookup(self.key(r), prefetch) {
                 Looked::Hit(data) => {
                     self.cache.count(Found::Hit, prefetch, 1);
-                    if let Some(buf) = out.as_deref_mut() {
-                        self.copy_out(r, &data, offset, buf)?;
+                    if let Some(o) = out.as_deref_mut() {
+                        self.put(r, &data, offset, o)?;
                     }
                 }
-                Looked::Cold if self.serve_from_half(r, offset, out.as_deref_mut()) => missed = true,
+                Looked::Cold if self.serve_from_half(r, offset, out.as_deref_mut().and_then(Out::buf)) => {
+                    missed = true
+                }
                 Looked::Cold | Looked::Ghost => missing.push(r),
             }
         }
@@ -242,7 +291,7 @@ impl Volume {
         rs: Range<u64>,
         prefetch: bool,
         offset: u64,
-        out: Option<&mut [u8]>,
+        out: Option<&mut Out>,
     ) -> DevResult<()> {
         let ahead = rs.end;
         self.fill_ahead(rs, ahead, prefetch, offset, out)
@@ -257,7 +306,7 @@ impl Volume {
         ahead: u64,
         prefetch: bool,
         offset: u64,
-        mut out: Option<&mut [u8]>,
+        mut out: Option<&mut Out>,
     ) -> DevResult<()> {
         let _locks = self.lock_records(rs.clone());
         let snap = self.dirty_snapshot(self.record_range(rs.start).start..self.record_range(rs.end - 1).end);
@@ -279,8 +328,8 @@ impl Volume {
             match cached {
                 Some(data) => {
                     self.cache.count(Found::IoHit, prefetch, 1);
-                    if let Some(buf) = out.as_deref_mut() {
-                        self.copy_out(r, &data, offset, buf)?;
+                    if let Some(o) = out.as_deref_mut() {
+                        self.put(r, &data, offset, o)?;
                     }
                 }
                 None => absent.push(r),
@@ -366,7 +415,7 @@ impl Volume {
         snap: &[(u64, Arc<Page>)],
         prefetch: bool,
         offset: u64,
-        out: Option<&mut [u8]>,
+        out: Option<&mut Out>,
     ) -> DevResult<bool> {
         let c = &self.cache.counters;
         let rr = self.record_range(r);
@@ -380,8 +429,8 @@ impl Volume {
         let rec = self.overlaid(r, Arc::new(rec), snap);
         c.l2_hits.fetch_add(1, Relaxed);
         self.cache.count(Found::Miss, prefetch, 1);
-        if let Some(buf) = out {
-            self.copy_out(r, &rec, offset, buf)?;
+        if let Some(o) = out {
+            self.put(r, &rec, offset, o)?;
         }
         self.cache.insert_read(self.key(r), rec, prefetch);
         Ok(true)
@@ -393,7 +442,7 @@ impl Volume {
         ahead: u64,
         prefetch: bool,
         offset: u64,
-        out: Option<&mut [u8]>,
+        mut out: Option<&mut Out>,
         snap: &[(u64, Arc<Page>)],
     ) -> DevResult<()> {
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
@@ -402,15 +451,19 @@ impl Volume {
             let read = read_backing(self.dev.as_ref(), block, bytes.start);
             self.count_backing_read(block.len(), started, read)?;
             let split = ahead.clamp(need.start, need.end);
-            self.overlay_block(need.clone(), block, offset, out, snap);
+            self.overlay_block(need.clone(), block, offset, out.as_deref_mut().and_then(Out::buf), snap);
             if split > need.start {
-                self.insert_block(need.start..split, block, prefetch);
+                let keep = match out {
+                    Some(Out::Keep(keep)) => Some(&mut **keep),
+                    _ => None,
+                };
+                self.insert_block(need.start..split, block, prefetch, keep);
             }
             if split < need.end {
                 // Every record but a volume's last is whole, so the records
                 // read ahead start `split - need.start` records into the block.
                 let at = ((split - need.start) * self.recordsize) as usize;
-                self.insert_block(split..need.end, &block[at..], true);
+                self.insert_block(split..need.end, &block[at..], true, None);
             }
             Ok(())
         })
@@ -462,14 +515,25 @@ impl Volume {
     }
 
     /// The second half: `block`'s records (dirty bytes laid over), from
-    /// record `need.start` on, into the ARC, counted as misses.
-    pub(super) fn insert_block(&self, need: Range<u64>, block: &[u8], prefetch: bool) {
+    /// record `need.start` on, into the ARC, counted as misses, and into
+    /// `keep` when given.
+    pub(super) fn insert_block(
+        &self,
+        need: Range<u64>,
+        block: &[u8],
+        prefetch: bool,
+        mut keep: Option<&mut Keep>,
+    ) {
         let start = self.record_range(need.start).start;
         let compress = self.cache.compress_enabled();
         for r in need.clone() {
             let rr = self.record_range(r);
             let slice = &block[(rr.start - start) as usize..(rr.end - start) as usize];
-            self.cache.insert_read(self.key(r), Arc::new(Record::new(slice, compress)), prefetch);
+            let rec = Arc::new(Record::new(slice, compress));
+            if let Some(k) = keep.as_deref_mut() {
+                k.keep(r, &rec);
+            }
+            self.cache.insert_read(self.key(r), rec, prefetch);
         }
         self.cache.count(Found::Miss, prefetch, need.end - need.start);
     }

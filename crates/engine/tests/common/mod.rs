@@ -18,6 +18,7 @@ pub fn try_read(vol: &Volume, offset: u64, len: usize) -> DevResult<Vec<u8>> {
         Ok(()) => match rx.recv_timeout(Duration::from_secs(10)).expect("the ring answers") {
             ReadEnd::Done(b) => b,
             ReadEnd::Blocking(work) => work(),
+            ReadEnd::Declined => panic!("the volume declined a read it had started"),
         },
         Err(_) => {
             let mut b = vec![0u8; len];

@@ -1,0 +1,82 @@
+//! Reads answered with the records themselves (`Volume::read_held`, the
+//! NBD server's large reads): each record a read brings in is kept the
+//! moment it is found. A read larger than the whole ARC evicts its own
+//! first records before it is over; looked up again afterwards, they would
+//! be gone and read from the store a second time.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use arcache_engine::{Cache, CacheConfig, Held, Volume, VolumeConfig};
+use blockdev::{BlockDev, DevResult, MemDev};
+use rand::{Rng, SeedableRng};
+
+const RS: u64 = 16 << 10;
+/// The last record is short.
+const DEV: u64 = (16 << 20) + 5000;
+
+/// A memory store that logs every read it gets.
+struct LoggedDev {
+    inner: MemDev,
+    reads: Mutex<Vec<Range<u64>>>,
+}
+
+impl BlockDev for LoggedDev {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.reads.lock().unwrap().push(offset..offset + buf.len() as u64);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "logged".into()
+    }
+}
+
+fn bytes_of(held: &[Held]) -> Vec<u8> {
+    held.iter().flat_map(Held::as_slice).copied().collect()
+}
+
+#[test]
+fn a_held_read_larger_than_the_arc_reads_each_record_once() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let data: Vec<u8> = (0..DEV).map(|_| rng.gen()).collect();
+    let inner = MemDev::new(DEV);
+    inner.write_at(&data, 0).unwrap();
+    let dev = Arc::new(LoggedDev { inner, reads: Mutex::new(Vec::new()) });
+    let arc_max = 1 << 20;
+    let cache =
+        Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: false });
+    // No prefetches: every read logged is the held read's own.
+    cache.zfetch.disable.store(true, Relaxed);
+    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
+    let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache);
+    let len = 4 << 20;
+    let held = vol.read_held(RS, len).unwrap().expect("a read of whole records is held");
+    assert_eq!(held.len() as u64, len as u64 / RS);
+    assert!(bytes_of(&held) == data[RS as usize..RS as usize + len], "the held bytes");
+    let mut read: u64 = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
+    assert_eq!(
+        read, len as u64,
+        "bytes read from the store for a {len}-byte read through a {arc_max}-byte ARC"
+    );
+    // Held records are the cached ones where RAM kept them: the last
+    // records of the read, still cached, come back as they are.
+    assert!(matches!(held.last(), Some(Held::Record(_))));
+    // A read that is not of whole records is the copying path's.
+    assert!(vol.read_held(RS + 512, 4096).unwrap().is_none());
+    assert!(vol.read_held(0, RS as usize + 1).unwrap().is_none());
+    // The volume's last record may be short and is still whole.
+    let tail = vol.read_held(DEV - 5000, 5000).unwrap().expect("the last record");
+    assert!(bytes_of(&tail) == data[(DEV - 5000) as usize..]);
+    read = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
+    assert_eq!(read, len as u64 + 5000, "the last record read once");
+}
