@@ -18,6 +18,10 @@
 # without Ceph or rclone: the server's CPU per GiB without the daemons'
 # noise beside it.
 #
+# AB_PIN=1 pins the server to core 0 and nbdcopy and nbdkit to core 1
+# (taskset), so the arms' CPU seconds are not inflated by whatever else
+# ran beside them on the same core (the Ceph daemons are not pinned).
+#
 # Usage: bench/ab-seq.sh ROUNDS ARM...
 #   An ARM is a binary, optionally followed (in the same word) by serve
 #   options: "target/release/arcache --recordsize 128K". Arms take turns.
@@ -44,12 +48,17 @@ for t in "${needs[@]}"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
 suffix=; [ "$origin" = nbdkit ] && suffix=-nbdkit
+[ "${AB_PIN:-0}" = 1 ] && suffix+=-pinned
+on_server=() on_client=()
+if [ "${AB_PIN:-0}" = 1 ]; then
+  on_server=(taskset -c 0) on_client=(taskset -c 1)
+fi
 result=$(bench_results "ab-seq$suffix${AB_NAME:+-$AB_NAME}.md")
 header=$(bench_header "$rounds" "${@@Q}")
 bench_start arcache-ab-seq
 if [ "$origin" = nbdkit ]; then
   head -c $((2 << 30)) /dev/urandom >"$work/seq.img"
-  nbdkit --foreground --exit-with-parent -U "$work/origin.sock" --filter=rate file "$work/seq.img" rate=4000M & pids+=($!)
+  "${on_client[@]}" nbdkit --foreground --exit-with-parent -U "$work/origin.sock" --filter=rate file "$work/seq.img" rate=4000M & pids+=($!)
   wait_sock "$work/origin.sock"
   export_args=(--export "s=nbd+unix:///?socket=$work/origin.sock")
 else
@@ -95,14 +104,14 @@ for round in $(seq "$rounds"); do
     n=$((n + 1))
     read -ra arm <<<"$spec"
     rm -f "$work/nbd.sock" "$work/ctl.sock" "$work/l2.img"
-    "${arm[0]}" serve "${export_args[@]}" --arc-max 256M --l2 "$work/l2.img:3G" \
+    "${on_server[@]}" "${arm[0]}" serve "${export_args[@]}" --arc-max 256M --l2 "$work/l2.img:3G" \
       --listen "unix:$work/nbd.sock" --control "$work/ctl.sock" "${arm[@]:1}" >>"$work/serve.log" 2>&1 & arc=$!
     pids+=("$arc")
     wait_sock "$work/nbd.sock"
     line=
     for _ in cold warm; do
       a0=$(ticks "$arc") c0=$(ceph_ticks) t0=$(now)
-      nbdcopy "$uri" null:
+      "${on_client[@]}" nbdcopy "$uri" null:
       t1=$(now) a1=$(ticks "$arc") c1=$(ceph_ticks)
       line+=$'\t'$(pass "$t0" "$t1" $((a1 - a0)) $((c1 - c0)))
     done
@@ -120,6 +129,7 @@ done
   echo "job: a 2 GiB object of random bytes in a one-node Ceph (memstore OSD, RGW on 127.0.0.1); each arm's server: --export s=s3://bench/seq.img --arc-max 256M --l2 FILE:3G, default tunables; nbdcopy reads the export whole through a fresh server (cold: every byte a ranged GET), then again through the same server (warm: from RAM and L2). Each round first reads the object with \`rclone cat\` (one streaming GET, to /dev/null), the peer; arms take turns, $rounds rounds."
   fi
   echo
+  [ "${AB_PIN:-0}" = 1 ] && echo "Pinned (AB_PIN=1): the server on core 0, nbdcopy and nbdkit on core 1." && echo
   echo "CPU: seconds per GiB read, the server's own (user + system) and the Ceph daemons' (all three, from /proc); two cores in all, shared by the daemons, the server and nbdcopy."
   echo
   echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | warm MB/s median | server CPU-s/GiB warm |"
