@@ -18,6 +18,10 @@
 # without Ceph or rclone: the server's CPU per GiB without the daemons'
 # noise beside it.
 #
+# AB_ORIGIN=ram: a 1 GiB local file (the page cache holds it) through
+# --arc-max 2G and no L2: the cold pass fills the ARC, the warm pass is
+# all ARC hits, answered on the connection's thread.
+#
 # AB_PIN=1 pins the server to core 0 and nbdcopy and nbdkit to core 1
 # (taskset), so the arms' CPU seconds are not inflated by whatever else
 # ran beside them on the same core (the Ceph daemons are not pinned).
@@ -42,12 +46,16 @@ origin=${AB_ORIGIN:-s3}
 case $origin in
   s3) needs=(nbdcopy rclone ceph-mon radosgw "$py") ;;
   nbdkit) needs=(nbdcopy nbdkit) ;;
-  *) echo "bench: AB_ORIGIN is s3 or nbdkit" >&2; exit 2 ;;
+  ram) needs=(nbdcopy) ;;
+  *) echo "bench: AB_ORIGIN is s3, nbdkit or ram" >&2; exit 2 ;;
 esac
 for t in "${needs[@]}"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
-suffix=; [ "$origin" = nbdkit ] && suffix=-nbdkit
+suffix=; [ "$origin" != s3 ] && suffix=-$origin
+# The export's size in MiB and the cache each arm's server gets.
+mib=2048 cache_args=(--arc-max 256M --l2 "$work/l2.img:3G")
+[ "$origin" = ram ] && mib=1024 cache_args=(--arc-max 2G)
 [ "${AB_PIN:-0}" = 1 ] && suffix+=-pinned
 on_server=() on_client=()
 if [ "${AB_PIN:-0}" = 1 ]; then
@@ -56,7 +64,10 @@ fi
 result=$(bench_results "ab-seq$suffix${AB_NAME:+-$AB_NAME}.md")
 header=$(bench_header "$rounds" "${@@Q}")
 bench_start arcache-ab-seq
-if [ "$origin" = nbdkit ]; then
+if [ "$origin" = ram ]; then
+  head -c $((1 << 30)) /dev/urandom >"$work/seq.img"
+  export_args=(--export "s=$work/seq.img")
+elif [ "$origin" = nbdkit ]; then
   head -c $((2 << 30)) /dev/urandom >"$work/seq.img"
   "${on_client[@]}" nbdkit --foreground --exit-with-parent -U "$work/origin.sock" --filter=rate file "$work/seq.img" rate=4000M & pids+=($!)
   wait_sock "$work/origin.sock"
@@ -84,7 +95,7 @@ now() { date +%s.%N; }
 # pass START END SERVER_TICKS CEPH_TICKS -> MB/s, server CPU-s per GiB, Ceph CPU-s per GiB
 pass() {
   python3 -c "import sys; t=float(sys.argv[2])-float(sys.argv[1]); k=int(sys.argv[5]); \
-print(f'{2048/t:.0f}\t{int(sys.argv[3])/k/2:.2f}\t{int(sys.argv[4])/k/2:.2f}')" "$@" "$tck"
+m=int(sys.argv[6]); print(f'{m/t:.0f}\t{int(sys.argv[3])/k/(m/1024):.2f}\t{int(sys.argv[4])/k/(m/1024):.2f}')" "$@" "$tck" "$mib"
 }
 rc=(env -u AWS_CA_BUNDLE RCLONE_CONFIG_CEPH_TYPE=s3 RCLONE_CONFIG_CEPH_PROVIDER=Ceph RCLONE_CONFIG_CEPH_ENDPOINT="${ep:-}"
   RCLONE_CONFIG_CEPH_ACCESS_KEY_ID=test RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY=testtesttest)
@@ -104,7 +115,7 @@ for round in $(seq "$rounds"); do
     n=$((n + 1))
     read -ra arm <<<"$spec"
     rm -f "$work/nbd.sock" "$work/ctl.sock" "$work/l2.img"
-    "${on_server[@]}" "${arm[0]}" serve "${export_args[@]}" --arc-max 256M --l2 "$work/l2.img:3G" \
+    "${on_server[@]}" "${arm[0]}" serve "${export_args[@]}" "${cache_args[@]}" \
       --listen "unix:$work/nbd.sock" --control "$work/ctl.sock" "${arm[@]:1}" >>"$work/serve.log" 2>&1 & arc=$!
     pids+=("$arc")
     wait_sock "$work/nbd.sock"
@@ -123,7 +134,9 @@ done
 {
   echo "$header"
   echo
-  if [ "$origin" = nbdkit ]; then
+  if [ "$origin" = ram ]; then
+    echo "job: a 1 GiB local file of random bytes (in the page cache); each arm's server: --export s=FILE --arc-max 2G, no L2, default tunables; nbdcopy reads the export whole through a fresh server (cold: from the file), then again through the same server (warm: every read an ARC hit). Arms take turns, $rounds rounds; no peer and no Ceph (those columns are n/a)."
+  elif [ "$origin" = nbdkit ]; then
     echo "job: a 2 GiB local file of random bytes served by nbdkit (file plugin, rate filter at 4000M bits/s); each arm's server: --export s=nbd+unix:///?socket=ORIGIN --arc-max 256M --l2 FILE:3G, default tunables; nbdcopy reads the export whole through a fresh server (cold: from the origin), then again through the same server (warm: from RAM and L2). Arms take turns, $rounds rounds; no peer and no Ceph (those columns are n/a)."
   else
   echo "job: a 2 GiB object of random bytes in a one-node Ceph (memstore OSD, RGW on 127.0.0.1); each arm's server: --export s=s3://bench/seq.img --arc-max 256M --l2 FILE:3G, default tunables; nbdcopy reads the export whole through a fresh server (cold: every byte a ranged GET), then again through the same server (warm: from RAM and L2). Each round first reads the object with \`rclone cat\` (one streaming GET, to /dev/null), the peer; arms take turns, $rounds rounds."

@@ -82,6 +82,12 @@ impl Export for NbdExport {
         self.vol.read(offset, buf).map_err(|e| errno("read", &e))
     }
 
+    fn try_read_pieces_now(&self, offset: u64, len: u32) -> Option<Result<Vec<Piece>, Errno>> {
+        let held = self.vol.try_read_cached_held(offset, len as usize)?;
+        self.note(false, offset, len as usize);
+        Some(Ok(held.into_iter().map(piece).collect()))
+    }
+
     fn read_pieces(&self, offset: u64, len: u32) -> Option<Result<Vec<Piece>, Errno>> {
         let held = match self.vol.read_held(offset, len as usize) {
             Ok(Some(held)) => held,

@@ -375,6 +375,40 @@ impl Volume {
         true
     }
 
+    /// [`Volume::try_read_cached`] for a read of whole records, answered
+    /// with the cached records themselves (see `volume/out.rs`); `None`
+    /// otherwise, having changed nothing (a compressed record that does
+    /// not decompress included: the blocking read reports it).
+    pub fn try_read_cached_held(&self, offset: u64, len: usize) -> Option<Vec<Held>> {
+        let len64 = len as u64;
+        if self.check(offset, len64).is_err()
+            || !self.whole_records(offset, len64)
+            || self.dev.changed().is_some()
+        {
+            return None;
+        }
+        let s = self.span(offset, len64);
+        let records = self.cache.lookup_all((s.first..s.end).map(|r| self.key(r)))?;
+        let held = records.iter().map(Held::of).collect::<Option<Vec<Held>>>()?;
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
+        self.cache.count(Found::Hit, false, records.len() as u64);
+        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
+        self.note_request(s);
+        self.predict(s, false);
+        Some(held)
+    }
+
+    /// Whether `[offset, offset + len)` starts and ends on record
+    /// boundaries (the volume's end is one): a read a reply can answer with
+    /// whole records.
+    fn whole_records(&self, offset: u64, len: u64) -> bool {
+        if len == 0 {
+            return false;
+        }
+        let s = self.span(offset, len);
+        offset == self.record_range(s.first).start && offset + len == self.record_range(s.end - 1).end
+    }
+
     /// Records per read of a stream over this store: its read unit while
     /// `backing_read_units` is on, else 1.
     fn read_unit_records(&self) -> u64 {

@@ -80,3 +80,32 @@ fn a_held_read_larger_than_the_arc_reads_each_record_once() {
     read = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
     assert_eq!(read, len as u64 + 5000, "the last record read once");
 }
+
+/// The connection thread's path: a read of whole records all in RAM is
+/// answered with them (compressed ones as their plain bytes), anything
+/// else is left to the blocking path, having read nothing.
+#[test]
+fn a_cached_read_of_whole_records_is_held_without_io() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // Zeroes in the first half of each record (where the compression
+    // probe looks), noise in the second, so records compress.
+    let data: Vec<u8> = (0..DEV).map(|i| if (i % RS) < RS / 2 { 0 } else { rng.gen() }).collect();
+    let inner = MemDev::new(DEV);
+    inner.write_at(&data, 0).unwrap();
+    let dev = Arc::new(LoggedDev { inner, reads: Mutex::new(Vec::new()) });
+    let arc_max = 64 << 20;
+    let cache = Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: true });
+    cache.zfetch.disable.store(true, Relaxed);
+    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
+    let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache);
+    assert!(vol.try_read_cached_held(0, 4 * RS as usize).is_none(), "nothing cached yet");
+    let mut buf = vec![0u8; 8 * RS as usize];
+    vol.read(0, &mut buf).unwrap();
+    let reads = dev.reads.lock().unwrap().len();
+    let held = vol.try_read_cached_held(RS, 4 * RS as usize).expect("cached whole records");
+    assert!(bytes_of(&held) == data[RS as usize..5 * RS as usize]);
+    assert!(held.iter().all(|h| matches!(h, Held::Bytes(_))), "compressed records come as plain bytes");
+    assert!(vol.try_read_cached_held(RS, 4096).is_none(), "part of a record");
+    assert!(vol.try_read_cached_held(7 * RS, 2 * RS as usize).is_none(), "a record not cached");
+    assert_eq!(dev.reads.lock().unwrap().len(), reads, "the connection thread's path reads nothing");
+}

@@ -469,19 +469,26 @@ fn a_connection_finishes_its_own_reads_when_it_would_wait() {
 /// Byte `i` of the export is `piece_byte(i)`; reads of whole 4K blocks
 /// below `PIECES_UNTIL` are answered with pieces cut from shared blocks,
 /// one block in two a shared 8K allocation holding it and its neighbour,
-/// so pieces start inside their bytes too. A read at `BAD_PIECES` gets
-/// pieces that fall short of its length; a read elsewhere goes through
-/// `read`.
+/// so pieces start inside their bytes too: on the connection's thread
+/// (`try_read_pieces_now`) from `PIECES_NOW` on, on a worker
+/// (`read_pieces`) below it. A read at `BAD_PIECES` from either start gets
+/// pieces that fall short of its length; a read of anything else goes
+/// through `read`.
 struct PieceExport {
     blocks: Vec<nbd::SharedBytes>,
 }
 
 const PIECES_UNTIL: u64 = 8 << 20;
+const PIECES_NOW: u64 = PIECES_UNTIL / 2;
 const BAD_PIECES: u64 = 3 * 4096;
 
 /// Not periodic in 4K, so pieces out of order would show.
 fn piece_byte(i: u64) -> u8 {
     ((i >> 12) * 31 + i * 7) as u8
+}
+
+fn whole_blocks(offset: u64, len: u64) -> bool {
+    offset.is_multiple_of(4096) && len.is_multiple_of(4096) && offset + len <= PIECES_UNTIL
 }
 
 impl PieceExport {
@@ -493,6 +500,20 @@ impl PieceExport {
             })
             .collect();
         PieceExport { blocks }
+    }
+
+    fn pieces(&self, offset: u64, len: u32) -> Vec<nbd::Piece> {
+        let end = offset + u64::from(len);
+        let mut pieces: Vec<nbd::Piece> = (offset / 4096..end / 4096)
+            .map(|k| {
+                let at = (k % 2 * 4096) as usize;
+                nbd::Piece::new(Arc::clone(&self.blocks[(k / 2) as usize]), at..at + 4096).unwrap()
+            })
+            .collect();
+        if offset % PIECES_NOW == BAD_PIECES {
+            pieces.pop();
+        }
+        pieces
     }
 }
 
@@ -508,26 +529,20 @@ impl Export for PieceExport {
             preferred_block: 4096,
         }
     }
+    fn try_read_pieces_now(&self, offset: u64, len: u32) -> Option<Result<Vec<nbd::Piece>, Errno>> {
+        (offset >= PIECES_NOW && whole_blocks(offset, u64::from(len))).then(|| Ok(self.pieces(offset, len)))
+    }
     fn read_pieces(&self, offset: u64, len: u32) -> Option<Result<Vec<nbd::Piece>, Errno>> {
-        let end = offset + u64::from(len);
-        if !offset.is_multiple_of(4096) || !end.is_multiple_of(4096) || end > PIECES_UNTIL {
+        if !whole_blocks(offset, u64::from(len)) {
             return None;
         }
-        let mut pieces: Vec<nbd::Piece> = (offset / 4096..end / 4096)
-            .map(|k| {
-                let at = (k % 2 * 4096) as usize;
-                nbd::Piece::new(Arc::clone(&self.blocks[(k / 2) as usize]), at..at + 4096).unwrap()
-            })
-            .collect();
-        if offset == BAD_PIECES {
-            pieces.pop();
-        }
-        Some(Ok(pieces))
+        assert!(offset < PIECES_NOW, "a read the connection's thread answers");
+        Some(Ok(self.pieces(offset, len)))
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
         assert!(
-            !offset.is_multiple_of(4096) || offset >= PIECES_UNTIL || !buf.len().is_multiple_of(4096),
-            "a read of whole blocks below {PIECES_UNTIL} must be answered with pieces"
+            !whole_blocks(offset, buf.len() as u64),
+            "a read of whole blocks must be answered with pieces"
         );
         for (i, b) in buf.iter_mut().enumerate() {
             *b = piece_byte(offset + i as u64);
@@ -577,6 +592,7 @@ fn a_read_answered_with_pieces_carries_their_bytes() {
     }
     let mut b = vec![0u8; 4096];
     assert_eq!(c.read(BAD_PIECES, &mut b).unwrap_err().errno(), libc::EIO);
+    assert_eq!(c.read(PIECES_NOW + BAD_PIECES, &mut b).unwrap_err().errno(), libc::EIO);
     c.read(8192, &mut b).unwrap();
     assert!(b == want(8192, 4096), "the connection goes on after the EIO");
     // Simple replies.

@@ -28,6 +28,16 @@ pub enum Held {
 }
 
 impl Held {
+    /// How a reply holds `data`: the record itself, or its plain bytes
+    /// when it is compressed; `None` if those do not decompress.
+    pub(crate) fn of(data: &RecordData) -> Option<Held> {
+        if data.is_compressed() {
+            data.to_vec().ok().map(Held::Bytes)
+        } else {
+            Some(Held::Record(RecordData::clone(data)))
+        }
+    }
+
     /// The record's bytes.
     pub fn as_slice(&self) -> &[u8] {
         match self {
@@ -72,12 +82,7 @@ impl Keep {
         if !self.records.contains(&r) {
             return;
         }
-        let held = if data.is_compressed() {
-            data.to_vec().ok().map(Held::Bytes)
-        } else {
-            Some(Held::Record(RecordData::clone(data)))
-        };
-        self.held[(r - self.records.start) as usize] = held;
+        self.held[(r - self.records.start) as usize] = Held::of(data);
     }
 
     /// The records in order; a record no tier kept is read the copying way.

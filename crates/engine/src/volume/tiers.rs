@@ -48,13 +48,10 @@ impl Volume {
     pub fn read_held(&self, offset: u64, len: usize) -> DevResult<Option<Vec<Held>>> {
         let len64 = len as u64;
         self.check(offset, len64)?;
-        let s = self.span(offset, len64);
-        if len == 0
-            || offset != self.record_range(s.first).start
-            || offset + len64 != self.record_range(s.end - 1).end
-        {
+        if !self.whole_records(offset, len64) {
             return Ok(None);
         }
+        let s = self.span(offset, len64);
         self.check_unchanged()?;
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
