@@ -53,9 +53,6 @@ for t in "${needs[@]}"; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
 suffix=; [ "$origin" != s3 ] && suffix=-$origin
-# The export's size in MiB and the cache each arm's server gets.
-mib=2048 cache_args=(--arc-max 256M --l2 "$work/l2.img:3G")
-[ "$origin" = ram ] && mib=1024 cache_args=(--arc-max 2G)
 [ "${AB_PIN:-0}" = 1 ] && suffix+=-pinned
 on_server=() on_client=()
 if [ "${AB_PIN:-0}" = 1 ]; then
@@ -64,6 +61,9 @@ fi
 result=$(bench_results "ab-seq$suffix${AB_NAME:+-$AB_NAME}.md")
 header=$(bench_header "$rounds" "${@@Q}")
 bench_start arcache-ab-seq
+# The export's size in MiB and the cache each arm's server gets.
+mib=2048 cache_args=(--arc-max 256M --l2 "$work/l2.img:3G")
+[ "$origin" = ram ] && mib=1024 cache_args=(--arc-max 2G)
 if [ "$origin" = ram ]; then
   head -c $((1 << 30)) /dev/urandom >"$work/seq.img"
   export_args=(--export "s=$work/seq.img")
