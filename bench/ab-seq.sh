@@ -120,12 +120,19 @@ for round in $(seq "$rounds"); do
     pids+=("$arc")
     wait_sock "$work/nbd.sock"
     line=
-    for _ in cold warm; do
+    for p in cold warm; do
       a0=$(ticks "$arc") c0=$(ceph_ticks) t0=$(now)
       "${on_client[@]}" nbdcopy "$uri" null:
       t1=$(now) a1=$(ticks "$arc") c1=$(ceph_ticks)
       line+=$'\t'$(pass "$t0" "$t1" $((a1 - a0)) $((c1 - c0)))
+      # What the feed had put on L2 by the end of the cold pass: the warm
+      # pass reads the rest from the origin again.
+      if [ "$p" = cold ]; then
+        l2_mib=$("${arm[0]}" stat --json --control "$work/ctl.sock" |
+          python3 -c "import json, sys; print(json.load(sys.stdin).get('l2_size', 0) >> 20)")
+      fi
     done
+    line+=$'\t'$l2_mib
     echo "round $round, arm $n ($spec): rclone $peer MB/s; cold, warm: ${line//$'\t'/ }" >&2
     printf '%s\t%s\t%s%s\n' "$n" "$round" "$peer" "$line" >>"$work/runs.tsv"
     kill "$arc"; wait "$arc" || true
@@ -145,8 +152,8 @@ done
   [ "${AB_PIN:-0}" = 1 ] && echo "Pinned (AB_PIN=1): the server on core 0, nbdcopy and nbdkit on core 1." && echo
   echo "CPU: seconds per GiB read, the server's own (user + system) and the Ceph daemons' (all three, from /proc); two cores in all, shared by the daemons, the server and nbdcopy."
   echo
-  echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | warm MB/s median | server CPU-s/GiB warm |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
+  echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | L2 after the cold pass (MiB, median) | warm MB/s median | server CPU-s/GiB warm |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import statistics as st, sys
 def ceph(r):
@@ -159,7 +166,7 @@ for n, spec in enumerate(sys.argv[2:], 1):
     cold = [int(x[3]) for x in r]
     print(f"| {n} | `{spec}` | {' / '.join(map(str, cold))} | {st.median(cold):.0f} "
           f"| {ratio(r)} | {st.median(float(x[4]) for x in r):.2f} "
-          f"| {ceph(r)} | {st.median(int(x[6]) for x in r):.0f} "
+          f"| {ceph(r)} | {st.median(int(x[9]) for x in r):.0f} | {st.median(int(x[6]) for x in r):.0f} "
           f"| {st.median(float(x[7]) for x in r):.2f} |")
 peer = [int(x[2]) for x in runs if x[0] == "rclone"]
 if peer:
