@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use arcache_engine::{Cache, CacheConfig, Held, Volume, VolumeConfig};
+use arcache_engine::{Cache, CacheConfig, Held, Volume, VolumeConfig, WriteBack, WriteTunables};
 use blockdev::{BlockDev, DevResult, MemDev};
 use rand::{Rng, SeedableRng};
 
@@ -69,8 +69,14 @@ fn a_held_read_larger_than_the_arc_reads_each_record_once() {
         "bytes read from the store for a {len}-byte read through a {arc_max}-byte ARC"
     );
     // Held records are the cached ones where RAM kept them: the last
-    // records of the read, still cached, come back as they are.
+    // records of the read, still cached, come back as they are, and so
+    // they do on the connection thread's path.
     assert!(matches!(held.last(), Some(Held::Record(_))));
+    let end = RS + len as u64;
+    let again =
+        vol.try_read_cached_held(end - 4 * RS, 4 * RS as usize).expect("the read's last records are cached");
+    assert!(again.iter().all(|h| matches!(h, Held::Record(_))), "uncompressed records are held as they are");
+    assert!(bytes_of(&again) == data[(end - 4 * RS) as usize..end as usize]);
     // A read that is not of whole records is the copying path's.
     assert!(vol.read_held(RS + 512, 4096).unwrap().is_none());
     assert!(vol.read_held(0, RS as usize + 1).unwrap().is_none());
@@ -99,8 +105,13 @@ fn a_cached_read_of_whole_records_is_held_without_io() {
     let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
     let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache);
     assert!(vol.try_read_cached_held(0, 4 * RS as usize).is_none(), "nothing cached yet");
-    let mut buf = vec![0u8; 8 * RS as usize];
-    vol.read(0, &mut buf).unwrap();
+    // A cold held read of compressed records keeps the plain bytes it read,
+    // each record read once.
+    let cold = vol.read_held(0, 8 * RS as usize).unwrap().expect("whole records");
+    assert!(bytes_of(&cold) == data[..8 * RS as usize]);
+    assert!(cold.iter().all(|h| matches!(h, Held::Bytes(_))));
+    let read: u64 = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
+    assert_eq!(read, 8 * RS, "each record read once");
     let reads = dev.reads.lock().unwrap().len();
     let held = vol.try_read_cached_held(RS, 4 * RS as usize).expect("cached whole records");
     assert!(bytes_of(&held) == data[RS as usize..5 * RS as usize]);
@@ -108,4 +119,44 @@ fn a_cached_read_of_whole_records_is_held_without_io() {
     assert!(vol.try_read_cached_held(RS, 4096).is_none(), "part of a record");
     assert!(vol.try_read_cached_held(7 * RS, 2 * RS as usize).is_none(), "a record not cached");
     assert_eq!(dev.reads.lock().unwrap().len(), reads, "the connection thread's path reads nothing");
+}
+
+/// Dirty bytes of a written-back volume that has not synced them yet are
+/// laid over the records a held read brings back from the store, as over a
+/// copying read's: the records were evicted, the writes were not.
+#[test]
+fn a_held_read_sees_the_dirty_bytes_of_evicted_records() {
+    let backing = Arc::new(MemDev::new(DEV));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut model: Vec<u8> = (0..DEV).map(|_| rng.gen()).collect();
+    backing.write_at(&model, 0).unwrap();
+    let arc_max = 1 << 20;
+    let cache =
+        Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: false });
+    cache.zfetch.disable.store(true, Relaxed);
+    let tun = Arc::new(WriteTunables::default());
+    // Nothing syncs during the test: the dirty bytes stay beside the ARC.
+    tun.dirty_data_max.store(512 << 20, Relaxed);
+    tun.dirty_data_sync_percent.store(100, Relaxed);
+    tun.delay_min_dirty_percent.store(100, Relaxed);
+    tun.txg_timeout_secs.store(1000, Relaxed);
+    let wb = WriteBack::new(None, None, tun);
+    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: false };
+    let vol = Volume::with_writeback(0, cfg, Arc::clone(&backing) as Arc<dyn BlockDev>, cache, wb);
+    // 4K into each of the first 16 records.
+    for r in 0..16u64 {
+        let at = r * RS + 4096;
+        let bytes = vec![r as u8 ^ 0x5a; 4096];
+        vol.write(at, &bytes, false).unwrap();
+        model[at as usize..at as usize + 4096].copy_from_slice(&bytes);
+    }
+    // Read 4 MiB elsewhere through the 1 MiB ARC: the written records leave RAM.
+    let mut buf = vec![0u8; 4 << 20];
+    vol.read(8 << 20, &mut buf).unwrap();
+    let held = vol.read_held(0, 16 * RS as usize).unwrap().expect("whole records");
+    assert!(bytes_of(&held) == model[..16 * RS as usize], "the dirty bytes over the store's");
+    assert!(
+        backing.snapshot()[4096..8192] != model[4096..8192],
+        "the writes were synced: the test shows nothing"
+    );
 }

@@ -78,7 +78,7 @@ fn split(res: Result<Vec<u8>, Errno>) -> (NbdResult, Vec<u8>) {
 /// the pieces the export holds if it can answer that way, else into a
 /// buffer.
 fn read_through(ex: &dyn Export, req: Request) -> (NbdResult, Payload) {
-    match ex.read_pieces(req.offset, req.length) {
+    match wants_pieces(&req).then(|| ex.read_pieces(req.offset, req.length)).flatten() {
         Some(res) => checked_pieces(res, req),
         None => {
             let mut buf = vec![0u8; req.length as usize];
@@ -86,6 +86,13 @@ fn read_through(ex: &dyn Export, req: Request) -> (NbdResult, Payload) {
             (res, Payload::Bytes(buf))
         }
     }
+}
+
+/// Whether a read's reply is worth answering with pieces: a reply a batch
+/// would hold is copied into it anyway, and one so small costs less to
+/// copy than to hold.
+fn wants_pieces(req: &Request) -> bool {
+    req.length as usize > held::HOLD_MAX_REPLY
 }
 
 /// An export's pieces as a reply takes them: they must add up to the
@@ -102,14 +109,6 @@ fn checked_pieces(res: Result<Vec<Piece>, Errno>, req: Request) -> (NbdResult, P
         }
         Err(e) => (Err(e), Payload::empty()),
     }
-}
-
-/// A reply's header followed by its payload's parts, for one vectored write.
-fn with_header<'a>(h: &'a [u8], data: &[&'a [u8]]) -> Vec<&'a [u8]> {
-    let mut parts = Vec::with_capacity(data.len() + 1);
-    parts.push(h);
-    parts.extend_from_slice(data);
-    parts
 }
 
 /// What a client learns about an export during the handshake.
@@ -140,7 +139,8 @@ pub trait Export: Send + Sync {
 
     /// [`Export::try_read_now`] answered with pieces of bytes the export
     /// holds (see [`Export::read_pieces`]), tried first; `None`: the server
-    /// goes on to `try_read_now`.
+    /// goes on to `try_read_now`. Asked only of reads larger than 8 KiB (a
+    /// smaller reply is copied into the connection's batch anyway).
     fn try_read_pieces_now(&self, _offset: u64, _len: u32) -> Option<Result<Vec<Piece>, Errno>> {
         None
     }
@@ -150,7 +150,8 @@ pub trait Export: Send + Sync {
     /// Answers a read on a worker with pieces of bytes the export already
     /// holds, in order, `len` bytes in all, which the server writes to the
     /// socket from where they lie (see [`Piece`]); `None`: the server reads
-    /// through [`Export::read`] instead. May block.
+    /// through [`Export::read`] instead. May block. Asked only of reads
+    /// larger than 8 KiB, as [`Export::try_read_pieces_now`].
     fn read_pieces(&self, _offset: u64, _len: u32) -> Option<Result<Vec<Piece>, Errno>> {
         None
     }
@@ -799,7 +800,8 @@ impl Server {
                 continue;
             }
             if req.kind == CMD_READ {
-                if let Some(res) = export.try_read_pieces_now(req.offset, req.length) {
+                let now = wants_pieces(&req).then(|| export.try_read_pieces_now(req.offset, req.length));
+                if let Some(res) = now.flatten() {
                     self.stats.immediate_reads.fetch_add(1, Relaxed);
                     let (res, payload) = checked_pieces(res, req);
                     shared.reply_read(req, res, &payload.slices(), &self.stats, Some(&mut out));
@@ -1088,6 +1090,21 @@ impl ConnShared {
         }
     }
 
+    /// A reply's header followed by its payload's parts, in one vectored
+    /// write; a payload of one part (every reply but one of pieces) needs
+    /// no list made for it.
+    fn send_with_header(self: &Arc<Self>, h: &[u8], data: &[&[u8]], out: Option<&mut Batch>) {
+        match data {
+            [one] => self.send(&[h, one], out),
+            _ => {
+                let mut parts = Vec::with_capacity(data.len() + 1);
+                parts.push(h);
+                parts.extend_from_slice(data);
+                self.send(&parts, out);
+            }
+        }
+    }
+
     fn send_now(&self, parts: &[&[u8]]) {
         let mut w = self.writer.lock();
         if let Err(e) = w.send(parts) {
@@ -1116,12 +1133,12 @@ impl ConnShared {
                 h[8..16].copy_from_slice(&req.handle.to_be_bytes());
                 h[16..20].copy_from_slice(&(8 + len as u32).to_be_bytes());
                 h[20..28].copy_from_slice(&req.offset.to_be_bytes());
-                self.send(&with_header(&h, data), out);
+                self.send_with_header(&h, data, out);
             }
             Ok(()) if self.structured => self.reply_status(req, Ok(()), stats, out),
             Ok(()) => {
                 let h = simple_header(req.handle, 0);
-                self.send(&with_header(&h, data), out);
+                self.send_with_header(&h, data, out);
             }
         }
     }

@@ -472,8 +472,9 @@ fn a_connection_finishes_its_own_reads_when_it_would_wait() {
 /// so pieces start inside their bytes too: on the connection's thread
 /// (`try_read_pieces_now`) from `PIECES_NOW` on, on a worker
 /// (`read_pieces`) below it. A read at `BAD_PIECES` from either start gets
-/// pieces that fall short of its length; a read of anything else goes
-/// through `read`.
+/// pieces that fall short of its length; a read of anything else, and any
+/// read of 8 KiB or less (the server copies those into its batch anyway),
+/// goes through `read`.
 struct PieceExport {
     blocks: Vec<nbd::SharedBytes>,
 }
@@ -490,6 +491,9 @@ fn piece_byte(i: u64) -> u8 {
 fn whole_blocks(offset: u64, len: u64) -> bool {
     offset.is_multiple_of(4096) && len.is_multiple_of(4096) && offset + len <= PIECES_UNTIL
 }
+
+/// Replies the server would rather answer with pieces.
+const PIECES_ABOVE: u64 = 8 << 10;
 
 impl PieceExport {
     fn new() -> PieceExport {
@@ -530,9 +534,11 @@ impl Export for PieceExport {
         }
     }
     fn try_read_pieces_now(&self, offset: u64, len: u32) -> Option<Result<Vec<nbd::Piece>, Errno>> {
+        assert!(u64::from(len) > PIECES_ABOVE, "pieces asked for a reply the batch would copy");
         (offset >= PIECES_NOW && whole_blocks(offset, u64::from(len))).then(|| Ok(self.pieces(offset, len)))
     }
     fn read_pieces(&self, offset: u64, len: u32) -> Option<Result<Vec<nbd::Piece>, Errno>> {
+        assert!(u64::from(len) > PIECES_ABOVE, "pieces asked for a reply the batch would copy");
         if !whole_blocks(offset, u64::from(len)) {
             return None;
         }
@@ -540,9 +546,10 @@ impl Export for PieceExport {
         Some(Ok(self.pieces(offset, len)))
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> NbdResult {
+        let len = buf.len() as u64;
         assert!(
-            !whole_blocks(offset, buf.len() as u64),
-            "a read of whole blocks must be answered with pieces"
+            !whole_blocks(offset, len) || len <= PIECES_ABOVE,
+            "a large read of whole blocks must be answered with pieces"
         );
         for (i, b) in buf.iter_mut().enumerate() {
             *b = piece_byte(offset + i as u64);
@@ -584,17 +591,28 @@ fn a_read_answered_with_pieces_carries_their_bytes() {
     let want = |o: u64, l: usize| (o..o + l as u64).map(piece_byte).collect::<Vec<u8>>();
     // The client negotiates structured replies.
     let mut c = Client::connect(&t, "").unwrap();
-    for (o, l) in [(0u64, 4096usize), (4096, 8192), (20480, 65536), (PIECES_UNTIL - 4096, 4096), (100, 5000)]
-    {
+    // 4 MiB is 1,024 pieces and the header: more than one vectored write
+    // takes (IOV_MAX), on a worker and on the connection's thread.
+    let reads = [
+        (0u64, 4096usize),
+        (4096, 8192),
+        (20480, 65536),
+        (PIECES_UNTIL - 4096, 4096),
+        (PIECES_NOW - 8192, 16384),
+        (100, 5000),
+        (0, 4 << 20),
+        (PIECES_NOW, 4 << 20),
+    ];
+    for (o, l) in reads {
         let mut b = vec![0u8; l];
         c.read(o, &mut b).unwrap();
         assert!(b == want(o, l), "structured read {o}+{l}");
     }
-    let mut b = vec![0u8; 4096];
+    let mut b = vec![0u8; 16384];
     assert_eq!(c.read(BAD_PIECES, &mut b).unwrap_err().errno(), libc::EIO);
     assert_eq!(c.read(PIECES_NOW + BAD_PIECES, &mut b).unwrap_err().errno(), libc::EIO);
     c.read(8192, &mut b).unwrap();
-    assert!(b == want(8192, 4096), "the connection goes on after the EIO");
+    assert!(b == want(8192, 16384), "the connection goes on after the EIO");
     // Simple replies.
     let mut s = raw_session(&t, "");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

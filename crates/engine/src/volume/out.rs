@@ -85,6 +85,13 @@ impl Keep {
         self.held[(r - self.records.start) as usize] = Held::of(data);
     }
 
+    /// Keeps a copy of record `r`'s plain bytes (ignored outside the read).
+    pub(crate) fn keep_bytes(&mut self, r: u64, plain: &[u8]) {
+        if self.records.contains(&r) {
+            self.held[(r - self.records.start) as usize] = Some(Held::Bytes(plain.to_vec()));
+        }
+    }
+
     /// The records in order; a record no tier kept is read the copying way.
     pub(crate) fn finish(self, vol: &Volume) -> DevResult<Vec<Held>> {
         let first = self.records.start;

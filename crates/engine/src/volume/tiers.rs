@@ -528,7 +528,12 @@ impl Volume {
             let slice = &block[(rr.start - start) as usize..(rr.end - start) as usize];
             let rec = Arc::new(Record::new(slice, compress));
             if let Some(k) = keep.as_deref_mut() {
-                k.keep(r, &rec);
+                if rec.is_compressed() {
+                    // The plain bytes are in hand: copied, not decompressed.
+                    k.keep_bytes(r, slice);
+                } else {
+                    k.keep(r, &rec);
+                }
             }
             self.cache.insert_read(self.key(r), rec, prefetch);
         }

@@ -13,7 +13,7 @@ use super::{ConnShared, Slot};
 
 /// Replies larger than this are sent at once even while replies are held:
 /// copying them would cost more than the system call saved.
-const HOLD_MAX_REPLY: usize = 8 << 10;
+pub(super) const HOLD_MAX_REPLY: usize = 8 << 10;
 /// Held replies are sent once they add up to this much.
 const HOLD_MAX_BYTES: usize = 256 << 10;
 
