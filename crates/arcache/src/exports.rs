@@ -92,7 +92,11 @@ impl Export for NbdExport {
         let held = match self.vol.read_held(offset, len as usize) {
             Ok(Some(held)) => held,
             Ok(None) => return None,
-            Err(e) => return Some(Err(errno("read", &e))),
+            Err(e) => {
+                // Recorded as `read` records a read that fails.
+                self.note(false, offset, len as usize);
+                return Some(Err(errno("read", &e)));
+            }
         };
         self.note(false, offset, len as usize);
         Some(Ok(held.into_iter().map(piece).collect()))

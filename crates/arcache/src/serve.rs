@@ -1146,6 +1146,7 @@ impl ControlState {
         obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
         obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
         obj.insert("nbd_immediate_writes".into(), json!(s.immediate_writes.load(Relaxed)));
+        obj.insert("nbd_piece_replies".into(), json!(s.piece_replies.load(Relaxed)));
         obj.insert("nbd_tls_sessions".into(), json!(s.tls_sessions.load(Relaxed)));
         obj.insert("nbd_tls_handshake_errors".into(), json!(s.tls_handshake_errors.load(Relaxed)));
         obj.insert("nbd_refused_connections".into(), json!(s.refused_connections.load(Relaxed)));

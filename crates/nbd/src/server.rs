@@ -280,6 +280,9 @@ pub struct ServerStats {
     pub protocol_errors: AtomicU64,
     pub immediate_reads: AtomicU64,
     pub immediate_writes: AtomicU64,
+    /// Read replies written from the export's pieces (`Export::read_pieces`,
+    /// `Export::try_read_pieces_now`) instead of a copy in a buffer.
+    pub piece_replies: AtomicU64,
     /// TLS handshakes completed, and failed (bad or missing certificates,
     /// clients that do not trust ours, garbage).
     pub tls_sessions: AtomicU64,
@@ -288,6 +291,14 @@ pub struct ServerStats {
     pub refused_connections: AtomicU64,
     /// Times a connection's reader waited for its payload budget.
     pub budget_waits: AtomicU64,
+}
+
+impl ServerStats {
+    fn count_pieces(&self, payload: &Payload) {
+        if matches!(payload, Payload::Pieces(_)) {
+            self.piece_replies.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 pub struct Server {
@@ -804,6 +815,7 @@ impl Server {
                 if let Some(res) = now.flatten() {
                     self.stats.immediate_reads.fetch_add(1, Relaxed);
                     let (res, payload) = checked_pieces(res, req);
+                    self.stats.count_pieces(&payload);
                     shared.reply_read(req, res, &payload.slices(), &self.stats, Some(&mut out));
                     continue;
                 }
@@ -1032,6 +1044,7 @@ impl Server {
                 tracing::error!("request {req:?} panicked in the export; answered EIO");
                 (Err(Errno(libc::EIO)), Payload::empty())
             });
+            server.stats.count_pieces(&payload);
             match req.kind {
                 CMD_READ => shared.reply_read(req, res, &payload.slices(), &server.stats, None),
                 CMD_BLOCK_STATUS => shared.reply_block_status(req, res, payload.bytes(), &server.stats),
