@@ -13,10 +13,12 @@
 # the noise of the daemons.
 #
 # AB_ORIGIN=nbdkit runs the same passes over a 2 GiB local file of random
-# bytes served by nbdkit at 500 MB/s (its rate filter: about the rate of
-# the cold S3 pass, so the L2 feed keeps up and the warm pass reads L2),
-# without Ceph or rclone: the server's CPU per GiB without the daemons'
-# noise beside it.
+# bytes served by nbdkit (its rate filter set to 4000M bits/s), without
+# Ceph or rclone: the server's CPU per GiB without the daemons' noise
+# beside it. Its cold passes have run at 510-960 MB/s, often faster than
+# the L2 feed writes, so the warm pass reads part of the file from the
+# origin again: the result's column of what L2 held after the cold pass
+# says how much.
 #
 # AB_ORIGIN=ram: a 1 GiB local file (the page cache holds it) through
 # --arc-max 2G and no L2: the cold pass fills the ARC, the warm pass is
@@ -33,8 +35,8 @@
 #   (/var/tmp/arcache-2a1fb11): the header names only this tree's commit.
 # Needs: ceph-mon ceph-osd radosgw, rclone, nbdcopy, the venv .ci/run makes
 # (boto3); for AB_ORIGIN=nbdkit, nbdkit. Writes bench/results/ab-seq.md
-# (ab-seq-nbdkit.md), or with AB_NAME set ab-seq-$AB_NAME.md
-# (ab-seq-nbdkit-$AB_NAME.md).
+# (ab-seq-nbdkit.md, ab-seq-ram.md), with -pinned after the origin for
+# AB_PIN=1 and -$AB_NAME at the end when AB_NAME is set.
 set -euo pipefail
 rounds=${1:?rounds}; shift
 [ $# -ge 1 ] || { echo "usage: $0 ROUNDS ARM..." >&2; exit 2; }

@@ -33,11 +33,7 @@ impl NbdExport {
 /// bytes are exactly its bytes.
 fn piece(held: Held) -> Piece {
     match held {
-        Held::Record(rec) => {
-            let len = rec.psize() as usize;
-            let bytes: nbd::SharedBytes = rec;
-            Piece::new(bytes, 0..len).unwrap_or_else(|| Piece::owned(Vec::new()))
-        }
+        Held::Record(rec) => Piece::whole(rec),
         Held::Bytes(b) => Piece::owned(b),
     }
 }
@@ -89,17 +85,10 @@ impl Export for NbdExport {
     }
 
     fn read_pieces(&self, offset: u64, len: u32) -> Option<Result<Vec<Piece>, Errno>> {
-        let held = match self.vol.read_held(offset, len as usize) {
-            Ok(Some(held)) => held,
-            Ok(None) => return None,
-            Err(e) => {
-                // Recorded as `read` records a read that fails.
-                self.note(false, offset, len as usize);
-                return Some(Err(errno("read", &e)));
-            }
-        };
+        let held = self.vol.read_held(offset, len as usize).transpose()?;
+        // Recorded whether it failed or not, as `read` records a read.
         self.note(false, offset, len as usize);
-        Some(Ok(held.into_iter().map(piece).collect()))
+        Some(held.map(|h| h.into_iter().map(piece).collect()).map_err(|e| errno("read", &e)))
     }
 
     fn read_async(

@@ -362,17 +362,24 @@ impl Volume {
         let Some(records) = self.cache.lookup_all((s.first..s.end).map(|r| self.key(r))) else {
             return false;
         };
-        self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
         for (i, data) in records.iter().enumerate() {
             if self.copy_out(s.first + i as u64, data, offset, buf).is_err() {
                 return false;
             }
         }
-        self.cache.count(Found::Hit, false, records.len() as u64);
+        self.served_from_ram(s, buf.len());
+        true
+    }
+
+    /// Counts a client's read of `len` bytes answered from RAM, every
+    /// record of `s` a hit, and lets the sizing and the stream detection
+    /// see it.
+    fn served_from_ram(&self, s: Span, len: usize) {
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
+        self.cache.count(Found::Hit, false, s.end - s.first);
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.note_request(s);
         self.predict(s, false);
-        true
     }
 
     /// [`Volume::try_read_cached`] for a read of whole records, answered
@@ -390,11 +397,7 @@ impl Volume {
         let s = self.span(offset, len64);
         let records = self.cache.lookup_all((s.first..s.end).map(|r| self.key(r)))?;
         let held = records.iter().map(Held::of).collect::<Option<Vec<Held>>>()?;
-        self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
-        self.cache.count(Found::Hit, false, records.len() as u64);
-        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
-        self.note_request(s);
-        self.predict(s, false);
+        self.served_from_ram(s, len);
         Some(held)
     }
 

@@ -4,41 +4,28 @@
 //! first records before it is over; looked up again afterwards, they would
 //! be gone and read from the store a second time.
 
-use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arcache_engine::{Cache, CacheConfig, Held, Volume, VolumeConfig, WriteBack, WriteTunables};
-use blockdev::{BlockDev, DevResult, MemDev};
+use blockdev::{BlockDev, CountingDev, MemDev};
 use rand::{Rng, SeedableRng};
 
 const RS: u64 = 16 << 10;
 /// The last record is short.
 const DEV: u64 = (16 << 20) + 5000;
 
-/// A memory store that logs every read it gets.
-struct LoggedDev {
-    inner: MemDev,
-    reads: Mutex<Vec<Range<u64>>>,
-}
-
-impl BlockDev for LoggedDev {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
-        self.reads.lock().unwrap().push(offset..offset + buf.len() as u64);
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> DevResult<()> {
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "logged".into()
-    }
+/// A read-only volume of `data` over a store that counts what it reads,
+/// with no prefetches: every read counted is the test's own.
+fn volume(data: &[u8], arc_max: u64, compress: bool) -> (Arc<CountingDev<MemDev>>, Arc<Volume>) {
+    let inner = MemDev::new(data.len() as u64);
+    inner.write_at(data, 0).unwrap();
+    let dev = Arc::new(CountingDev::new(inner));
+    let cache = Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress });
+    cache.zfetch.disable.store(true, Relaxed);
+    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
+    let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache);
+    (dev, vol)
 }
 
 fn bytes_of(held: &[Held]) -> Vec<u8> {
@@ -49,23 +36,15 @@ fn bytes_of(held: &[Held]) -> Vec<u8> {
 fn a_held_read_larger_than_the_arc_reads_each_record_once() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let data: Vec<u8> = (0..DEV).map(|_| rng.gen()).collect();
-    let inner = MemDev::new(DEV);
-    inner.write_at(&data, 0).unwrap();
-    let dev = Arc::new(LoggedDev { inner, reads: Mutex::new(Vec::new()) });
     let arc_max = 1 << 20;
-    let cache =
-        Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: false });
-    // No prefetches: every read logged is the held read's own.
-    cache.zfetch.disable.store(true, Relaxed);
-    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
-    let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache);
+    let (dev, vol) = volume(&data, arc_max, false);
     let len = 4 << 20;
     let held = vol.read_held(RS, len).unwrap().expect("a read of whole records is held");
     assert_eq!(held.len() as u64, len as u64 / RS);
     assert!(bytes_of(&held) == data[RS as usize..RS as usize + len], "the held bytes");
-    let mut read: u64 = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
     assert_eq!(
-        read, len as u64,
+        dev.counts().read_bytes,
+        len as u64,
         "bytes read from the store for a {len}-byte read through a {arc_max}-byte ARC"
     );
     // Held records are the cached ones where RAM kept them: the last
@@ -83,8 +62,7 @@ fn a_held_read_larger_than_the_arc_reads_each_record_once() {
     // The volume's last record may be short and is still whole.
     let tail = vol.read_held(DEV - 5000, 5000).unwrap().expect("the last record");
     assert!(bytes_of(&tail) == data[(DEV - 5000) as usize..]);
-    read = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
-    assert_eq!(read, len as u64 + 5000, "the last record read once");
+    assert_eq!(dev.counts().read_bytes, len as u64 + 5000, "the last record read once");
 }
 
 /// The connection thread's path: a read of whole records all in RAM is
@@ -96,29 +74,21 @@ fn a_cached_read_of_whole_records_is_held_without_io() {
     // Zeroes in the first half of each record (where the compression
     // probe looks), noise in the second, so records compress.
     let data: Vec<u8> = (0..DEV).map(|i| if (i % RS) < RS / 2 { 0 } else { rng.gen() }).collect();
-    let inner = MemDev::new(DEV);
-    inner.write_at(&data, 0).unwrap();
-    let dev = Arc::new(LoggedDev { inner, reads: Mutex::new(Vec::new()) });
-    let arc_max = 64 << 20;
-    let cache = Cache::new(CacheConfig { arc_min: arc_max / 2, arc_max, min_prefetch_ms: 0, compress: true });
-    cache.zfetch.disable.store(true, Relaxed);
-    let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
-    let vol = Volume::new(0, cfg, Arc::clone(&dev) as Arc<dyn BlockDev>, cache);
+    let (dev, vol) = volume(&data, 64 << 20, true);
     assert!(vol.try_read_cached_held(0, 4 * RS as usize).is_none(), "nothing cached yet");
     // A cold held read of compressed records keeps the plain bytes it read,
     // each record read once.
     let cold = vol.read_held(0, 8 * RS as usize).unwrap().expect("whole records");
     assert!(bytes_of(&cold) == data[..8 * RS as usize]);
     assert!(cold.iter().all(|h| matches!(h, Held::Bytes(_))));
-    let read: u64 = dev.reads.lock().unwrap().iter().map(|r| r.end - r.start).sum();
-    assert_eq!(read, 8 * RS, "each record read once");
-    let reads = dev.reads.lock().unwrap().len();
+    assert_eq!(dev.counts().read_bytes, 8 * RS, "each record read once");
+    let reads = dev.counts().reads;
     let held = vol.try_read_cached_held(RS, 4 * RS as usize).expect("cached whole records");
     assert!(bytes_of(&held) == data[RS as usize..5 * RS as usize]);
     assert!(held.iter().all(|h| matches!(h, Held::Bytes(_))), "compressed records come as plain bytes");
     assert!(vol.try_read_cached_held(RS, 4096).is_none(), "part of a record");
     assert!(vol.try_read_cached_held(7 * RS, 2 * RS as usize).is_none(), "a record not cached");
-    assert_eq!(dev.reads.lock().unwrap().len(), reads, "the connection thread's path reads nothing");
+    assert_eq!(dev.counts().reads, reads, "the connection thread's path reads nothing");
 }
 
 /// Dirty bytes of a written-back volume that has not synced them yet are
@@ -153,6 +123,10 @@ fn a_held_read_sees_the_dirty_bytes_of_evicted_records() {
     // Read 4 MiB elsewhere through the 1 MiB ARC: the written records leave RAM.
     let mut buf = vec![0u8; 4 << 20];
     vol.read(8 << 20, &mut buf).unwrap();
+    assert!(
+        vol.try_read_cached_held(0, 16 * RS as usize).is_none(),
+        "the written records are still in RAM: the test shows nothing"
+    );
     let held = vol.read_held(0, 16 * RS as usize).unwrap().expect("whole records");
     assert!(bytes_of(&held) == model[..16 * RS as usize], "the dirty bytes over the store's");
     assert!(

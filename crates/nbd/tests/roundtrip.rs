@@ -207,20 +207,55 @@ fn simple_reply(s: &mut UnixStream) -> (u32, u64) {
 /// A raw session on export `name`, selected the old way (EXPORT_NAME),
 /// with simple replies.
 fn raw_session(t: &Target, name: &str) -> UnixStream {
+    raw_session_with(t, name, false)
+}
+
+/// `raw_session` with structured replies negotiated first.
+fn raw_structured_session(t: &Target, name: &str) -> UnixStream {
+    raw_session_with(t, name, true)
+}
+
+fn raw_session_with(t: &Target, name: &str, structured: bool) -> UnixStream {
     let Target::Unix(p) = t else { unreachable!() };
     let mut s = UnixStream::connect(p).unwrap();
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).unwrap();
     s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
-    let mut o = Vec::new();
-    o.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    o.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
-    o.extend_from_slice(&(name.len() as u32).to_be_bytes());
-    o.extend_from_slice(name.as_bytes());
-    s.write_all(&o).unwrap();
+    let option = |opt: u32, data: &[u8]| {
+        let mut o = Vec::new();
+        o.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        o.extend_from_slice(&opt.to_be_bytes());
+        o.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        o.extend_from_slice(data);
+        o
+    };
+    if structured {
+        s.write_all(&option(OPT_STRUCTURED_REPLY, &[])).unwrap();
+        // Option reply: magic, option, type, length (no data for an ACK).
+        let mut rep = [0u8; 20];
+        s.read_exact(&mut rep).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(rep[12..16].try_into().unwrap()),
+            REP_ACK,
+            "structured replies refused"
+        );
+    }
+    s.write_all(&option(OPT_EXPORT_NAME, name.as_bytes())).unwrap();
     let mut info = [0u8; 10];
     s.read_exact(&mut info).unwrap();
     s
+}
+
+/// The next structured reply chunk: (flags, type, handle, payload).
+fn structured_chunk(s: &mut UnixStream) -> (u16, u16, u64, Vec<u8>) {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u32::from_be_bytes(h[0..4].try_into().unwrap()), STRUCTURED_REPLY_MAGIC);
+    let mut payload = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+    s.read_exact(&mut payload).unwrap();
+    let flags = u16::from_be_bytes(h[4..6].try_into().unwrap());
+    let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
+    (flags, kind, u64::from_be_bytes(h[8..16].try_into().unwrap()), payload)
 }
 
 /// A FLUSH the export answers later, from its own thread: requests behind
@@ -589,7 +624,7 @@ fn a_read_answered_with_pieces_carries_their_bytes() {
     server.listen_unix(UnixListener::bind(&sock).unwrap());
     let t = Target::Unix(sock);
     let want = |o: u64, l: usize| (o..o + l as u64).map(piece_byte).collect::<Vec<u8>>();
-    // The client negotiates structured replies.
+    // Simple replies through the crate's client.
     let mut c = Client::connect(&t, "").unwrap();
     // 4 MiB is 1,024 pieces and the header: more than one vectored write
     // takes (IOV_MAX), on a worker and on the connection's thread.
@@ -613,7 +648,18 @@ fn a_read_answered_with_pieces_carries_their_bytes() {
     assert_eq!(c.read(PIECES_NOW + BAD_PIECES, &mut b).unwrap_err().errno(), libc::EIO);
     c.read(8192, &mut b).unwrap();
     assert!(b == want(8192, 16384), "the connection goes on after the EIO");
-    // Simple replies.
+    // Structured replies: one OFFSET_DATA chunk, DONE, whose length and
+    // offset count the pieces, on a worker and on the connection's thread.
+    let mut s = raw_structured_session(&t, "");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for (handle, offset, length) in [(1u64, 20480u64, 65536u32), (2, 0, 4 << 20), (3, PIECES_NOW, 4 << 20)] {
+        s.write_all(&Request { flags: 0, kind: CMD_READ, handle, offset, length }.encode()).unwrap();
+        let (flags, kind, h, payload) = structured_chunk(&mut s);
+        assert_eq!((flags, kind, h), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, handle));
+        assert_eq!(u64::from_be_bytes(payload[..8].try_into().unwrap()), offset);
+        assert!(payload[8..] == want(offset, length as usize), "structured read {offset}+{length}");
+    }
+    // Simple replies, raw.
     let mut s = raw_session(&t, "");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let read = Request { flags: 0, kind: CMD_READ, handle: 9, offset: 12288 + 4096, length: 16384 };

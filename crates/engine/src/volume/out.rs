@@ -61,6 +61,14 @@ impl Out<'_> {
             Out::Keep(_) => None,
         }
     }
+
+    /// The records a keeping read gathers.
+    pub(crate) fn keep(&mut self) -> Option<&mut Keep> {
+        match self {
+            Out::Copy(_) => None,
+            Out::Keep(keep) => Some(keep),
+        }
+    }
 }
 
 /// The records of a read of whole records `records`, as they are found.
@@ -77,19 +85,23 @@ impl Keep {
 
     /// Keeps record `r` (ignored outside the read: a record read ahead).
     /// A compressed record that does not decompress is left out: the
-    /// copying read [`Keep::finish`] falls back to reports it.
+    /// copying read that [`Keep::finish`] falls back to reports it.
     pub(crate) fn keep(&mut self, r: u64, data: &RecordData) {
-        if !self.records.contains(&r) {
-            return;
+        if let Some(slot) = self.slot(r) {
+            *slot = Held::of(data);
         }
-        self.held[(r - self.records.start) as usize] = Held::of(data);
     }
 
     /// Keeps a copy of record `r`'s plain bytes (ignored outside the read).
     pub(crate) fn keep_bytes(&mut self, r: u64, plain: &[u8]) {
-        if self.records.contains(&r) {
-            self.held[(r - self.records.start) as usize] = Some(Held::Bytes(plain.to_vec()));
+        if let Some(slot) = self.slot(r) {
+            *slot = Some(Held::Bytes(plain.to_vec()));
         }
+    }
+
+    fn slot(&mut self, r: u64) -> Option<&mut Option<Held>> {
+        let i = r.checked_sub(self.records.start)?;
+        self.held.get_mut(usize::try_from(i).ok()?)
     }
 
     /// The records in order; a record no tier kept is read the copying way.

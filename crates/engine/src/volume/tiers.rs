@@ -29,12 +29,20 @@ type L2Copy = (L2Ptr, Box<[u8]>);
 impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
+        let len = buf.len();
+        self.demand_read(offset, len, &mut Out::Copy(buf))
+    }
+
+    /// A client's read of a checked range, its bytes put in `out`: counted,
+    /// seen by the sizing and the stream detection, loaded, and followed
+    /// by the prefetches it predicts.
+    fn demand_read(&self, offset: u64, len: usize, out: &mut Out) -> DevResult<()> {
         self.check_unchanged()?;
-        let s = self.span(offset, buf.len() as u64);
+        let s = self.span(offset, len as u64);
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
-        self.count(&self.counts.reads, Some((&self.counts.read_bytes, buf.len())));
+        self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
         self.note_request(s);
-        let missed = self.load(offset, buf.len() as u64, false, Some(&mut Out::Copy(buf)))?;
+        let missed = self.load(offset, len as u64, false, Some(out))?;
         self.predict(s, missed);
         Ok(())
     }
@@ -46,19 +54,13 @@ impl Volume {
     /// of its L2 copy or out of a decompressed copy, each with its own
     /// rules there.
     pub fn read_held(&self, offset: u64, len: usize) -> DevResult<Option<Vec<Held>>> {
-        let len64 = len as u64;
-        self.check(offset, len64)?;
-        if !self.whole_records(offset, len64) {
+        self.check(offset, len as u64)?;
+        if !self.whole_records(offset, len as u64) {
             return Ok(None);
         }
-        let s = self.span(offset, len64);
-        self.check_unchanged()?;
-        self.cache.observe((s.first..s.end).map(|r| self.key(r)));
-        self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
-        self.note_request(s);
+        let s = self.span(offset, len as u64);
         let mut keep = Keep::new(s.first..s.end);
-        let missed = self.load(offset, len64, false, Some(&mut Out::Keep(&mut keep)))?;
-        self.predict(s, missed);
+        self.demand_read(offset, len, &mut Out::Keep(&mut keep))?;
         keep.finish(self).map(Some)
     }
 
@@ -450,11 +452,7 @@ impl Volume {
             let split = ahead.clamp(need.start, need.end);
             self.overlay_block(need.clone(), block, offset, out.as_deref_mut().and_then(Out::buf), snap);
             if split > need.start {
-                let keep = match out {
-                    Some(Out::Keep(keep)) => Some(&mut **keep),
-                    _ => None,
-                };
-                self.insert_block(need.start..split, block, prefetch, keep);
+                self.insert_block(need.start..split, block, prefetch, out.and_then(Out::keep));
             }
             if split < need.end {
                 // Every record but a volume's last is whole, so the records

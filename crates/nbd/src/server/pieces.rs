@@ -26,10 +26,15 @@ impl Piece {
         (range.start <= range.end && range.end <= len).then_some(Piece { bytes, range })
     }
 
+    /// All of `bytes`.
+    pub fn whole(bytes: SharedBytes) -> Piece {
+        let range = 0..(*bytes).as_ref().len();
+        Piece { bytes, range }
+    }
+
     /// A piece that owns its bytes (a record that had to be decompressed).
     pub fn owned(bytes: Vec<u8>) -> Piece {
-        let range = 0..bytes.len();
-        Piece { bytes: Arc::new(bytes), range }
+        Piece::whole(Arc::new(bytes))
     }
 
     pub fn as_slice(&self) -> &[u8] {
