@@ -18,7 +18,8 @@
 # beside it. Its cold passes have run at 510-960 MB/s, often faster than
 # the L2 feed writes, so the warm pass reads part of the file from the
 # origin again: the result's column of what L2 held after the cold pass
-# says how much.
+# says how much, and the next, how many records the feed examined for each
+# MiB it fed (`l2_feed_examined`; n/a for a build without that stat).
 #
 # AB_ORIGIN=ram: a 1 GiB local file (the page cache holds it) through
 # --arc-max 2G and no L2: the cold pass fills the ARC, the warm pass is
@@ -130,11 +131,14 @@ for round in $(seq "$rounds"); do
       # What the feed had put on L2 by the end of the cold pass: the warm
       # pass reads the rest from the origin again.
       if [ "$p" = cold ]; then
-        l2_mib=$("${arm[0]}" stat --json --control "$work/ctl.sock" |
-          python3 -c "import json, sys; print(json.load(sys.stdin).get('l2_size', 0) >> 20)")
+        # And how many records the feed examined per MiB it fed
+        # (l2_feed_examined; n/a from a build without it).
+        read -r l2_mib examined < <("${arm[0]}" stat --json --control "$work/ctl.sock" |
+          python3 -c "import json, sys; s = json.load(sys.stdin); fed = s.get('l2_feed_bytes', 0) / (1 << 20)
+print(s.get('l2_size', 0) >> 20, f\"{s['l2_feed_examined'] / fed:.2f}\" if 'l2_feed_examined' in s and fed else 'n/a')")
       fi
     done
-    line+=$'\t'$l2_mib
+    line+=$'\t'$l2_mib$'\t'$examined
     echo "round $round, arm $n ($spec): rclone $peer MB/s; cold, warm: ${line//$'\t'/ }" >&2
     printf '%s\t%s\t%s%s\n' "$n" "$round" "$peer" "$line" >>"$work/runs.tsv"
     kill "$arc"; wait "$arc" || true
@@ -154,12 +158,15 @@ done
   [ "${AB_PIN:-0}" = 1 ] && echo "Pinned (AB_PIN=1): the server on core 0, nbdcopy and nbdkit on core 1." && echo
   echo "CPU: seconds per GiB read, the server's own (user + system) and the Ceph daemons' (all three, from /proc); two cores in all, shared by the daemons, the server and nbdcopy."
   echo
-  echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | L2 after the cold pass (MiB, median) | warm MB/s median | server CPU-s/GiB warm |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | L2 after the cold pass (MiB, median) | records the feed examined per MiB fed, cold (median) | warm MB/s median | server CPU-s/GiB warm |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import statistics as st, sys
 def ceph(r):
     return f"{st.median(float(x[5]) for x in r):.2f}" if int(r[0][2]) else "n/a"
+def examined(r):
+    v = [float(x[10]) for x in r if len(x) > 10 and x[10] != "n/a"]
+    return f"{st.median(v):.2f}" if v else "n/a"
 def ratio(r):
     return f"{st.median(int(x[3]) / int(x[2]) for x in r):.2f}x" if int(r[0][2]) else "n/a"
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -168,7 +175,7 @@ for n, spec in enumerate(sys.argv[2:], 1):
     cold = [int(x[3]) for x in r]
     print(f"| {n} | `{spec}` | {' / '.join(map(str, cold))} | {st.median(cold):.0f} "
           f"| {ratio(r)} | {st.median(float(x[4]) for x in r):.2f} "
-          f"| {ceph(r)} | {st.median(int(x[9]) for x in r):.0f} | {st.median(int(x[6]) for x in r):.0f} "
+          f"| {ceph(r)} | {st.median(int(x[9]) for x in r):.0f} | {examined(r)} | {st.median(int(x[6]) for x in r):.0f} "
           f"| {st.median(float(x[7]) for x in r):.2f} |")
 peer = [int(x[2]) for x in runs if x[0] == "rclone"]
 if peer:

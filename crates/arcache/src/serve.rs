@@ -1164,6 +1164,7 @@ impl ControlState {
             obj.insert("l2_feed_cycles".into(), json!(f.cycles.load(Relaxed)));
             obj.insert("l2_feed_budget".into(), json!(f.last_budget.load(Relaxed)));
             obj.insert("l2_feed_bytes".into(), json!(f.fed_bytes.load(Relaxed)));
+            obj.insert("l2_feed_examined".into(), json!(f.examined.load(Relaxed)));
             obj.insert("l2_device_write_bw".into(), json!(f.device_write_bw.load(Relaxed)));
             obj.insert("l2_feed_prefetch".into(), json!(u64::from(f.feeds_prefetch.load(Relaxed))));
         }

@@ -158,6 +158,29 @@ pub struct FeedRules {
     pub include_prefetch: bool,
 }
 
+/// Where the batches of one feed cycle have looked so far, per list (MFU,
+/// MRU): the next batch of the cycle walks past what an earlier one
+/// examined without looking at it again. Without it every batch examined
+/// the same records from each tail (a hash lookup each, under the ARC
+/// lock): with the default headroom a cycle's scan reaches the whole ARC,
+/// so a fast stream's cycle of many 8 MiB batches examined the ARC many
+/// times over.
+#[derive(Debug, Clone, Default)]
+pub struct ScanMarks {
+    lists: [ScanMark; 2],
+    /// Records examined (looked up, checked for a copy) so far.
+    pub examined: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ScanMark {
+    /// The last record examined, and its depth from the tail in bytes
+    /// (its own size included).
+    last: Option<(Key, u64)>,
+    /// The list was walked to the end of the scan: nothing more this cycle.
+    done: bool,
+}
+
 /// Which of the file view's records may go to L2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ViewL2 {
@@ -686,7 +709,7 @@ impl Cache {
 
     /// Picks records near the eviction ends (MFU first, then MRU) that are
     /// not on L2 yet, marks them in flight and returns their stored bytes.
-    pub fn feed_candidates(&self, rules: FeedRules) -> Vec<FeedItem> {
+    pub fn feed_candidates(&self, rules: FeedRules, marks: &mut ScanMarks) -> Vec<FeedItem> {
         let Some(l2) = &self.l2 else { return Vec::new() };
         // Read before any record is looked at (see `L2Arc::drop_generation`).
         let tag = crate::record::fed_tag(l2.drop_generation());
@@ -697,10 +720,37 @@ impl Cache {
         let lists: &[ListKind] =
             if rules.mfu_only { &[ListKind::Mfu] } else { &[ListKind::Mfu, ListKind::Mru] };
         for &list in lists {
-            let mut take = |key, _, prefetch| {
+            let mark = &mut marks.lists[usize::from(list == ListKind::Mru)];
+            if mark.done {
+                continue;
+            }
+            let examined = &mut marks.examined;
+            let resume = mark.last;
+            let mut skipping = resume.is_some();
+            let mut depth = 0u64;
+            let mut stopped = false;
+            let mut take = |key, size, prefetch| {
                 if taken >= rules.budget {
+                    stopped = true;
                     return false;
                 }
+                depth += size;
+                if let Some((last_key, last_depth)) = resume.filter(|_| skipping) {
+                    // Up to where the last batch stopped: its record, or,
+                    // if that one left or moved, its depth (which evictions
+                    // since may have made reach past what was examined;
+                    // what it passes over waits for the next cycle).
+                    if key == last_key {
+                        skipping = false;
+                        return true;
+                    }
+                    if depth <= last_depth {
+                        return true;
+                    }
+                    skipping = false;
+                }
+                *examined += 1;
+                mark.last = Some((key, depth));
                 let allowed = self.l2_allowed_in(&secondary, key);
                 if !allowed || (prefetch && !rules.include_prefetch) {
                     return true;
@@ -732,6 +782,9 @@ impl Cache {
                 s.policy.scan_tail_reused(list, rules.scan_bytes, &mut take);
             } else {
                 s.policy.scan_tail(list, rules.scan_bytes, &mut take);
+            }
+            if !stopped {
+                mark.done = true;
             }
         }
         out

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use arcache_l2::L2Arc;
 use tracing::debug;
 
-use crate::cache::{Cache, FeedRules};
+use crate::cache::{Cache, FeedRules, ScanMarks};
 
 /// The largest batch written at once.
 pub const MAX_BATCH: u64 = 8 << 20;
@@ -88,6 +88,9 @@ pub struct FeedStats {
     /// Bytes per second one batch write achieves, averaged.
     pub device_write_bw: AtomicU64,
     pub feeds_prefetch: AtomicBool,
+    /// Records the feed examined in the ARC's lists (looked up, checked
+    /// for a copy on L2), fed or not.
+    pub examined: AtomicU64,
 }
 
 /// An exponentially weighted average, in whole units.
@@ -273,6 +276,7 @@ impl Feed {
             // would throw good copies away for nothing.
             let ahead = if trim > 0 { dev.capacity() * trim / 100 } else { 0 };
             let mut left = budget;
+            let mut marks = ScanMarks::default();
             // Batches are bounded: a batch holds its write buffer and the
             // records it captured, which may already be evicted from RAM.
             while left >= 64 << 10 {
@@ -284,7 +288,8 @@ impl Feed {
                     mfu_only: t.mfuonly.load(Relaxed),
                     include_prefetch,
                 };
-                let items = self.cache.feed_candidates(rules);
+                let items = self.cache.feed_candidates(rules, &mut marks);
+                self.stats.examined.fetch_add(std::mem::take(&mut marks.examined), Relaxed);
                 if items.is_empty() {
                     break;
                 }

@@ -19,7 +19,7 @@ mod writeback;
 mod zfetch;
 
 pub use arcache_batch::Batch;
-pub use cache::{Cache, CacheConfig, FeedRules, ViewL2, MAX_EXPORTS, RECORD_OVERHEAD};
+pub use cache::{Cache, CacheConfig, FeedRules, ScanMarks, ViewL2, MAX_EXPORTS, RECORD_OVERHEAD};
 pub use committer::CommitDone;
 pub use feed::{Feed, FeedStats, FeedTunables, NOPREFETCH_AUTO};
 pub use record::Record;
