@@ -449,12 +449,41 @@ impl LocalRing {
                 }
             }
             sh.kernel.wait()?;
-            let readable = complete(sh, out, false)?;
+            let polled = complete(sh, out, false)?;
             // The pass's replies leave together, before the next wait.
             out.flush();
-            if readable || fd.is_none() {
-                return Ok(());
+            match fd {
+                None => return Ok(()),
+                // A poll's completion can be stale: a socket's writer queues
+                // its bytes before it wakes the pollers, so bytes the owner
+                // had already read can still complete a poll armed after,
+                // saying "readable" of an empty socket. The owner then
+                // blocked in its read with its ring's reads unfinished and
+                // their replies unsent, and a client waiting for those
+                // replies before sending more waited for ever (seen: fio at
+                // queue depth 16, every request's read on the ring). So the
+                // socket is asked again; if it is empty, the poll is armed
+                // anew.
+                Some(fd) if polled && readable_now(fd) => return Ok(()),
+                Some(_) => {}
             }
+        }
+    }
+}
+
+/// Whether `fd` has something to read (bytes, end of stream or an
+/// error) right now.
+fn readable_now(fd: RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: polls one descriptor through a live pollfd, not waiting.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n >= 0 {
+            return n > 0;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            // Let the owner's read meet the error.
+            return true;
         }
     }
 }
@@ -611,6 +640,38 @@ mod tests {
         assert!(shared.submit(op(fd, 0, 4096, 0, 4096, &tx)).is_ok());
         let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the shared ring finishes it");
         assert_eq!(r.unwrap(), data[..4096].to_vec());
+    }
+
+    #[test]
+    fn a_stale_poll_completion_does_not_end_the_wait_for_the_socket() {
+        use std::io::Read;
+        let own = LocalRing::install().unwrap();
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        // A poll armed as the owner's wait arms it, on a socket with a byte
+        // in it: it completes at once, saying readable.
+        a.write_all(b"x").unwrap();
+        {
+            let mut st = own.shared.state.lock();
+            own.shared.kernel.poll_in(b.as_raw_fd(), POLL).unwrap();
+            st.poll_armed = true;
+        }
+        own.shared.kernel.submit().unwrap();
+        // The byte is read before the owner's wait reaps that completion:
+        // what it says is no longer true.
+        b.read_exact(&mut [0u8; 1]).unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            a.write_all(b"y").unwrap();
+            a
+        });
+        let t0 = std::time::Instant::now();
+        own.wait(Some(b.as_raw_fd()), &mut Batch::new());
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(150),
+            "the wait ended on a stale poll, with nothing to read: its owner would block in its read"
+        );
+        assert!(readable_now(b.as_raw_fd()));
+        drop(writer.join().unwrap());
     }
 
     #[test]

@@ -771,7 +771,10 @@ impl Server {
         };
         let mut own = fd.and_then(|_| self.thread_io.get().and_then(|start| start()));
         loop {
-            if rd.buffer().is_empty() {
+            // Not only when nothing is buffered: with part of a header
+            // buffered, the read below would block for the rest while the
+            // thread's own reads went unanswered.
+            if rd.buffer().len() < REQUEST_LEN {
                 out.flush();
                 if let Some(own) = own.as_mut().filter(|o| o.busy()) {
                     own.wait(fd, &mut out);

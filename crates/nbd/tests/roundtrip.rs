@@ -458,6 +458,21 @@ impl nbd::ThreadIo for FinishStarted {
     }
 }
 
+/// A raw session with a server of `OwnReads` whose connection threads
+/// finish them (`FinishStarted`); replies time out after 5 s.
+fn own_reads_session(cfg: ServerConfig) -> (tempfile::TempDir, UnixStream) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
+    m.insert("".into(), Arc::new(OwnReads));
+    let server = Server::new(Arc::new(Set(m)), cfg);
+    server.set_thread_io(Arc::new(|| Some(Box::new(FinishStarted) as Box<dyn nbd::ThreadIo>)));
+    server.listen_unix(UnixListener::bind(&sock).unwrap());
+    let s = raw_session(&Target::Unix(sock), "");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    (dir, s)
+}
+
 /// A connection thread with reads of its own finishes them when it has no
 /// request to read, and when its budget is spent (here two requests, so
 /// the third of a burst of six waits for the first two): left to the
@@ -465,17 +480,8 @@ impl nbd::ThreadIo for FinishStarted {
 /// them.
 #[test]
 fn a_connection_finishes_its_own_reads_when_it_would_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("s");
-    let mut m: HashMap<String, Arc<dyn Export>> = HashMap::new();
-    m.insert("".into(), Arc::new(OwnReads));
-    let cfg = ServerConfig { max_in_flight: 2, workers: WORKERS, ..Default::default() };
-    let server = Server::new(Arc::new(Set(m)), cfg);
-    server.set_thread_io(Arc::new(|| Some(Box::new(FinishStarted) as Box<dyn nbd::ThreadIo>)));
-    server.listen_unix(UnixListener::bind(&sock).unwrap());
-    let t = Target::Unix(sock);
-    let mut s = raw_session(&t, "");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (_dir, mut s) =
+        own_reads_session(ServerConfig { max_in_flight: 2, workers: WORKERS, ..Default::default() });
     let mut burst = Vec::new();
     for handle in 1..=6u64 {
         let read = Request { flags: 0, kind: CMD_READ, handle, offset: handle * 1000, length: 300 };
@@ -499,6 +505,27 @@ fn a_connection_finishes_its_own_reads_when_it_would_wait() {
     let read = Request { flags: 0, kind: CMD_READ, handle: 7, offset: 0, length: 10 };
     s.write_all(&read.encode()).unwrap();
     assert_eq!(simple_reply(&mut s), (0, 7));
+}
+
+/// A client whose next request's header arrives in pieces (a TCP segment
+/// can end anywhere) gets the replies of the reads its connection's
+/// thread has under way meanwhile: blocked in the socket read for the rest
+/// of that header, the thread would answer nothing, and a client that
+/// waits for a reply before it sends more would wait for ever.
+#[test]
+fn a_header_split_across_writes_does_not_hold_back_own_reads() {
+    let (_dir, mut s) = own_reads_session(ServerConfig { workers: WORKERS, ..Default::default() });
+    let first = Request { flags: 0, kind: CMD_READ, handle: 1, offset: 100, length: 50 }.encode();
+    let second = Request { flags: 0, kind: CMD_READ, handle: 2, offset: 200, length: 50 }.encode();
+    let mut burst = first.to_vec();
+    burst.extend_from_slice(&second[..10]);
+    s.write_all(&burst).unwrap();
+    assert_eq!(simple_reply(&mut s), (0, 1), "the first read is answered while the second header is partial");
+    let mut data = [0u8; 50];
+    s.read_exact(&mut data).unwrap();
+    assert_eq!(data.to_vec(), (100..150u64).map(|b| b as u8).collect::<Vec<_>>());
+    s.write_all(&second[10..]).unwrap();
+    assert_eq!(simple_reply(&mut s), (0, 2));
 }
 
 /// Byte `i` of the export is `piece_byte(i)`; reads of whole 4K blocks
