@@ -775,10 +775,7 @@ impl Server {
             // buffered, the read below would block for the rest while the
             // thread's own reads went unanswered.
             if rd.buffer().len() < REQUEST_LEN {
-                out.flush();
-                if let Some(own) = own.as_mut().filter(|o| o.busy()) {
-                    own.wait(fd, &mut out);
-                }
+                before_blocking_read(&mut out, &mut own, fd);
             }
             let mut hdr = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut hdr) {
@@ -796,10 +793,7 @@ impl Server {
             // Taken before the payload is read or a reply buffer allocated.
             let slot = self.admit(shared, &req, &mut out, &mut own);
             let payload = if req.kind == CMD_WRITE {
-                if rd.buffer().len() < req.length as usize {
-                    out.flush();
-                }
-                match self.read_payload(rd, req.length)? {
+                match self.read_payload(rd, req.length, &mut out, &mut own, fd)? {
                     Some(p) => Some(p),
                     None => {
                         shared.reply_error(req, EINVAL, &self.stats, Some(&mut out));
@@ -932,13 +926,36 @@ impl Server {
     }
 
     /// Reads a WRITE payload; `None` if it was too large and was discarded.
-    fn read_payload(&self, rd: &mut impl Read, len: u32) -> io::Result<Option<Vec<u8>>> {
+    /// A payload arriving in pieces is read as they come, the thread's own
+    /// reads finished and their replies sent between them, as before a
+    /// request's header.
+    fn read_payload(
+        &self,
+        rd: &mut BufReader<Reader>,
+        len: u32,
+        out: &mut Batch,
+        own: &mut Option<Box<dyn ThreadIo>>,
+        fd: Option<RawFd>,
+    ) -> io::Result<Option<Vec<u8>>> {
         if len <= self.cfg.max_request {
             let mut p = vec![0u8; len as usize];
-            rd.read_exact(&mut p)?;
+            let mut got = 0;
+            while got < p.len() {
+                if rd.buffer().is_empty() {
+                    before_blocking_read(out, own, fd);
+                }
+                match rd.read(&mut p[got..]) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
             return Ok(Some(p));
         }
-        // Skip it in bounded chunks so the stream stays in step.
+        // Skip it in bounded chunks so the stream stays in step (a client's
+        // error, so its reads may wait meanwhile).
+        out.flush();
         let mut left = u64::from(len);
         let mut sink = vec![0u8; 1 << 20];
         while left > 0 {
@@ -1057,6 +1074,18 @@ impl Server {
             drop(slot);
         });
         self.jobs.push(job);
+    }
+}
+
+/// Before a read of the socket that may block: sends the replies made so
+/// far and, while the thread has reads of its own under way, finishes them
+/// until the socket has bytes. Blocked in the read instead, the thread
+/// would leave their replies unsent, and a client that waits for them
+/// before it sends more would wait for ever.
+fn before_blocking_read(out: &mut Batch, own: &mut Option<Box<dyn ThreadIo>>, fd: Option<RawFd>) {
+    out.flush();
+    if let Some(own) = own.as_mut().filter(|o| o.busy()) {
+        own.wait(fd, out);
     }
 }
 

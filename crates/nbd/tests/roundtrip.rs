@@ -528,6 +528,24 @@ fn a_header_split_across_writes_does_not_hold_back_own_reads() {
     assert_eq!(simple_reply(&mut s), (0, 2));
 }
 
+/// The same for a WRITE whose payload arrives in pieces: the read before it
+/// is answered while the payload's second half has not come.
+#[test]
+fn a_write_payload_in_pieces_does_not_hold_back_own_reads() {
+    let (_dir, mut s) = own_reads_session(ServerConfig { workers: WORKERS, ..Default::default() });
+    let mut burst =
+        Request { flags: 0, kind: CMD_READ, handle: 1, offset: 100, length: 50 }.encode().to_vec();
+    burst.extend_from_slice(
+        &Request { flags: 0, kind: CMD_WRITE, handle: 2, offset: 0, length: 8192 }.encode(),
+    );
+    burst.extend_from_slice(&[1u8; 4096]);
+    s.write_all(&burst).unwrap();
+    assert_eq!(simple_reply(&mut s), (0, 1), "the read is answered while the payload is half there");
+    s.read_exact(&mut [0u8; 50]).unwrap();
+    s.write_all(&[1u8; 4096]).unwrap();
+    assert_eq!(simple_reply(&mut s), (EPERM, 2), "the write, whole, meets the read-only export");
+}
+
 /// Byte `i` of the export is `piece_byte(i)`; reads of whole 4K blocks
 /// below `PIECES_UNTIL` are answered with pieces cut from shared blocks,
 /// one block in two a shared 8K allocation holding it and its neighbour,
