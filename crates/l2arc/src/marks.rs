@@ -130,7 +130,8 @@ pub(crate) struct Found {
 
 impl Found {
     /// Removes what can never refuse a log again, once every `present`
-    /// device's header is durable:
+    /// device's header is durable (a device that keeps no log too: its
+    /// header is written anew at every start, with a new incarnation):
     /// - marks whose device is present with another incarnation
     ///   (incarnations are random and new at every reset, so an old one
     ///   never returns); marks of absent devices stay;

@@ -195,8 +195,12 @@ impl L2Arc {
         let marks = opts.state_dir.as_deref().map(MarkDir::new);
         let found = marks.as_ref().map(MarkDir::list).transpose()?.unwrap_or_default();
         let abandoned = AbandonedLogs::found(&devices, &headers, &found.marks);
+        // Every device's incarnation as its durable header now has it,
+        // with a log or without (a device below `min_l2size`).
+        let mut present: Vec<Abandoned> = Vec::with_capacity(devices.len());
         for ((d, dev), old) in devices.iter().enumerate().zip(headers) {
-            let (p, needs_rebuild) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
+            let (p, needs_rebuild, identity) = open_device(dev, old, &abandoned, exports, opts, &stats)?;
+            present.push(identity);
             if let Some(p) = &p {
                 for e in exports {
                     let tag = p
@@ -215,7 +219,6 @@ impl L2Arc {
             persist.push(p);
             rebuild.push(needs_rebuild);
         }
-        let present: Vec<Abandoned> = persist.iter().flatten().map(|p| Abandoned::of(&p.hdr)).collect();
         let mut l2 = Self::assemble(devices, maps, view, persist)?;
         *l2.abandoned.lock() = abandoned.all;
         if let Some(m) = marks {
@@ -572,8 +575,8 @@ impl AbandonedLogs {
 }
 
 /// Opens one device whose header read as `old`; returns its persistent
-/// state (None when it keeps no log) and whether it has a log to rebuild
-/// from.
+/// state (None when it keeps no log), whether it has a log to rebuild
+/// from, and the incarnation its header, durable by now, names.
 fn open_device(
     dev: &L2Device,
     old: HeaderRead,
@@ -581,7 +584,7 @@ fn open_device(
     exports: &[ExportDesc],
     opts: &PersistOptions,
     stats: &crate::L2Stats,
-) -> Result<(Option<DevPersist>, bool), String> {
+) -> Result<(Option<DevPersist>, bool, Abandoned), String> {
     let persistent = dev.size() >= opts.min_l2size;
     if !persistent {
         // Said at every start: OpenZFS is silent about it, and a user who
@@ -607,7 +610,7 @@ fn open_device(
             dev.path, h.owner.host, h.owner.pid
         );
     }
-    let reset = |why: Option<String>| -> Result<(Option<DevPersist>, bool), String> {
+    let reset = |why: Option<String>| -> Result<(Option<DevPersist>, bool, Abandoned), String> {
         if let Some(why) = why {
             warn!("L2 device {}: starting empty: {why}", dev.path);
         }
@@ -615,7 +618,8 @@ fn open_device(
             reset_header(dev, previous.as_ref(), persistent, exports, OwnerState::InUse, &abandoned.all)
                 .map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
         dev.restore_hand(0);
-        Ok((persistent.then(|| persist_state(hdr)), false))
+        let identity = Abandoned::of(&hdr);
+        Ok((persistent.then(|| persist_state(hdr)), false, identity))
     };
     let h = match old {
         HeaderRead::Blank => return reset(None),
@@ -694,7 +698,8 @@ fn open_device(
     // The export table must be durable before any entry uses a new tag.
     p.hdr.hand_lpos = dev.hand_lpos();
     write_header_copy(dev, &mut p.hdr).map_err(|e| format!("{}: writing the header: {e}", dev.path))?;
-    Ok((Some(p), has_log))
+    let identity = Abandoned::of(&p.hdr);
+    Ok((Some(p), has_log, identity))
 }
 
 fn persist_state(hdr: Header) -> DevPersist {

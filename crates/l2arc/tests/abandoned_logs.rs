@@ -57,15 +57,21 @@ fn try_open(devs: &[(&str, &Faulty)]) -> Result<L2Arc, String> {
 
 /// [`try_open`] with abandoned-log marks kept in `state_dir`.
 fn try_open_in(devs: &[(&str, &Faulty)], state_dir: Option<&std::path::Path>) -> Result<L2Arc, String> {
+    try_open_sized(devs, state_dir, 0)
+}
+
+/// [`try_open_in`] where devices smaller than `min_l2size` keep no log.
+fn try_open_sized(
+    devs: &[(&str, &Faulty)],
+    state_dir: Option<&std::path::Path>,
+    min_l2size: u64,
+) -> Result<L2Arc, String> {
     let l2devs = devs
         .iter()
         .map(|(name, d)| L2Device::new((*name).into(), Arc::clone(d) as Arc<dyn BlockDev>).unwrap())
         .collect();
-    let opts = PersistOptions {
-        rebuild_enabled: true,
-        min_l2size: 0,
-        state_dir: state_dir.map(|d| d.to_path_buf()),
-    };
+    let opts =
+        PersistOptions { rebuild_enabled: true, min_l2size, state_dir: state_dir.map(|d| d.to_path_buf()) };
     let l2 = L2Arc::open(l2devs, &[export()], &opts)?;
     l2.rebuild(u64::MAX, &|_| 0, &AtomicBool::new(false));
     Ok(l2)
@@ -401,6 +407,19 @@ fn a_single_devices_abandoned_log_is_refused_by_its_mark_in_the_state_dir() {
     assert!(l2.lookup(5).is_none(), "record 5 restored from a log marked abandoned");
     assert_eq!(on_device(&l2, 0), 0, "records restored from an abandoned log");
     assert_eq!(l2.persist_stats().l2_rebuild_abandoned, 1);
+    assert!(marks_in(state.path()).is_empty(), "the spent mark was kept: {:?}", marks_in(state.path()));
+}
+
+/// A marked device started again below `l2arc_rebuild_blocks_min_l2size`
+/// keeps no log: its header is written anew, with a new incarnation, so
+/// its old log can never come back and the mark is spent too.
+#[test]
+fn the_mark_of_a_device_that_now_keeps_no_log_is_removed_as_spent() {
+    let state = tempfile::tempdir().unwrap();
+    let [_, device] = single_device_retired(state.path());
+    assert_eq!(marks_in(state.path()).len(), 1);
+    let l2 = try_open_sized(&[("a", &device)], Some(state.path()), DEV_SIZE + 1).unwrap();
+    assert!(l2.lookup(5).is_none());
     assert!(marks_in(state.path()).is_empty(), "the spent mark was kept: {:?}", marks_in(state.path()));
 }
 
