@@ -25,6 +25,10 @@ bench_header() {
   local root commit
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   commit=$(git -C "$root" rev-parse --short HEAD)
+  # A file rewritten with the same bytes (cargo fmt, a checkout) has new
+  # stat data that `git diff --quiet` counts as a change until the index
+  # is refreshed.
+  git -C "$root" update-index -q --refresh >/dev/null 2>&1 || true
   git -C "$root" diff --quiet HEAD -- . ':(exclude)bench/results' || commit="$commit-dirty"
   echo "# bench/$(basename "$0")${*:+ $*} at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
 }

@@ -40,6 +40,8 @@ impl MarkDir {
         fs::create_dir_all(&self.dir)?;
         let tmp = self.dir.join(format!("{}.tmp", a.mark_name()));
         write_durably(&tmp, &a.encode_mark(), true)?;
+        #[cfg(test)]
+        tests::between_write_and_rename();
         rename_durably(&self.dir, &tmp, &path)?;
         Ok(path)
     }
@@ -181,4 +183,72 @@ fn write_durably(path: &Path, bytes: &[u8], replace: bool) -> io::Result<()> {
 fn rename_durably(dir: &Path, from: &Path, to: &Path) -> io::Result<()> {
     fs::rename(from, to)?;
     fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+
+    thread_local! {
+        /// Run by [`MarkDir::record`] on this thread between its temporary
+        /// file's write and its rename.
+        static HOOK: std::cell::RefCell<Option<Box<dyn FnMut()>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    pub(super) fn between_write_and_rename() {
+        HOOK.with(|h| {
+            if let Some(f) = h.borrow_mut().as_mut() {
+                f();
+            }
+        });
+    }
+
+    /// Two servers' threads retiring the same device at once write its mark
+    /// once: the second waits while the first is between its temporary
+    /// file's write and its rename (the test holds the first there until
+    /// the second has entered `record`, and checks it had), then finds the
+    /// mark and leaves it. Unserialised, the second would rewrite and
+    /// rename the first's temporary file under it, and the first's rename
+    /// would fail.
+    #[test]
+    fn two_writers_of_one_mark_write_it_once() {
+        let state = tempfile::tempdir().unwrap();
+        let marks = Arc::new(MarkDir::new(state.path()));
+        let a = Abandoned { uuid: 0x1234, incarnation: 0x99 };
+        let (entered_tx, entered_rx) = mpsc::channel::<Instant>();
+        let (inside_tx, inside_rx) = mpsc::channel::<()>();
+        let second = {
+            let marks = Arc::clone(&marks);
+            std::thread::spawn(move || {
+                inside_rx.recv().unwrap();
+                entered_tx.send(Instant::now()).unwrap();
+                let r = marks.record(a);
+                (r.map_err(|e| e.to_string()), Instant::now())
+            })
+        };
+        let left = Arc::new(parking_lot::Mutex::new(None));
+        let left_at = Arc::clone(&left);
+        HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                inside_tx.send(()).unwrap();
+                let entered = entered_rx.recv().unwrap();
+                // Time for the second to reach the lock and wait on it.
+                std::thread::sleep(Duration::from_millis(100));
+                *left_at.lock() = Some((entered, Instant::now()));
+            }));
+        });
+        let first = marks.record(a);
+        HOOK.with(|h| h.borrow_mut().take());
+        let (second, second_done) = second.join().unwrap();
+        let (entered, first_left) = left.lock().take().expect("the first writer never reached its rename");
+        assert!(entered < first_left, "the second writer did not enter while the first was writing: no race");
+        let path = first.expect("the first writer failed");
+        assert_eq!(second.expect("the second writer failed"), path);
+        assert!(second_done >= first_left, "the second writer went on before the first's mark was durable");
+        let names: Vec<_> = fs::read_dir(marks.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(a.mark_name())], "one whole mark, no temporary file");
+        assert_eq!(Abandoned::decode_mark(&fs::read(&path).unwrap()).unwrap(), a);
+    }
 }
