@@ -192,7 +192,7 @@ fn submit_to(sh: &Shared, op: Op) -> Result<(), Op> {
 
 impl Shared {
     fn new(local: bool) -> io::Result<Arc<Shared>> {
-        let (kernel, wake) = kernel::start(DEPTH, local)?;
+        let (kernel, wake) = kernel::start(DEPTH)?;
         Ok(Arc::new(Shared {
             kernel,
             state: Mutex::new(State {
@@ -640,26 +640,6 @@ mod tests {
         assert!(shared.submit(op(fd, 0, 4096, 0, 4096, &tx)).is_ok());
         let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the shared ring finishes it");
         assert_eq!(r.unwrap(), data[..4096].to_vec());
-    }
-
-    #[test]
-    fn a_threads_own_ring_posts_completions_only_when_the_thread_waits() {
-        let own = LocalRing::install().unwrap();
-        let shared = Uring::start("test-ring").unwrap();
-        let (r, w) = std::os::unix::net::UnixStream::pair().unwrap();
-        let (tx, rx) = mpsc::channel();
-        // A read that completes after its submission (a socket with
-        // nothing in it yet), not during it.
-        assert!(shared.submit(op(r.as_raw_fd(), 0, 4096, 0, 4096, &tx)).is_ok());
-        (&w).write_all(&[7u8; 4096]).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(
-            own.shared.kernel.posted(),
-            0,
-            "the kernel posted a completion while the thread was busy elsewhere: it interrupted the thread to do so"
-        );
-        own.wait(None, &mut Batch::new());
-        assert_eq!(rx.try_recv().unwrap().unwrap(), vec![7u8; 4096]);
     }
 
     #[test]

@@ -38,10 +38,9 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 /// A ring of `depth` entries and its waker; fails where io_uring is not
-/// available (old kernels, sandboxes that forbid it). `own_thread`: only
-/// the calling thread will ever submit to the ring or wait on it.
-pub(super) fn start(depth: u32, own_thread: bool) -> io::Result<(Kernel, Waker)> {
-    let ring = if own_thread { own_thread_ring(depth)? } else { IoUring::new(depth)? };
+/// available (old kernels, sandboxes that forbid it).
+pub(super) fn start(depth: u32) -> io::Result<(Kernel, Waker)> {
+    let ring = IoUring::new(depth)?;
     // SAFETY: eventfd returns a new descriptor or -1, checked below.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if fd < 0 {
@@ -51,22 +50,6 @@ pub(super) fn start(depth: u32, own_thread: bool) -> io::Result<(Kernel, Waker)>
     let waker = Waker(unsafe { OwnedFd::from_raw_fd(fd) });
     let counter = Box::into_raw(Box::new([0u8; 8]));
     Ok((Kernel { ring: ManuallyDrop::new(ring), efd: fd, counter }, waker))
-}
-
-/// A ring whose completions are posted only when its one thread waits
-/// for them. By default the kernel posts a read's completion at once,
-/// interrupting its submitter wherever it is (an inter-processor
-/// interrupt if it runs on the other core) to do so: a connection thread
-/// busy reading requests or sending replies was broken into once per
-/// completed read. Deferred, they are all posted in the thread's next
-/// wait, which it enters anyway. Falls back to a plain ring on kernels
-/// older than 6.1, which refuse the flags.
-fn own_thread_ring(depth: u32) -> io::Result<IoUring> {
-    match IoUring::builder().setup_single_issuer().setup_defer_taskrun().build(depth) {
-        Ok(ring) => Ok(ring),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(depth),
-        Err(e) => Err(e),
-    }
 }
 
 impl Kernel {
@@ -143,13 +126,6 @@ impl Kernel {
                 Err(e) => return Err(e),
             }
         }
-    }
-
-    /// How many completions the kernel has posted and nobody has reaped.
-    #[cfg(test)]
-    pub(super) fn posted(&self) -> usize {
-        // SAFETY: only looks at the queue's length; nothing is reaped.
-        unsafe { self.ring.completion_shared() }.len()
     }
 
     /// The completions so far, as (data, result: bytes or -errno); the

@@ -43,7 +43,7 @@ pub(super) struct Kernel(Arc<Inner>);
 // stays put until the completion is reaped.
 unsafe impl Send for ReadAt {}
 
-pub(super) fn start(_depth: u32, _own_thread: bool) -> io::Result<(Kernel, Waker)> {
+pub(super) fn start(_depth: u32) -> io::Result<(Kernel, Waker)> {
     let inner = Arc::new(Inner::default());
     Ok((Kernel(Arc::clone(&inner)), Waker(inner)))
 }
@@ -106,11 +106,6 @@ impl Kernel {
                 self.0.cv.wait(&mut m);
             }
         }
-    }
-
-    #[cfg(test)]
-    pub(super) fn posted(&self) -> usize {
-        self.0.m.lock().done.len()
     }
 
     pub(super) fn reap(&self) -> Vec<(u64, i32)> {
