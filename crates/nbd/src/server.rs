@@ -937,33 +937,25 @@ impl Server {
         own: &mut Option<Box<dyn ThreadIo>>,
         fd: Option<RawFd>,
     ) -> io::Result<Option<Vec<u8>>> {
-        if len <= self.cfg.max_request {
-            let mut p = vec![0u8; len as usize];
-            let mut got = 0;
-            while got < p.len() {
-                if rd.buffer().is_empty() {
-                    before_blocking_read(out, own, fd);
-                }
-                match rd.read(&mut p[got..]) {
-                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            return Ok(Some(p));
-        }
-        // Skip it in bounded chunks so the stream stays in step (a client's
-        // error, so its reads may wait meanwhile).
-        out.flush();
-        let mut left = u64::from(len);
-        let mut sink = vec![0u8; 1 << 20];
+        let keep = len <= self.cfg.max_request;
+        // Too large a payload is skipped in bounded chunks so the stream
+        // stays in step.
+        let mut buf = vec![0u8; if keep { len as usize } else { 1 << 20 }];
+        let mut left = len as usize;
         while left > 0 {
-            let n = left.min(sink.len() as u64) as usize;
-            rd.read_exact(&mut sink[..n])?;
-            left -= n as u64;
+            if rd.buffer().is_empty() {
+                before_blocking_read(out, own, fd);
+            }
+            let at = if keep { len as usize - left } else { 0 };
+            let room = left.min(buf.len() - at);
+            match rd.read(&mut buf[at..at + room]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => left -= n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
-        Ok(None)
+        Ok(keep.then_some(buf))
     }
 
     /// The checks the protocol asks of every request before it runs: an
