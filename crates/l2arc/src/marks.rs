@@ -191,6 +191,9 @@ mod tests {
     use std::sync::{mpsc, Arc};
     use std::time::{Duration, Instant};
 
+    // Not a `fail_point!` as the crate's fault tests use: those are armed
+    // for the whole process and exist only in `failpoints` builds, while
+    // this must stop one of two writers, in every test build.
     thread_local! {
         /// Run by [`MarkDir::record`] on this thread between its temporary
         /// file's write and its rename.

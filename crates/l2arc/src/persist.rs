@@ -219,12 +219,15 @@ impl L2Arc {
             persist.push(p);
             rebuild.push(needs_rebuild);
         }
+        // Marks are written only of logs: without a device that keeps one,
+        // the directory need not be writable.
+        let keeps_logs = persist.iter().any(Option::is_some);
         let mut l2 = Self::assemble(devices, maps, view, persist)?;
         *l2.abandoned.lock() = abandoned.all;
         if let Some(m) = marks {
             // Every present device's header is durable by now.
             found.remove_spent(&present);
-            if !present.is_empty() {
+            if keeps_logs {
                 if let Err(e) = m.probe() {
                     warn!(
                         "abandoned-log marks cannot be written in {} ({e}): a failing L2 device's log is then recorded only on the other L2 devices, with one device nowhere (docs/persistence.md, Limits)",

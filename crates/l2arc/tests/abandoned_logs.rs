@@ -423,6 +423,18 @@ fn the_mark_of_a_device_that_now_keeps_no_log_is_removed_as_spent() {
     assert!(marks_in(state.path()).is_empty(), "the spent mark was kept: {:?}", marks_in(state.path()));
 }
 
+/// With no device that keeps a log there is nothing to mark, so the start
+/// does not try the state directory (which it would make, to probe it).
+#[test]
+fn a_start_with_no_device_that_keeps_a_log_leaves_the_state_dir_alone() {
+    let state = tempfile::tempdir().unwrap();
+    let (_, fresh) = devices(vec![None]);
+    drop(try_open_sized(&[("a", &fresh[0])], Some(state.path()), DEV_SIZE + 1).unwrap());
+    assert!(!state.path().join("l2-abandoned").exists(), "the mark directory was probed");
+    drop(try_open_sized(&[("a", &fresh[0])], Some(state.path()), 0).unwrap());
+    assert!(state.path().join("l2-abandoned").exists(), "a device with a log: the directory is probed");
+}
+
 #[test]
 fn a_damaged_mark_still_refuses_its_log_and_absent_devices_keep_theirs() {
     let state = tempfile::tempdir().unwrap();
