@@ -12,7 +12,8 @@
 #   no difference at all, i.e. the noise any A/B here must clear.
 #   ARCACHE_EXTRA="--set NAME=VALUE" adds serve options to every run.
 #   Name binaries of other commits by their commit (/var/tmp/arcache-1bff93b):
-#   the result file's header names only the commit of this tree.
+#   the result file's header names only the commit of this tree, a
+#   line per arm the commit its binary says it was built from.
 # Prints one line per run: arm, IOPS, FLUSHes, log commits, us per commit,
 # then each arm's runs and mean, and writes the same to
 # bench/results/ab-flush.md, or ab-flush-$AB_NAME.md when AB_NAME is set.
@@ -60,6 +61,7 @@ done
   echo
   echo "origin: nbdkit memory 2G + delay (rdelay=4ms wdelay=4ms) + rate (2400M); arcache --arc-max 256M --log FILE:1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
   echo "fio --ioengine=nbd --rw=randwrite --bs=4k --iodepth=16 --fsync=1 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
+  bench_arms "$@"
   echo
   echo "| arm | binary and options | IOPS per round | mean |"
   echo "|---|---|---|---|"

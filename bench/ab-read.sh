@@ -19,7 +19,8 @@
 #   machine whose speed drifts treats them alike; the same arm twice is an
 #   A/A run (the noise an A/B must clear). Name binaries of other commits
 #   by their commit (/var/tmp/arcache-4a45d3c): the header names only the
-#   commit of this tree. ARCACHE_EXTRA adds serve options to every arm.
+#   commit of this tree, and a line per arm the commit its binary says it
+#   was built from (`arcache --version`). ARCACHE_EXTRA adds serve options to every arm.
 # Writes bench/results/ab-read-JOB.md, or ab-read-JOB-$AB_NAME.md when AB_NAME is set.
 set -euo pipefail
 secs=${1:?seconds}; rounds=${2:?rounds}; shift 2
@@ -138,6 +139,7 @@ done
     echo "job l2-hit: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; one timed job first as warm-up"
   fi
   echo "timed: fio --ioengine=nbd --rw=randread --bs=4k --size=$size --iodepth=16 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
+  bench_arms "$@"
   echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
   echo
   echo "cpu: the server's user + system time during the timed job over the reads fio completed"

@@ -33,7 +33,8 @@
 #   An ARM is a binary, optionally followed (in the same word) by serve
 #   options: "target/release/arcache --recordsize 128K". Arms take turns.
 #   Name binaries of other commits by their commit
-#   (/var/tmp/arcache-2a1fb11): the header names only this tree's commit.
+#   (/var/tmp/arcache-2a1fb11): the header names only this tree's commit,
+#   a line per arm the commit its binary says it was built from.
 # Needs: ceph-mon ceph-osd radosgw, rclone, nbdcopy, the venv .ci/run makes
 # (boto3); for AB_ORIGIN=nbdkit, nbdkit. Writes bench/results/ab-seq.md
 # (ab-seq-nbdkit.md, ab-seq-ram.md), with -pinned after the origin for
@@ -154,6 +155,7 @@ done
   else
   echo "job: a 2 GiB object of random bytes in a one-node Ceph (memstore OSD, RGW on 127.0.0.1); each arm's server: --export s=s3://bench/seq.img --arc-max 256M --l2 FILE:3G, default tunables; nbdcopy reads the export whole through a fresh server (cold: every byte a ranged GET), then again through the same server (warm: from RAM and L2). Each round first reads the object with \`rclone cat\` (one streaming GET, to /dev/null), the peer; arms take turns, $rounds rounds."
   fi
+  bench_arms "$@"
   echo
   [ "${AB_PIN:-0}" = 1 ] && echo "Pinned (AB_PIN=1): the server on core 0, nbdcopy and nbdkit on core 1." && echo
   echo "CPU: seconds per GiB read, the server's own (user + system) and the Ceph daemons' (all three, from /proc); two cores in all, shared by the daemons, the server and nbdcopy."

@@ -33,6 +33,19 @@ bench_header() {
   echo "# bench/$(basename "$0")${*:+ $*} at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
 }
 
+# bench_arms ARM...: one line per A/B arm naming the commit its binary was
+# built from, as the binary itself reports it (`arcache --version`), so a
+# result never rests on a file name; "commit unknown" for a build from
+# before f6a1179's successor, which did not record it.
+bench_arms() {
+  local arm bin built
+  for arm in "$@"; do
+    bin=${arm%% *}
+    built=$("$bin" --version 2>/dev/null | sed -n 's/.*(commit \(.*\)).*/\1/p')
+    echo "- arm \`$arm\`: built from commit ${built:-unknown}"
+  done
+}
+
 # bench_results NAME: the path of a published result file (bench/results/NAME).
 bench_results() {
   local dir

@@ -14,7 +14,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(
     name = "arcache",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("ARCACHE_BUILD_COMMIT"), ")"),
     about = "A ZFS-style ARC and L2ARC cache with write-back, in front of slow block storage, served over NBD"
 )]
 struct Cli {

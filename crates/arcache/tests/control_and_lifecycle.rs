@@ -400,3 +400,25 @@ fn the_usage_page_documents_every_option_of_every_command() {
         assert!(usage.contains(&format!("### arcache {}", c.join(" "))), "no section for {c:?}");
     }
 }
+
+/// Benchmarks name each A/B arm by what its binary reports, so the report
+/// must be the commit it was built from, not a constant.
+#[test]
+fn the_version_names_the_commit_the_binary_was_built_from() {
+    let o = Command::new(BIN).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&o.stdout);
+    let built = version
+        .split("(commit ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("no commit in {version:?}"));
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let head = Command::new("git").args(["-C", root, "rev-parse", "--short", "HEAD"]).output();
+    match head {
+        Ok(h) if h.status.success() => {
+            let head = String::from_utf8_lossy(&h.stdout).trim().to_owned();
+            assert_eq!(built.trim_end_matches("-dirty"), head, "{version}");
+        }
+        _ => assert_eq!(built, "unknown", "{version}"),
+    }
+}
