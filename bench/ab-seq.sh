@@ -134,12 +134,14 @@ for round in $(seq "$rounds"); do
       if [ "$p" = cold ]; then
         # And how many records the feed examined per MiB it fed
         # (l2_feed_examined; n/a from a build without it).
-        read -r l2_mib examined < <("${arm[0]}" stat --json --control "$work/ctl.sock" |
+        # And the reads it sent the origin (GETs on S3, each a request the
+        # store bills and spends CPU on).
+        read -r l2_mib examined gets < <("${arm[0]}" stat --json --control "$work/ctl.sock" |
           python3 -c "import json, sys; s = json.load(sys.stdin); fed = s.get('l2_feed_bytes', 0) / (1 << 20)
-print(s.get('l2_size', 0) >> 20, f\"{s['l2_feed_examined'] / fed:.2f}\" if 'l2_feed_examined' in s and fed else 'n/a')")
+print(s.get('l2_size', 0) >> 20, f\"{s['l2_feed_examined'] / fed:.2f}\" if 'l2_feed_examined' in s and fed else 'n/a', s.get('backing_reads', 'n/a'))")
       fi
     done
-    line+=$'\t'$l2_mib$'\t'$examined
+    line+=$'\t'$l2_mib$'\t'$examined$'\t'$gets
     echo "round $round, arm $n ($spec): rclone $peer MB/s; cold, warm: ${line//$'\t'/ }" >&2
     printf '%s\t%s\t%s%s\n' "$n" "$round" "$peer" "$line" >>"$work/runs.tsv"
     kill "$arc"; wait "$arc" || true
@@ -160,8 +162,8 @@ done
   [ "${AB_PIN:-0}" = 1 ] && echo "Pinned (AB_PIN=1): the server on core 0, nbdcopy and nbdkit on core 1." && echo
   echo "CPU: seconds per GiB read, the server's own (user + system) and the Ceph daemons' (all three, from /proc); two cores in all, shared by the daemons, the server and nbdcopy."
   echo
-  echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | L2 after the cold pass (MiB, median) | records the feed examined per MiB fed, cold (median) | warm MB/s median | server CPU-s/GiB warm |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| arm | binary and options | cold MB/s per round | cold median | vs rclone (median of the rounds' ratios) | server CPU-s/GiB cold | Ceph CPU-s/GiB cold | L2 after the cold pass (MiB, median) | records the feed examined per MiB fed, cold (median) | warm MB/s median | server CPU-s/GiB warm | origin reads in the cold pass (GETs on S3; median) |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import statistics as st, sys
 def ceph(r):
@@ -169,6 +171,9 @@ def ceph(r):
 def examined(r):
     v = [float(x[10]) for x in r if len(x) > 10 and x[10] != "n/a"]
     return f"{st.median(v):.2f}" if v else "n/a"
+def gets(r):
+    v = [int(x[11]) for x in r if len(x) > 11 and x[11].isdigit()]
+    return f"{st.median(v):.0f}" if v else "n/a"
 def ratio(r):
     return f"{st.median(int(x[3]) / int(x[2]) for x in r):.2f}x" if int(r[0][2]) else "n/a"
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -178,7 +183,7 @@ for n, spec in enumerate(sys.argv[2:], 1):
     print(f"| {n} | `{spec}` | {' / '.join(map(str, cold))} | {st.median(cold):.0f} "
           f"| {ratio(r)} | {st.median(float(x[4]) for x in r):.2f} "
           f"| {ceph(r)} | {st.median(int(x[9]) for x in r):.0f} | {examined(r)} | {st.median(int(x[6]) for x in r):.0f} "
-          f"| {st.median(float(x[7]) for x in r):.2f} |")
+          f"| {st.median(float(x[7]) for x in r):.2f} | {gets(r)} |")
 peer = [int(x[2]) for x in runs if x[0] == "rclone"]
 if peer:
     print()

@@ -5,15 +5,22 @@ use crate::{check_range, BlockDev, DevResult};
 /// A device in RAM, for tests and simulations.
 pub struct MemDev {
     data: RwLock<Vec<u8>>,
+    read_unit: Option<u64>,
 }
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        MemDev { data: RwLock::new(vec![0; size as usize]) }
+        MemDev { data: RwLock::new(vec![0; size as usize]), read_unit: None }
+    }
+
+    /// A device that, like an object store, asks to be read in `unit`
+    /// bytes at a time ([`BlockDev::read_unit`]).
+    pub fn with_read_unit(size: u64, unit: u64) -> Self {
+        MemDev { read_unit: Some(unit), ..MemDev::new(size) }
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        MemDev { data: RwLock::new(bytes) }
+        MemDev { data: RwLock::new(bytes), read_unit: None }
     }
 
     /// A copy of the whole contents.
@@ -25,6 +32,10 @@ impl MemDev {
 impl BlockDev for MemDev {
     fn size(&self) -> u64 {
         self.data.read().len() as u64
+    }
+
+    fn read_unit(&self) -> Option<u64> {
+        self.read_unit
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {

@@ -86,10 +86,26 @@ const MAX_RECORDS_PER_IO: u64 = 64;
 /// than lets the prefetch threads' units be on locks of their own.
 const MAX_UNIT_RECORDS: u64 = (STRIPES / (crate::prefetch::PREFETCH_THREADS + 1)) as u64;
 
-/// The lock of record `record` (see `STRIPES`): consecutive records take
-/// consecutive locks, so no two of `STRIPES` records in a row share one.
-pub(super) fn stripe_of(record: u64) -> usize {
-    (record % STRIPES as u64) as usize
+/// Gates of the read units claimed at once (see `Volume::unit_gates`):
+/// more than the units a few streams have in flight, so two seldom share.
+const UNIT_GATES: usize = 64;
+
+/// Record locks of a volume over a store with a read unit: a stream's
+/// units from the eight prefetch threads and its own misses, for each of
+/// several streams at once. nbdcopy reads four 128 MiB segments side by
+/// side, each stream with up to `zfetch_max_distance` (64 MiB, eight units
+/// of S3's 8 MiB) prefetched ahead, and with `STRIPES` locks their units
+/// shared locks: a unit's requests then waited for another stream's
+/// read and, all woken together, each read its own 256 KiB (a quarter of
+/// bench/s3.sh's cold GETs). 576 KiB per such volume; the others keep
+/// `STRIPES`.
+const UNIT_STORE_STRIPES: usize = 8 * STRIPES;
+
+/// The lock of record `record` among `count` (see `STRIPES`): consecutive
+/// records take consecutive locks, so no two of `count` records in a row
+/// share one.
+fn stripe_of(record: u64, count: usize) -> usize {
+    (record % count as u64) as usize
 }
 
 /// Compressed records at least this large are kept decompressed in RAM once
@@ -121,6 +137,9 @@ pub struct Volume {
     zfetch: Zfetch,
     /// The last requests, on a store with a read unit (see `recent.rs`).
     recent: Option<recent::Recent>,
+    /// Taken by a stream's miss while it claims the rest of its read unit
+    /// (`tiers.rs`, `claim_unit`): unit `u` takes gate `u % UNIT_GATES`.
+    unit_gates: Vec<Mutex<()>>,
     /// The store's read unit in records (1: none), and whether streams
     /// read in it now (`backing_read_units`).
     unit: u64,
@@ -139,7 +158,7 @@ pub struct Volume {
 /// count before and checks it after, under the lock.
 /// The count is arcache-sync's: it is what a ring read and a write hand
 /// each other outside the lock, so shuttle must see it.
-struct Stripe {
+pub(super) struct Stripe {
     lock: Mutex<()>,
     writes: arcache_sync::atomic::AtomicU64,
 }
@@ -206,7 +225,7 @@ impl Volume {
             recordsize: cfg.recordsize,
             dev,
             cache,
-            stripes: (0..STRIPES)
+            stripes: (0..if unit > 1 { UNIT_STORE_STRIPES } else { STRIPES })
                 .map(|_| Stripe { lock: Mutex::new(()), writes: arcache_sync::atomic::AtomicU64::new(0) })
                 .collect(),
             ring: std::sync::OnceLock::new(),
@@ -214,6 +233,7 @@ impl Volume {
             zeroed: crate::extents::KnownZeroes::default(),
             zfetch: Zfetch::with_unit(cfg.recordsize, size, unit),
             recent: (unit > 1).then(recent::Recent::new),
+            unit_gates: (0..UNIT_GATES).map(|_| Mutex::new(())).collect(),
             unit,
             units_on: arcache_sync::atomic::AtomicBool::new(true),
             this: this.clone(),
@@ -309,10 +329,15 @@ impl Volume {
     /// The stripes of `records`, in ascending order: the order every path
     /// takes them in, so two requests never wait on each other in a cycle.
     fn stripes_of(&self, records: Range<u64>) -> Vec<usize> {
-        let mut idx: Vec<usize> = records.map(stripe_of).collect();
+        let mut idx: Vec<usize> = records.map(|r| stripe_of(r, self.stripes.len())).collect();
         idx.sort_unstable();
         idx.dedup();
         idx
+    }
+
+    /// The lock and write count of record `r`.
+    pub(super) fn stripe(&self, r: u64) -> &Stripe {
+        &self.stripes[stripe_of(r, self.stripes.len())]
     }
 
     fn lock_records(&self, records: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
@@ -546,7 +571,7 @@ impl Volume {
         )
     }
 
-    fn try_lock_records(&self, records: Range<u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
+    pub(super) fn try_lock_records(&self, records: Range<u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
         self.stripes_of(records).into_iter().map(|i| self.stripes[i].lock.try_lock()).collect()
     }
 
@@ -932,11 +957,35 @@ mod tests {
         const { assert!(MAX_UNIT_RECORDS >= 512, "S3's 8 MiB of 16K records is one unit") };
         let stripes = STRIPES as u64;
         for start in [0, 1, 511, stripes - 1, stripes, 1 << 20, (1 << 40) + 17] {
-            let mut locks: Vec<usize> = (start..start + span).map(stripe_of).collect();
+            let mut locks: Vec<usize> = (start..start + span).map(|r| stripe_of(r, STRIPES)).collect();
             locks.sort_unstable();
             locks.dedup();
             assert_eq!(locks.len() as u64, span, "records from {start}");
         }
+    }
+
+    /// On a store with a read unit, nbdcopy's four streams (128 MiB apart
+    /// in records of 16K) with the units of eight prefetch threads and a
+    /// miss each in flight never share a lock (with `STRIPES` they do).
+    #[test]
+    fn four_streams_units_have_locks_of_their_own_on_a_store_with_a_read_unit() {
+        let unit = MAX_UNIT_RECORDS;
+        let per_stream = unit * (crate::prefetch::PREFETCH_THREADS as u64 + 1);
+        let apart = (128 << 20) / (16 << 10);
+        let shared = |count: usize| {
+            [0, 3, 1 << 20].into_iter().any(|base| {
+                let mut locks: Vec<usize> = (0..4)
+                    .flat_map(|i| base + i * apart..base + i * apart + per_stream)
+                    .map(|r| stripe_of(r, count))
+                    .collect();
+                let n = locks.len();
+                locks.sort_unstable();
+                locks.dedup();
+                locks.len() != n
+            })
+        };
+        assert!(!shared(UNIT_STORE_STRIPES));
+        assert!(shared(STRIPES), "the measure tells the counts apart");
     }
 
     fn big_record_volume() -> (Arc<Volume>, Arc<blockdev::MemDev>) {

@@ -219,20 +219,7 @@ impl L2Device {
         fail::fail_point!("l2.write", |_| blockdev::injected("l2.write", offset));
         self.stats.writes.fetch_add(1, Relaxed);
         self.stats.write_bytes.fetch_add(buf.len() as u64, Relaxed);
-        const PART: usize = 2 << 20;
-        if buf.len() <= PART {
-            return self.dev.write_at(buf, offset);
-        }
-        std::thread::scope(|s| {
-            let parts: Vec<_> = buf
-                .chunks(PART)
-                .enumerate()
-                .map(|(i, part)| s.spawn(move || self.dev.write_at(part, offset + (i * PART) as u64)))
-                .collect();
-            parts.into_iter().try_for_each(|h| {
-                h.join().unwrap_or(Err(blockdev::DevError::Unsupported("L2 write thread panicked".into())))
-            })
-        })
+        self.dev.write_at(buf, offset)
     }
 
     /// The aligned superset of `len` bytes at `daddr` a read must fetch:

@@ -8,7 +8,7 @@ use blockdev::{BlockDev, DevError, DevResult};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{BackoffConfig, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::credentials::Credentials;
 use crate::location::S3Location;
@@ -209,6 +209,9 @@ impl BlockDev for S3ObjectDev {
             ..Default::default()
         };
         runtime().map_err(|e| remote(format!("S3 runtime: {e}")))?;
+        // Each GET is billed and costs the store CPU: this shows how a
+        // workload's reads became requests (RUST_LOG=arcache_s3=debug).
+        debug!(offset, len, by = std::thread::current().name().unwrap_or("?"), "ranged GET");
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
         let got = with_retries(retry_budget(&self.location), &what, || {
             crate::body::get_into(&self.store, &self.path, opts.clone(), buf)

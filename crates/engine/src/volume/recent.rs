@@ -31,10 +31,16 @@ impl Recent {
         Recent { slots: std::array::from_fn(|_| AtomicU64::new(u64::MAX)), next: AtomicUsize::new(0) }
     }
 
-    /// Notes a request for records `first..end`.
+    /// Notes a request for records `first..end`, unless it is noted
+    /// already (a request is noted when it arrives and again when a worker
+    /// runs it).
     pub(super) fn note(&self, first: u64, end: u64) {
+        let v = pack(first, end);
+        if self.slots.iter().any(|s| s.load(Relaxed) == v) {
+            return;
+        }
         let i = self.next.fetch_add(1, Relaxed) % SLOTS;
-        self.slots[i].store(pack(first, end), Relaxed);
+        self.slots[i].store(v, Relaxed);
     }
 
     /// The start of a remembered request that ended at `end`.
@@ -88,5 +94,20 @@ mod tests {
             r.note(1000 + 2 * i, 1001 + 2 * i);
         }
         assert!(!r.continues_chain(48));
+    }
+
+    /// A request is noted when it arrives and again when its worker runs
+    /// it; the second note must not push an older request out.
+    #[test]
+    fn a_request_noted_twice_takes_one_slot() {
+        let r = Recent::new();
+        for (first, end) in [(0, 16), (16, 32), (32, 48)] {
+            r.note(first, end);
+            r.note(first, end);
+        }
+        for i in 0..SLOTS as u64 - 3 {
+            r.note(1000 + 2 * i, 1001 + 2 * i);
+        }
+        assert!(r.continues_chain(48));
     }
 }

@@ -100,6 +100,15 @@ impl Volume {
         err: fn(DevError) -> E,
         out: &mut Batch,
     ) -> Result<(), arcache_batch::ReadDone<E>> {
+        // Noted here, on the connection's own thread, in the order the
+        // client sent them, whether or not the read is given back: its
+        // worker notes it again (`Recent::note` keeps one entry), but with
+        // dozens of a stream's requests arriving together the workers'
+        // order is anyone's, and a request whose predecessors were not yet
+        // noted was taken for a random one and read alone.
+        if self.check(offset, len as u64).is_ok() {
+            self.note_request(self.span(offset, len as u64));
+        }
         let Some((w, ptr)) = self.ring_candidate(offset, len) else { return Err(done) };
         let done: ReadDone = Box::new(move |end: ReadEnd, out: &mut Batch| done(end.map_err(err), out));
         let key = self.key(w.r);
@@ -140,7 +149,7 @@ impl Volume {
         if s.end - s.first != 1 {
             return None;
         }
-        let writes = self.stripes[super::stripe_of(s.first)].writes.load(SeqCst);
+        let writes = self.stripe(s.first).writes.load(SeqCst);
         if writes % 2 == 1 {
             return None;
         }
@@ -269,7 +278,7 @@ impl Volume {
         done: ReadDone,
         out: &mut Batch,
     ) -> Option<(MutexGuard<'_, ()>, ReadDone)> {
-        let Some(lock) = self.stripes[super::stripe_of(w.r)].lock.try_lock() else {
+        let Some(lock) = self.stripe(w.r).lock.try_lock() else {
             self.finish_blocking(w, done, out);
             return None;
         };
@@ -291,7 +300,7 @@ impl Volume {
     /// record since the read started, and for an L2 read the copy must
     /// still be the record's (the hand may have passed it).
     fn unchanged_since(&self, w: Want, fetch: Fetch) -> bool {
-        if self.stripes[super::stripe_of(w.r)].writes.load(SeqCst) != w.writes {
+        if self.stripe(w.r).writes.load(SeqCst) != w.writes {
             return false;
         }
         match fetch {

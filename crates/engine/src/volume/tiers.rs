@@ -13,11 +13,20 @@ use arcache_l2::L2Ptr;
 use blockdev::{BlockDev, DevResult};
 
 use super::out::{Held, Keep, Out};
-use super::{runs, Volume, MAX_RECORDS_PER_IO};
+use super::{runs, Volume, MAX_RECORDS_PER_IO, UNIT_GATES};
 use crate::cache::{Found, Looked, RecordData};
 use crate::dirty::{Page, PAGE};
 use crate::record::Record;
 use crate::writeback::WriteBack;
+use arcache_sync::MutexGuard;
+
+/// Which way a stream's miss may claim more of its unit: `back` to the
+/// unit's start (it is a run's first piece), `on` to its end (its last).
+#[derive(Clone, Copy)]
+struct Reach {
+    back: bool,
+    on: bool,
+}
 
 /// The dirty bytes of a range, taken before its device read: a txg that
 /// syncs meanwhile has put the same bytes on the device.
@@ -42,9 +51,7 @@ impl Volume {
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
         self.note_request(s);
-        let missed = self.load(offset, len as u64, false, Some(out))?;
-        self.predict(s, missed);
-        Ok(())
+        self.load(offset, len as u64, false, Some(out)).map(|_| ())
     }
 
     /// A read of whole records answered with the records themselves
@@ -123,27 +130,35 @@ impl Volume {
             }
         }
         let unit = if prefetch || missing.is_empty() { 1 } else { self.stream_unit(s) };
+        if !prefetch {
+            // Before this read's own fills, which may wait for a GET: a
+            // stream whose requests each waited that long before zfetch
+            // heard of them had its prefetches issued behind the requests
+            // already in flight, which then each sent a small read of their
+            // own (the ring path predicts before its read too).
+            self.predict(s, missed || !missing.is_empty());
+        }
         let per_io = MAX_RECORDS_PER_IO.max(unit);
         for run in runs(&missing) {
             let mut start = run.start;
             while start < run.end {
                 let end = (start + per_io).min(run.end);
                 // A stream's miss on a store that is costly per request
-                // reads on to the end of its unit: the records after the
-                // request come as prefetches in the same read, and the
-                // stream's next requests find them (or wait on their locks
-                // while the read is under way) instead of each sending a
-                // request of its own.
+                // reads the rest of its unit that nobody is reading: the
+                // stream's other requests find those records (or wait on
+                // their locks while the read is under way) instead of each
+                // sending a request of its own.
                 // Not from a record on L2: the stream is over L2 there, and
                 // a read widened from it would hold the unit's locks while
                 // it reads one copy, keeping the stream's other requests
                 // waiting for nothing.
-                let widened = if end == run.end && unit > 1 && !self.on_l2(end - 1) {
-                    (end.div_ceil(unit) * unit).min(self.records()).min(start + per_io)
+                if unit > 1 && !self.on_l2(end - 1) {
+                    let reach = Reach { back: start == run.start, on: end == run.end };
+                    let (locks, rs) = self.claim_unit(start..end, unit, per_io, reach);
+                    self.fill_locked(rs, start..end, prefetch, offset, out.as_deref_mut(), locks)?;
                 } else {
-                    end
-                };
-                self.fill_ahead(start..widened, end, prefetch, offset, out.as_deref_mut())?;
+                    self.fill(start..end, prefetch, offset, out.as_deref_mut())?;
+                }
                 start = end;
             }
         }
@@ -292,29 +307,100 @@ impl Volume {
         offset: u64,
         out: Option<&mut Out>,
     ) -> DevResult<()> {
-        let ahead = rs.end;
-        self.fill_ahead(rs, ahead, prefetch, offset, out)
+        let locks = self.lock_records(rs.clone());
+        self.fill_locked(rs.clone(), rs, prefetch, offset, out, locks)
     }
 
-    /// [`Volume::fill`] where records from `ahead` on are read ahead of
-    /// the request: brought in as prefetches when missing, left alone when
-    /// cached.
-    fn fill_ahead(
+    /// Takes, for a stream's miss of `own` on a store with read units of
+    /// `unit` records, the locks of `own` and of the records around it in
+    /// its unit that are neither in RAM nor locked, backwards
+    /// when `reach.back`, onwards when `reach.on`; at most `per_io`
+    /// records in all. Only `own` when a record of it came into RAM while
+    /// this waited for its lock: whoever held it read around it.
+    /// Own locks are tried under the gate first, so of a unit's requests
+    /// arriving together the first takes the rest of the unit before the
+    /// others have locked their own.
+    ///
+    /// Why: a client streams with many requests in flight (nbdcopy: 64 of
+    /// 256 KiB), so a unit's requests reach the workers together. Each
+    /// locked its own records first and then waited for the next ones',
+    /// so they read in a chain, each its own 256 KiB after the one after
+    /// it had finished. The records around are only tried, never waited
+    /// for, and claims of one unit are made one at a time (`unit_gates`),
+    /// so the first takes what is left of the unit and the others wait for
+    /// its read. `own` is waited for, holding nothing: its lock may be
+    /// another stream's (`STRIPES` locks are shared by records
+    /// `STRIPES` apart), and a miss that gave up then read its own 256 KiB.
+    fn claim_unit(
+        &self,
+        own: Range<u64>,
+        unit: u64,
+        per_io: u64,
+        reach: Reach,
+    ) -> (Vec<MutexGuard<'_, ()>>, Range<u64>) {
+        let gate = &self.unit_gates[((own.start / unit) % UNIT_GATES as u64) as usize];
+        let mut held = gate.lock();
+        let mut locks = match self.try_lock_records(own.clone()) {
+            Some(locks) => locks,
+            None => {
+                drop(held);
+                let locks = self.lock_records(own.clone());
+                held = gate.lock();
+                locks
+            }
+        };
+        if own.clone().any(|r| self.cache.peek(self.key(r)).is_some()) {
+            return (locks, own);
+        }
+        let _gate = held;
+        let mut lo = own.start;
+        if reach.back {
+            let floor = (own.start / unit * unit).max(own.end.saturating_sub(per_io));
+            while lo > floor && self.take_if_free(lo - 1, &mut locks) {
+                lo -= 1;
+            }
+        }
+        let mut hi = own.end;
+        if reach.on {
+            let ceiling = (own.end.div_ceil(unit) * unit).min(self.records()).min(lo + per_io);
+            while hi < ceiling && self.take_if_free(hi, &mut locks) {
+                hi += 1;
+            }
+        }
+        (locks, lo..hi)
+    }
+
+    /// Adds the lock of record `r` to `locks` if nobody holds it and the
+    /// record is not in RAM; never waits. A record on L2 is taken but not
+    /// read ([`Volume::fill_locked`] leaves it to its own request), so the
+    /// claim goes on past it to what must come from the backing store.
+    fn take_if_free<'a>(&'a self, r: u64, locks: &mut Vec<MutexGuard<'a, ()>>) -> bool {
+        if self.cache.peek(self.key(r)).is_some() {
+            return false;
+        }
+        self.stripe(r).lock.try_lock().map(|g| locks.push(g)).is_some()
+    }
+
+    /// [`Volume::fill`] of `rs`, whose locks the caller holds, where the
+    /// records outside `wanted` are read ahead of the request: brought in
+    /// as prefetches when missing, left alone when cached.
+    fn fill_locked(
         &self,
         rs: Range<u64>,
-        ahead: u64,
+        wanted: Range<u64>,
         prefetch: bool,
         offset: u64,
         mut out: Option<&mut Out>,
+        _locks: Vec<MutexGuard<'_, ()>>,
     ) -> DevResult<()> {
-        let _locks = self.lock_records(rs.clone());
         let snap = self.dirty_snapshot(self.record_range(rs.start).start..self.record_range(rs.end - 1).end);
         let mut absent: Vec<u64> = Vec::new();
         let mut ahead_from_backing: Vec<u64> = Vec::new();
         for r in rs {
             let key = self.key(r);
-            let cached = if prefetch || r >= ahead { self.cache.peek(key) } else { self.cache.joined(key) };
-            if r >= ahead {
+            let is_ahead = !wanted.contains(&r);
+            let cached = if prefetch || is_ahead { self.cache.peek(key) } else { self.cache.joined(key) };
+            if is_ahead {
                 // Only what must come from the backing store is read
                 // ahead: a record on L2 is left to its own request, so a
                 // stream over L2 is read by many threads at once rather
@@ -347,8 +433,9 @@ impl Volume {
             }
         }
         from_backing.extend(ahead_from_backing);
+        from_backing.sort_unstable();
         for run in runs(&from_backing) {
-            self.fill_from_backing(run, ahead, prefetch, offset, out.as_deref_mut(), &snap)?;
+            self.fill_from_backing(run, wanted.clone(), prefetch, offset, out.as_deref_mut(), &snap)?;
         }
         Ok(())
     }
@@ -438,7 +525,7 @@ impl Volume {
     fn fill_from_backing(
         &self,
         need: Range<u64>,
-        ahead: u64,
+        wanted: Range<u64>,
         prefetch: bool,
         offset: u64,
         mut out: Option<&mut Out>,
@@ -449,16 +536,22 @@ impl Volume {
             let started = std::time::Instant::now();
             let read = read_backing(self.dev.as_ref(), block, bytes.start);
             self.count_backing_read(block.len(), started, read)?;
-            let split = ahead.clamp(need.start, need.end);
             self.overlay_block(need.clone(), block, offset, out.as_deref_mut().and_then(Out::buf), snap);
-            if split > need.start {
-                self.insert_block(need.start..split, block, prefetch, out.and_then(Out::keep));
+            // Records read ahead of the request, before and after the ones
+            // it wants, go in as prefetches. Every record but a volume's
+            // last is whole, so record `r` starts `r - need.start` records
+            // into the block.
+            let from = wanted.start.clamp(need.start, need.end);
+            let to = wanted.end.clamp(from, need.end);
+            let part = |rs: Range<u64>| &block[((rs.start - need.start) * self.recordsize) as usize..];
+            if from > need.start {
+                self.insert_block(need.start..from, part(need.start..from), prefetch, None);
             }
-            if split < need.end {
-                // Every record but a volume's last is whole, so the records
-                // read ahead start `split - need.start` records into the block.
-                let at = ((split - need.start) * self.recordsize) as usize;
-                self.insert_block(split..need.end, &block[at..], true, None);
+            if to > from {
+                self.insert_block(from..to, part(from..to), prefetch, out.and_then(Out::keep));
+            }
+            if to < need.end {
+                self.insert_block(to..need.end, part(to..need.end), true, None);
             }
             Ok(())
         })
@@ -551,4 +644,97 @@ pub(super) fn injected_backing_error(offset: u64) -> DevResult<()> {
 fn read_backing(dev: &dyn BlockDev, buf: &mut [u8], offset: u64) -> DevResult<()> {
     injected_backing_error(offset)?;
     dev.read_at(buf, offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::VolumeConfig;
+    use crate::{Cache, CacheConfig};
+    use blockdev::MemDev;
+
+    const RS: u64 = 4096;
+    const UNIT: u64 = 16;
+
+    fn unit_volume() -> Arc<Volume> {
+        let cache = Cache::new(CacheConfig {
+            arc_min: 1 << 20,
+            arc_max: 4 << 20,
+            min_prefetch_ms: 0,
+            compress: false,
+        });
+        let store = MemDev::with_read_unit(64 * RS, UNIT * RS);
+        let cfg = VolumeConfig { name: "u".into(), recordsize: RS, read_only: true };
+        Volume::new(0, cfg, Arc::new(store), cache)
+    }
+
+    const BOTH: Reach = Reach { back: true, on: true };
+
+    /// A stream's miss takes, around its own records, those of its unit
+    /// that nobody reads and RAM lacks, backwards and onwards, stopping at
+    /// the first that is locked or cached, within the unit, `per_io` and
+    /// the reach it is given.
+    #[test]
+    fn a_claim_takes_what_nobody_reads_of_its_unit_both_ways() {
+        let vol = unit_volume();
+        // Record 26 in RAM (a prefetch reads only it: no stream).
+        vol.prefetch(26 * RS, RS).unwrap();
+        assert!(vol.cache.peek(vol.key(26)).is_some());
+        {
+            // Another request reads record 18 (its lock held).
+            let _reading = vol.stripe(18).lock.lock();
+            let (locks, rs) = vol.claim_unit(20..21, UNIT, 64, BOTH);
+            assert_eq!(rs, 19..26);
+            assert_eq!(locks.len(), 7, "a lock per record taken");
+        }
+        assert_eq!(vol.claim_unit(20..21, UNIT, 64, BOTH).1, 16..26);
+        assert_eq!(vol.claim_unit(20..21, UNIT, 64, Reach { back: false, on: true }).1, 20..26);
+        assert_eq!(vol.claim_unit(20..21, UNIT, 64, Reach { back: true, on: false }).1, 16..21);
+        assert_eq!(vol.claim_unit(33..35, UNIT, 64, BOTH).1, 32..48);
+        assert_eq!(vol.claim_unit(33..35, UNIT, 4, BOTH).1, 32..36, "at most per_io");
+        // Its own record in RAM (read by whoever held its lock): only that.
+        assert_eq!(vol.claim_unit(26..27, UNIT, 64, BOTH).1, 26..27);
+    }
+
+    /// A claim waits for its own records' lock, held by another thread,
+    /// rather than reading them apart from the rest of the unit.
+    #[test]
+    fn a_claim_waits_for_its_own_records_and_then_takes_the_rest() {
+        let vol = unit_volume();
+        let held = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let v = &vol;
+            let b = &held;
+            s.spawn(move || {
+                // A record of another stream that shares record 18's lock
+                // (as many records apart as there are locks).
+                let _other = v.stripe(18 + v.stripes.len() as u64).lock.lock();
+                b.wait();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            });
+            held.wait();
+            let (_locks, rs) = vol.claim_unit(18..19, UNIT, 64, BOTH);
+            assert_eq!(rs, 16..32, "the whole unit, not record 18 alone");
+        });
+    }
+
+    /// Records a claim read ahead of or behind the request come into RAM
+    /// as the store's bytes; the request gets exactly its own.
+    #[test]
+    fn a_stream_miss_that_claims_its_unit_reads_it_once_and_right() {
+        let vol = unit_volume();
+        let data: Vec<u8> = (0..64 * RS).map(|i| (i / 7 % 251) as u8).collect();
+        vol.dev.write_at(&data, 0).unwrap();
+        let (locks, rs) = vol.claim_unit(20..22, UNIT, 64, BOTH);
+        assert_eq!(rs, 16..32);
+        let mut buf = vec![0u8; (2 * RS) as usize];
+        vol.fill_locked(rs, 20..22, false, 20 * RS, Some(&mut Out::Copy(&mut buf)), locks).unwrap();
+        assert!(buf[..] == data[(20 * RS) as usize..(22 * RS) as usize]);
+        for r in 16..32 {
+            let rec = vol.cache.peek(vol.key(r)).unwrap_or_else(|| panic!("record {r} in RAM"));
+            let mut got = vec![0u8; RS as usize];
+            rec.copy_to(0, &mut got).unwrap();
+            assert!(got[..] == data[(r * RS) as usize..((r + 1) * RS) as usize], "record {r}");
+        }
+    }
 }
