@@ -213,8 +213,11 @@ impl L2Device {
         std::mem::take(&mut r.batches).into_iter().collect()
     }
 
-    /// Writes a batch; a large one as several parallel writes, since SSDs
-    /// (and virtual disks) reach their speed only with requests in flight.
+    /// Writes a batch in one call: an O_DIRECT write of megabytes already
+    /// reaches the device as several requests in flight. Writing it as
+    /// threads of 2 MiB each, spawned per batch, made the feed wait for
+    /// them to be scheduled on a host whose cores a cold stream kept busy,
+    /// and the feed fell behind the stream (bench/README.md, the claims).
     pub fn write(&self, offset: u64, buf: &[u8]) -> DevResult<()> {
         fail::fail_point!("l2.write", |_| blockdev::injected("l2.write", offset));
         self.stats.writes.fetch_add(1, Relaxed);

@@ -362,7 +362,9 @@ impl Volume {
         }
         let mut hi = own.end;
         if reach.on {
-            let ceiling = (own.end.div_ceil(unit) * unit).min(self.records()).min(lo + per_io);
+            // Within the unit whose gate this holds.
+            let unit_end = (own.start / unit + 1) * unit;
+            let ceiling = unit_end.max(own.end).min(self.records()).min(lo + per_io);
             while hi < ceiling && self.take_if_free(hi, &mut locks) {
                 hi += 1;
             }
@@ -545,7 +547,7 @@ impl Volume {
             let to = wanted.end.clamp(from, need.end);
             let part = |rs: Range<u64>| &block[((rs.start - need.start) * self.recordsize) as usize..];
             if from > need.start {
-                self.insert_block(need.start..from, part(need.start..from), prefetch, None);
+                self.insert_block(need.start..from, part(need.start..from), true, None);
             }
             if to > from {
                 self.insert_block(from..to, part(from..to), prefetch, out.and_then(Out::keep));
@@ -692,6 +694,8 @@ mod tests {
         assert_eq!(vol.claim_unit(20..21, UNIT, 64, Reach { back: true, on: false }).1, 16..21);
         assert_eq!(vol.claim_unit(33..35, UNIT, 64, BOTH).1, 32..48);
         assert_eq!(vol.claim_unit(33..35, UNIT, 4, BOTH).1, 32..36, "at most per_io");
+        // Across a unit's end: no further than its own records in the next.
+        assert_eq!(vol.claim_unit(47..49, UNIT, 64, BOTH).1, 32..49);
         // Its own record in RAM (read by whoever held its lock): only that.
         assert_eq!(vol.claim_unit(26..27, UNIT, 64, BOTH).1, 26..27);
     }
@@ -730,6 +734,11 @@ mod tests {
         let mut buf = vec![0u8; (2 * RS) as usize];
         vol.fill_locked(rs, 20..22, false, 20 * RS, Some(&mut Out::Copy(&mut buf)), locks).unwrap();
         assert!(buf[..] == data[(20 * RS) as usize..(22 * RS) as usize]);
+        // The request's two records are its misses; the other fourteen,
+        // before and after it, came in as prefetches (not as re-use when
+        // the stream's own requests for them arrive).
+        let st = vol.cache.stats();
+        assert_eq!((st.demand_data_misses, st.prefetch_data_misses), (2, 14));
         for r in 16..32 {
             let rec = vol.cache.peek(vol.key(r)).unwrap_or_else(|| panic!("record {r} in RAM"));
             let mut got = vec![0u8; RS as usize];
