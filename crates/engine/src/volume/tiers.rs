@@ -722,6 +722,36 @@ mod tests {
         });
     }
 
+    /// A claim waiting for its own record's lock does not hold its unit's
+    /// gate meanwhile: another request's claim in the same unit goes on.
+    #[test]
+    fn a_claim_waiting_for_its_own_lock_lets_the_units_other_claims_go_on() {
+        let vol = unit_volume();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (other_tx, other_rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let v = &vol;
+            // Holds record 18's lock until the other claim is done, or 5 s.
+            let holder = s.spawn(move || {
+                let _reading = v.stripe(18).lock.lock();
+                held_tx.send(()).unwrap();
+                other_rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok()
+            });
+            held_rx.recv().unwrap();
+            let waiter = s.spawn(move || v.claim_unit(18..19, UNIT, 64, BOTH).1);
+            // Give the waiter time to reach its wait (either way the test
+            // ends: the holder gives up after 5 s).
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let (_locks, rs) = vol.claim_unit(24..25, UNIT, 64, Reach { back: false, on: true });
+            assert_eq!(rs, 24..32);
+            // The holder is gone if it gave up.
+            let _ = other_tx.send(());
+            drop(_locks);
+            assert!(holder.join().unwrap(), "the other claim waited for the first one's gate");
+            assert_eq!(waiter.join().unwrap().start, 16);
+        });
+    }
+
     /// Records a claim read ahead of or behind the request come into RAM
     /// as the store's bytes; the request gets exactly its own.
     #[test]
