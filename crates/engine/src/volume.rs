@@ -96,7 +96,7 @@ const UNIT_GATES: usize = 64;
 /// side, each stream with up to `zfetch_max_distance` (64 MiB, eight units
 /// of S3's 8 MiB) prefetched ahead, and with `STRIPES` locks their units
 /// shared locks: a unit's requests then waited for another stream's
-/// read and, all woken together, each read its own 256 KiB (a quarter of
+/// read and, all woken together, each read its own 256 KiB (many of
 /// bench/s3.sh's cold GETs). 576 KiB per such volume; the others keep
 /// `STRIPES`.
 const UNIT_STORE_STRIPES: usize = 8 * STRIPES;
@@ -457,6 +457,14 @@ impl Volume {
     fn note_request(&self, s: Span) {
         if let Some(recent) = &self.recent {
             recent.note(s.first, s.end);
+        }
+    }
+
+    /// [`Volume::note_request`] for a request as it arrives, before it is
+    /// checked; nothing on a store without a read unit.
+    fn note_arrival(&self, offset: u64, len: u64) {
+        if self.recent.is_some() && self.check(offset, len).is_ok() {
+            self.note_request(self.span(offset, len));
         }
     }
 

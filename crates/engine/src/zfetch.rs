@@ -277,10 +277,10 @@ impl Zfetch {
     /// already seen running ([`RUNNING`] reads in order) is reading or about to
     /// read, from `zfetch_max_reorder` behind what it expects next to as
     /// far past what it has prefetched. Changes no stream: a reader asks
-    /// before its read (to widen a miss on a store that is costly per
-    /// request) and reports the read with [`Zfetch::observe`] after it.
-    /// Behind is included because clients keep many reads in flight, and
-    /// a stream moves on as each one ends, not in the order they started.
+    /// (to widen a miss on a store that is costly per request) and reports
+    /// the read with [`Zfetch::observe`] before its fills. Behind is
+    /// included because clients keep many reads in flight, which the
+    /// workers take up in whatever order they run, not the order sent.
     pub fn continues_stream(&self, first: u64, n: u64, t: &ZfetchTunables) -> bool {
         if t.disable.load(Relaxed) || n == 0 {
             return false;

@@ -1,10 +1,11 @@
 //! The last requests a volume was asked for, noted as they arrive: what
 //! tells a stream's miss from a random one on a store that is costly per
-//! request, when the stream's reads are many at once and end out of
-//! order. zfetch learns of a read only when it ends, so with dozens in
-//! flight it takes a while to see the stream at all; that a request began
-//! right where an earlier one ended, which began where another ended, is
-//! known as soon as they arrive.
+//! request, when the stream's reads are many at once. zfetch hears of a
+//! read when a worker takes it up, and with dozens in flight the workers
+//! run in any order, so it takes a while to see the stream at all; that a
+//! request began right where an earlier one ended, which began where
+//! another ended, is known as they arrive on the connection's thread
+//! (`Volume::note_arrival`), in the order the client sent them.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 

@@ -106,9 +106,7 @@ impl Volume {
         // dozens of a stream's requests arriving together the workers'
         // order is anyone's, and a request whose predecessors were not yet
         // noted was taken for a random one and read alone.
-        if self.check(offset, len as u64).is_ok() {
-            self.note_request(self.span(offset, len as u64));
-        }
+        self.note_arrival(offset, len as u64);
         let Some((w, ptr)) = self.ring_candidate(offset, len) else { return Err(done) };
         let done: ReadDone = Box::new(move |end: ReadEnd, out: &mut Batch| done(end.map_err(err), out));
         let key = self.key(w.r);

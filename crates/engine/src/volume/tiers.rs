@@ -51,7 +51,7 @@ impl Volume {
         self.cache.observe((s.first..s.end).map(|r| self.key(r)));
         self.count(&self.counts.reads, Some((&self.counts.read_bytes, len)));
         self.note_request(s);
-        self.load(offset, len as u64, false, Some(out)).map(|_| ())
+        self.load(offset, len as u64, false, Some(out))
     }
 
     /// A read of whole records answered with the records themselves
@@ -95,7 +95,7 @@ impl Volume {
     pub fn prefetch(&self, offset: u64, len: u64) -> DevResult<()> {
         self.check(offset, len)?;
         self.check_unchanged()?;
-        self.load(offset, len, true, None).map(|_| ())
+        self.load(offset, len, true, None)
     }
 
     /// Reads records into the ARC as prefetches, skipping cached ones
@@ -109,9 +109,9 @@ impl Volume {
     }
 
     /// Finds every record of the range, filling missing runs from the
-    /// device, and copies into `out` when given. Returns true if any record
-    /// was not in RAM.
-    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut Out>) -> DevResult<bool> {
+    /// device, and copies into `out` when given; a demand read tells zfetch
+    /// of itself before its fills.
+    fn load(&self, offset: u64, len: u64, prefetch: bool, mut out: Option<&mut Out>) -> DevResult<()> {
         let s = self.span(offset, len);
         let mut missing: Vec<u64> = Vec::new();
         let mut missed = false;
@@ -162,7 +162,7 @@ impl Volume {
                 start = end;
             }
         }
-        Ok(missed || !missing.is_empty())
+        Ok(())
     }
 
     /// Records per read for a miss at `s`: the backing store's read unit
@@ -315,8 +315,8 @@ impl Volume {
     /// `unit` records, the locks of `own` and of the records around it in
     /// its unit that are neither in RAM nor locked, backwards
     /// when `reach.back`, onwards when `reach.on`; at most `per_io`
-    /// records in all. Only `own` when a record of it came into RAM while
-    /// this waited for its lock: whoever held it read around it.
+    /// records in all. Only `own` when a record of it is in RAM once its
+    /// locks are held: whoever held them read around it.
     /// Own locks are tried under the gate first, so of a unit's requests
     /// arriving together the first takes the rest of the unit before the
     /// others have locked their own.
@@ -344,6 +344,8 @@ impl Volume {
             Some(locks) => locks,
             None => {
                 drop(held);
+                #[cfg(test)]
+                tests::CLAIM_WAITS.with(|hook| hook.borrow().as_ref().map(|f| f()));
                 let locks = self.lock_records(own.clone());
                 held = gate.lock();
                 locks
@@ -672,6 +674,19 @@ mod tests {
 
     const BOTH: Reach = Reach { back: true, on: true };
 
+    thread_local! {
+        /// Called on a claim's thread when its own records' locks are
+        /// taken and it is about to wait for them (its gate let go): what
+        /// shows a race test reached the wait it is about.
+        pub(super) static CLAIM_WAITS: std::cell::RefCell<Option<Box<dyn Fn()>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// Runs `f` on every claim of this thread that waits for its own locks.
+    fn on_claim_wait(f: impl Fn() + 'static) {
+        CLAIM_WAITS.with(|hook| *hook.borrow_mut() = Some(Box::new(f)));
+    }
+
     /// A stream's miss takes, around its own records, those of its unit
     /// that nobody reads and RAM lacks, backwards and onwards, stopping at
     /// the first that is locked or cached, within the unit, `per_io` and
@@ -705,19 +720,23 @@ mod tests {
     #[test]
     fn a_claim_waits_for_its_own_records_and_then_takes_the_rest() {
         let vol = unit_volume();
-        let held = std::sync::Barrier::new(2);
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
             let v = &vol;
-            let b = &held;
-            s.spawn(move || {
+            let holder = s.spawn(move || {
                 // A record of another stream that shares record 18's lock
-                // (as many records apart as there are locks).
+                // (as many records apart as there are locks), held until
+                // the claim waits for it.
                 let _other = v.stripe(18 + v.stripes.len() as u64).lock.lock();
-                b.wait();
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                held_tx.send(()).unwrap();
+                waiting_rx.recv_timeout(std::time::Duration::from_secs(5))
             });
-            held.wait();
+            held_rx.recv().unwrap();
+            on_claim_wait(move || waiting_tx.send(()).unwrap());
             let (_locks, rs) = vol.claim_unit(18..19, UNIT, 64, BOTH);
+            CLAIM_WAITS.with(|hook| hook.borrow_mut().take());
+            assert!(holder.join().unwrap().is_ok(), "the claim waited for record 18's lock");
             assert_eq!(rs, 16..32, "the whole unit, not record 18 alone");
         });
     }
@@ -738,10 +757,15 @@ mod tests {
                 other_rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok()
             });
             held_rx.recv().unwrap();
-            let waiter = s.spawn(move || v.claim_unit(18..19, UNIT, 64, BOTH).1);
-            // Give the waiter time to reach its wait (either way the test
-            // ends: the holder gives up after 5 s).
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
+            let waiter = s.spawn(move || {
+                on_claim_wait(move || waiting_tx.send(()).unwrap());
+                v.claim_unit(18..19, UNIT, 64, BOTH).1
+            });
+            // The waiter is at its wait (the race this test is about).
+            waiting_rx
+                .recv_timeout(std::time::Duration::from_secs(5))
+                .expect("the claim waits for record 18");
             let (_locks, rs) = vol.claim_unit(24..25, UNIT, 64, Reach { back: false, on: true });
             assert_eq!(rs, 24..32);
             // The holder is gone if it gave up.
