@@ -145,3 +145,27 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod allocator_tests {
+    /// The L2 feed writes a record from its own memory, and reads a run of
+    /// records back into a buffer each, only where that memory is aligned
+    /// for O_DIRECT (l2arc's `BatchLayout`, `L2Device::read_records`); it
+    /// relies on this allocator placing whole pages on page boundaries.
+    /// Another allocator would make both copy again: this test says so.
+    #[test]
+    fn the_servers_allocator_puts_buffers_of_whole_pages_on_page_boundaries() {
+        for len in [4096usize, 16384, 131072, 1 << 20] {
+            let held: Vec<Box<[u8]>> = (0..64).map(|i| vec![i as u8; len].into_boxed_slice()).collect();
+            for b in &held {
+                assert!(
+                    (b.as_ptr() as usize).is_multiple_of(4096),
+                    "a {len}-byte buffer at {:p}",
+                    b.as_ptr()
+                );
+            }
+            let odd: Vec<Box<[u8]>> = (0..64).map(|_| vec![0u8; 100].into_boxed_slice()).collect();
+            drop(odd);
+        }
+    }
+}

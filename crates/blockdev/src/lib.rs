@@ -15,6 +15,7 @@ mod mem;
 pub mod owner;
 mod slow;
 pub mod uring;
+pub mod vectored;
 
 pub use counting::{CountingDev, IoCounts};
 pub use crash::CrashDev;

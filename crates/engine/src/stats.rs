@@ -100,6 +100,8 @@ pub struct ArcStats {
     pub l2_hdr_size: u64,
     pub l2_read_bytes: u64,
     pub l2_write_bytes: u64,
+    /// Of `l2_write_bytes`, those written from the records in RAM without a copy.
+    pub l2_write_bytes_in_place: u64,
     pub l2_writes_sent: u64,
     pub l2_writes_done: u64,
     pub l2_writes_error: u64,
@@ -245,6 +247,7 @@ impl ArcStats {
         self.l2_hdr_size = l2.hdr_size();
         self.l2_read_bytes = s.l2_read_bytes.load(Relaxed);
         self.l2_write_bytes = s.l2_write_bytes.load(Relaxed);
+        self.l2_write_bytes_in_place = s.l2_write_bytes_in_place.load(Relaxed);
         self.l2_writes_sent = s.l2_writes_sent.load(Relaxed);
         self.l2_writes_done = s.l2_writes_done.load(Relaxed);
         self.l2_writes_error = s.l2_writes_error.load(Relaxed);

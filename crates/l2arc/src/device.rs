@@ -225,6 +225,26 @@ impl L2Device {
         self.dev.write_at(buf, offset)
     }
 
+    /// Writes `parts` back to back from `offset`: one batch whose records
+    /// are written from where they lie in RAM instead of copied into one
+    /// buffer first.
+    pub fn write_vectored(&self, offset: u64, parts: &[&[u8]]) -> DevResult<()> {
+        fail::fail_point!("l2.write", |_| blockdev::injected("l2.write", offset));
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        self.stats.writes.fetch_add(1, Relaxed);
+        self.stats.write_bytes.fetch_add(len, Relaxed);
+        let mut at = offset;
+        let placed: Vec<(u64, &[u8])> = parts
+            .iter()
+            .map(|p| {
+                let part = (at, *p);
+                at += p.len() as u64;
+                part
+            })
+            .collect();
+        self.dev.write_parts(&placed)
+    }
+
     /// The aligned superset of `len` bytes at `daddr` a read must fetch:
     /// its start, its length and where the wanted bytes begin in it.
     /// Counted as a read of `len` bytes.
@@ -239,6 +259,41 @@ impl L2Device {
     /// A descriptor reading this device O_DIRECT, if it has one.
     pub fn direct_read_fd(&self) -> Option<std::os::fd::RawFd> {
         self.dev.direct_read_fd()
+    }
+
+    /// Reads records lying back to back from `daddr`, `lens` bytes each,
+    /// straight into a buffer of its own each (one `preadv`), so the
+    /// caller keeps them without the copy out of one run buffer that
+    /// [`L2Device::read_with`] needs. `Ok(None)` when this device or these
+    /// buffers cannot take it (no O_DIRECT descriptor, an address, length
+    /// or buffer not aligned); the caller then reads through `read_with`.
+    pub fn read_records(&self, daddr: u64, lens: &[u64]) -> DevResult<Option<Vec<Box<[u8]>>>> {
+        fail::fail_point!("l2.read", |_| blockdev::injected("l2.read", daddr));
+        let Some(fd) = self.dev.direct_read_fd() else { return Ok(None) };
+        let total: u64 = lens.iter().sum();
+        if !daddr.is_multiple_of(ALIGN) || lens.iter().any(|l| *l == 0 || !l.is_multiple_of(ALIGN)) {
+            return Ok(None);
+        }
+        let mut bufs: Vec<Box<[std::mem::MaybeUninit<u8>]>> =
+            lens.iter().map(|&l| Box::new_uninit_slice(l as usize)).collect();
+        // Whole pages come page-aligned from the server's allocator
+        // (mimalloc); another allocator may not place them so.
+        if bufs.iter().any(|b| !(b.as_ptr() as usize).is_multiple_of(ALIGN as usize)) {
+            return Ok(None);
+        }
+        self.stats.reads.fetch_add(1, Relaxed);
+        self.stats.read_bytes.fetch_add(total, Relaxed);
+        let mut views: Vec<&mut [std::mem::MaybeUninit<u8>]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        blockdev::vectored::preadv_all(fd, &mut views, daddr).map_err(|source| blockdev::DevError::Io {
+            op: "read",
+            dev: self.path.clone(),
+            offset: daddr,
+            len: total,
+            source,
+        })?;
+        // SAFETY: preadv_all returned Ok, so the kernel wrote every byte of
+        // every buffer.
+        Ok(Some(bufs.into_iter().map(|b| unsafe { b.assume_init() }).collect()))
     }
 
     /// Reads `len` bytes at `daddr` through an aligned superset, so an

@@ -104,6 +104,9 @@ pub struct L2Stats {
     /// Header writes that bound an export's records to what its writer
     /// changed the store to (docs/persistence.md).
     pub l2_contents_rebinds: AtomicU64,
+    /// Bytes of `l2_write_bytes` written from the records themselves, not
+    /// copied into a batch buffer first (see `BatchLayout`).
+    pub l2_write_bytes_in_place: AtomicU64,
 }
 
 impl L2Stats {
@@ -219,6 +222,83 @@ pub enum FeedStart {
     Held,
     /// A write of it to the backing store is under way: not now.
     Busy,
+}
+
+/// A run's copies as read: each one's unframed bytes, or `None` where its
+/// checksum failed.
+type Verified = Vec<Option<Box<[u8]>>>;
+
+/// Where each record of a batch is written from. A record stored raw
+/// whose bytes in RAM are aligned for O_DIRECT, and which starts on an
+/// aligned address of the batch, is written from where it lies; the
+/// others are framed (or copied) into a staging buffer, back to back, in
+/// segments that end where an in-place record begins. The copy into one
+/// buffer cost the feed a memmove of every byte it wrote, an eighth of the
+/// server's CPU on a cold stream (perf of a 2 GiB nbdcopy pass).
+struct BatchLayout {
+    /// Per item: its length on the device, and its offset in the staging
+    /// buffer (`None`: written in place).
+    items: Vec<(u64, Option<u64>)>,
+    /// The write, in device order.
+    pieces: Vec<BatchPiece>,
+    /// Staging bytes, zero padding to the batch's aligned end included.
+    staged: u64,
+    /// Staging bytes holding records (the rest is padding).
+    staged_used: u64,
+    /// The batch's length on the device.
+    len: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatchPiece {
+    /// Staging bytes `from..to`.
+    Staged(u64, u64),
+    /// Item `i`'s own bytes.
+    InPlace(usize),
+}
+
+impl BatchLayout {
+    fn of(items: &[FeedItem]) -> BatchLayout {
+        let mut l = BatchLayout {
+            items: Vec::with_capacity(items.len()),
+            pieces: Vec::new(),
+            staged: 0,
+            staged_used: 0,
+            len: 0,
+        };
+        for (i, it) in items.iter().enumerate() {
+            let data = (*it.data).as_ref();
+            let flen = device_len(data, it.flags.compressed);
+            let in_place = it.flags.raw
+                && l.len.is_multiple_of(ALIGN)
+                && flen.is_multiple_of(ALIGN)
+                && (data.as_ptr() as usize).is_multiple_of(ALIGN as usize);
+            if in_place {
+                l.items.push((flen, None));
+                l.pieces.push(BatchPiece::InPlace(i));
+            } else {
+                l.items.push((flen, Some(l.staged)));
+                match l.pieces.last_mut() {
+                    Some(BatchPiece::Staged(_, to)) => *to += flen,
+                    _ => l.pieces.push(BatchPiece::Staged(l.staged, l.staged + flen)),
+                }
+                l.staged += flen;
+            }
+            l.len += flen;
+        }
+        l.staged_used = l.staged;
+        let pad = l.len.div_ceil(ALIGN) * ALIGN - l.len;
+        if pad > 0 || l.pieces.is_empty() {
+            // Only a staged segment can end unaligned; it takes the padding.
+            match l.pieces.last_mut() {
+                Some(BatchPiece::Staged(_, to)) => *to += pad,
+                _ => l.pieces.push(BatchPiece::Staged(l.staged, l.staged + pad)),
+            }
+            l.staged += pad;
+            l.len += pad;
+        }
+        l
+    }
 }
 
 /// Whether a record is stored as it is: uncompressed and a whole number of
@@ -635,8 +715,35 @@ impl L2Arc {
     fn read_run(&self, run: &[(u64, L2Ptr)], part: Part, out: &mut Vec<Result<Box<[u8]>, L2Miss>>) {
         let Some(dev) = self.device_in_service(run, out) else { return };
         let (start, len) = run_extent(run, part);
-        let verified = dev.read_with(start, len, |bytes| self.verify_run(run, part, bytes));
+        let verified = match self.read_run_in_place(&dev, run, part, start) {
+            Some(v) => v,
+            None => dev.read_with(start, len, |bytes| self.verify_run(run, part, bytes)),
+        };
         self.settle_run(&dev, run, len, verified, out);
+    }
+
+    /// A run of whole raw copies read into a buffer per record, verified
+    /// where they landed; `None` where the device cannot (see
+    /// [`L2Device::read_records`]).
+    fn read_run_in_place(
+        &self,
+        dev: &L2Device,
+        run: &[(u64, L2Ptr)],
+        part: Part,
+        start: u64,
+    ) -> Option<blockdev::DevResult<Verified>> {
+        if !matches!(part, Part::Whole) || !run.iter().all(|(_, p)| p.flags().raw) {
+            return None;
+        }
+        let lens: Vec<u64> = run.iter().map(|(_, p)| p.blob_len()).collect();
+        let bufs = match dev.read_records(start, &lens) {
+            Ok(Some(bufs)) => bufs,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let checked =
+            run.iter().zip(bufs).map(|(&(key, ptr), b)| self.verify(key, ptr, part, &b).then_some(b));
+        Some(Ok(checked.collect()))
     }
 
     /// The device holding `run`, or `None` (and every copy dropped and
@@ -658,7 +765,7 @@ impl L2Arc {
 
     /// Checks each copy of `run` in `bytes` (the run's extent as read) and
     /// unframes the good ones.
-    fn verify_run(&self, run: &[(u64, L2Ptr)], part: Part, bytes: &[u8]) -> Vec<Option<Box<[u8]>>> {
+    fn verify_run(&self, run: &[(u64, L2Ptr)], part: Part, bytes: &[u8]) -> Verified {
         let first = run[0].1;
         run.iter()
             .map(|&(key, ptr)| {
@@ -683,7 +790,7 @@ impl L2Arc {
         dev: &L2Device,
         run: &[(u64, L2Ptr)],
         len: u64,
-        verified: blockdev::DevResult<Vec<Option<Box<[u8]>>>>,
+        verified: blockdev::DevResult<Verified>,
         out: &mut Vec<Result<Box<[u8]>, L2Miss>>,
     ) {
         let first = run[0].1;
@@ -873,26 +980,31 @@ impl L2Arc {
         for it in items.iter_mut() {
             it.flags.raw = stored_raw((*it.data).as_ref(), it.flags.compressed);
         }
-        let framed: Vec<u64> =
-            items.iter().map(|it| device_len((*it.data).as_ref(), it.flags.compressed)).collect();
-        let len = framed.iter().sum::<u64>().div_ceil(ALIGN) * ALIGN;
-        let mut buf = self.batch_buffer(len as usize);
+        let layout = BatchLayout::of(&items);
+        let len = layout.len;
+        let mut buf = self.batch_buffer(layout.staged as usize);
         let mut placed = Vec::with_capacity(items.len());
         {
             let out = buf.as_mut_slice();
-            let mut at = 0usize;
-            for (it, &flen) in items.iter().zip(&framed) {
-                let blob = &mut out[at..at + flen as usize];
+            let mut at = 0u64;
+            for (it, &(flen, staged_at)) in items.iter().zip(&layout.items) {
                 let data = (*it.data).as_ref();
-                if it.flags.raw {
-                    blob.copy_from_slice(data);
-                } else {
-                    frame_into(data, blob);
-                }
-                placed.push((it.key, at as u64, flen, self.checksum(it.key, blob, it.flags.raw), it.flags));
-                at += flen as usize;
+                let blob = match staged_at {
+                    None => data,
+                    Some(st) => {
+                        let blob = &mut out[st as usize..(st + flen) as usize];
+                        if it.flags.raw {
+                            blob.copy_from_slice(data);
+                        } else {
+                            frame_into(data, blob);
+                        }
+                        blob
+                    }
+                };
+                placed.push((it.key, at, flen, self.checksum(it.key, blob, it.flags.raw), it.flags));
+                at += flen;
             }
-            out[at..].fill(0);
+            out[layout.staged_used as usize..].fill(0);
         }
         let abort = |why: String| {
             let mut m = self.meta.lock();
@@ -919,7 +1031,21 @@ impl L2Arc {
             let _ = dev.trim(res.offset + len, ahead);
         }
         self.stats.l2_writes_sent.fetch_add(1, Relaxed);
-        if let Err(e) = dev.write(res.offset, buf.as_slice()) {
+        let written = match layout.pieces.as_slice() {
+            [BatchPiece::Staged(..)] => dev.write(res.offset, buf.as_slice()),
+            pieces => {
+                let staged = buf.as_slice();
+                let parts: Vec<&[u8]> = pieces
+                    .iter()
+                    .map(|p| match *p {
+                        BatchPiece::Staged(from, to) => &staged[from as usize..to as usize],
+                        BatchPiece::InPlace(i) => (*items[i].data).as_ref(),
+                    })
+                    .collect();
+                dev.write_vectored(res.offset, &parts)
+            }
+        };
+        if let Err(e) = written {
             self.stats.l2_writes_error.fetch_add(1, Relaxed);
             if dev.note_error() {
                 warn!("L2 device {} taken out of service after repeated errors (last: {e})", dev.path);
@@ -930,6 +1056,7 @@ impl L2Arc {
         dev.note_success();
         self.stats.l2_writes_done.fetch_add(1, Relaxed);
         self.stats.l2_write_bytes.fetch_add(len, Relaxed);
+        self.stats.l2_write_bytes_in_place.fetch_add(len - layout.staged, Relaxed);
         let mut keys = Vec::with_capacity(placed.len());
         let logging = self.is_persistent(dev_idx);
         let upto = {

@@ -12,8 +12,26 @@ fn bytes_for(key: u64, version: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (key as u8).wrapping_mul(31).wrapping_add(version).wrapping_add(i as u8)).collect()
 }
 
+/// Bytes whose memory is aligned for O_DIRECT, as the server's allocator
+/// places records of whole pages: the feed writes those in place.
+struct Aligned(blockdev::AlignedBuf);
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// Half the keys' bytes aligned, the others not, so batches mix records
+/// written in place with records copied.
 fn data_for(key: u64, version: u8, len: usize) -> SharedBytes {
-    Arc::new(bytes_for(key, version, len))
+    let bytes = bytes_for(key, version, len);
+    if (key + u64::from(version)).is_multiple_of(2) {
+        return Arc::new(bytes);
+    }
+    let mut buf = blockdev::AlignedBuf::new(len);
+    buf.as_mut_slice().copy_from_slice(&bytes);
+    Arc::new(Aligned(buf))
 }
 
 proptest! {
