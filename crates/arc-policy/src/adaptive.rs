@@ -135,7 +135,6 @@ fn is_meta(key: Key) -> bool {
 struct Honor {
     prefetch: bool,
     meta: bool,
-    skipped: u32,
     meta_rotated: u32,
     /// Records this pass moved from MRU into MFU's room (`fill_mfu`).
     filled: u32,
@@ -149,6 +148,9 @@ struct Honor {
 /// is what it hits); 1,024 is as good as no bound on every trace of
 /// bench/policy.sh, a few tens of microseconds a pass.
 const MAX_FILLS_PER_PASS: u32 = 1024;
+/// Young prefetches one look at a list's eviction end passes over before
+/// it gives up on that list for the pass.
+const MAX_SKIPS: u32 = 64;
 
 pub struct AdaptiveArc {
     cfg: ZfsArcConfig,
@@ -324,6 +326,7 @@ impl AdaptiveArc {
         let protect_meta = honor.meta && self.meta_protected();
         // Each entry of the list is moved at most once per pass.
         let rotations = self.q.lists[from as usize].len() as u32;
+        let mut skipped = 0u32;
         while let Some(idx) = cur {
             let e = self.q.slab.get(idx);
             if protect_meta && is_meta(e.key) && honor.meta_rotated < rotations {
@@ -341,11 +344,17 @@ impl AdaptiveArc {
                 break;
             }
             self.stats.evict_skip += 1;
-            honor.skipped += 1;
-            // Past a bound, RAM wins over prefetch lifetimes: a list full
-            // of young prefetches must not make every insert walk it whole.
-            if honor.skipped >= 64 {
-                honor.prefetch = false;
+            skipped += 1;
+            // A list whose end is all young prefetches gives nothing this
+            // time (a bounded walk: not the whole list per insert): the
+            // other list gives instead, and only when neither can does RAM
+            // win over prefetch lifetimes (`evict`). Evicting past the
+            // bound here instead took a stream's prefetches, read ahead and
+            // not yet asked for, whenever the selector had shrunk MRU's
+            // target below the read-ahead (a sequential pass over an L2
+            // with a 256M ARC read a third of its records twice).
+            if skipped >= MAX_SKIPS {
+                return None;
             }
             cur = self.q.slab.prev_of(idx);
         }
@@ -403,7 +412,7 @@ impl AdaptiveArc {
             return;
         }
         self.adapt_meta();
-        let mut honor = Honor { prefetch: true, meta: true, skipped: 0, meta_rotated: 0, filled: 0 };
+        let mut honor = Honor { prefetch: true, meta: true, meta_rotated: 0, filled: 0 };
         while self.resident() > self.c {
             let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
             let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
@@ -796,6 +805,42 @@ mod tests {
         }
         assert!(hits >= 19_700, "{hits} of 20,000 demand reads found their prefetch: {:?}", a.stats());
         a.validate().unwrap();
+    }
+
+    /// Read-ahead deeper than one walk passes over, under the fill variant
+    /// with the smallest MRU target and an MFU full of records read once:
+    /// what other readers bring in must come out of MFU, not out of the
+    /// prefetches waiting at MRU's end for their demand reads. Evicting
+    /// the first record past the walk's bound took the prefetches (a
+    /// sequential pass over L2 read a third of its records twice).
+    #[test]
+    fn young_prefetches_at_mrus_end_make_room_come_from_mfu() {
+        let mut a =
+            AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant { fraction: 0.01, fill_mfu: true });
+        let ms = 1_000_000;
+        for k in 0..4000u64 {
+            a.insert(k, 1, Access::demand(k * ms), &mut Vec::new());
+        }
+        insert_demand_at(&mut a, 4000..8000, 4000 * ms);
+        assert!(a.stats().mfu_size > 3000, "the fill variant put the reads into MFU: {:?}", a.stats());
+        let now = 8000 * ms;
+        for k in 10_000..10_200u64 {
+            let ahead = Access { now_ns: now, prefetch: true };
+            assert!(!a.lookup(k, ahead).is_hit());
+            a.insert(k, 1, ahead, &mut Vec::new());
+        }
+        insert_demand_at(&mut a, 20_000..21_000, now);
+        let found =
+            (10_000..10_200u64).filter(|&k| a.lookup(k, Access::demand(now + 100 * ms)).is_hit()).count();
+        assert_eq!(found, 200, "prefetches evicted before their demand reads: {:?}", a.stats());
+        a.validate().unwrap();
+    }
+
+    /// Inserts `keys` as demand reads, all at time `at`.
+    fn insert_demand_at(a: &mut AdaptiveArc, keys: std::ops::Range<u64>, at: u64) {
+        for k in keys {
+            a.insert(k, 1, Access::demand(at), &mut Vec::new());
+        }
     }
 
     /// What a fill moved into MFU is not what `l2arc_mfuonly` feeds until
