@@ -315,6 +315,24 @@ impl BlockDev for FileDev {
         }
     }
 
+    fn scatters_reads(&self) -> bool {
+        true
+    }
+
+    /// One `preadv`, through the O_DIRECT descriptor when every buffer,
+    /// the offset and the lengths are aligned for it.
+    fn read_scattered(&self, bufs: &mut [&mut [std::mem::MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        check_range(self.size, offset, len)?;
+        let fits = bufs.iter().all(|b| aligned(0, b.len()) && is_aligned_ptr(b.as_ptr() as *const u8));
+        let f = match self.direct_for(offset, len as usize) {
+            Some(f) if fits => f,
+            _ => &self.buffered,
+        };
+        crate::vectored::preadv_all(f.as_raw_fd(), bufs, offset)
+            .map_err(|e| io_err("read", &self.path, offset, len, e))
+    }
+
     /// Runs of parts that lie back to back and are aligned for O_DIRECT go
     /// in one `pwritev` each, without the copy into one buffer a caller
     /// would otherwise make; the rest as single writes.
@@ -491,6 +509,12 @@ mod tests {
         roundtrip(false);
     }
 
+    /// A 1 MiB file in `dir` opened with O_DIRECT.
+    fn direct_mib(dir: &tempfile::TempDir) -> FileDev {
+        let opts = FileDevOptions { direct: true, create_size: Some(1 << 20), ..Default::default() };
+        FileDev::open(&dir.path().join("dev.img"), opts).unwrap()
+    }
+
     #[test]
     fn aligned_parts_back_to_back_go_in_one_write_and_the_rest_one_by_one() {
         let parts = [
@@ -511,12 +535,7 @@ mod tests {
         assert_eq!(direct_run(&[unaligned]), 0, "an unaligned buffer");
 
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("dev.img");
-        let dev = FileDev::open(
-            &p,
-            FileDevOptions { direct: true, create_size: Some(1 << 20), ..Default::default() },
-        )
-        .unwrap();
+        let dev = direct_mib(&dir);
         let mut all = views.clone();
         all.push(unaligned);
         dev.write_parts(&all).unwrap();
@@ -528,6 +547,41 @@ mod tests {
         }
         assert!(back == want, "the parts did not land at their offsets");
         assert_eq!(dev.write_parts(&[(1 << 20, views[0].1), views[1]]).unwrap_err().errno(), libc::EINVAL);
+    }
+
+    /// One read fills many buffers back to back, through O_DIRECT when all
+    /// is aligned and buffered when not, and refuses a range past the end.
+    #[test]
+    fn a_scattered_read_fills_the_buffers_back_to_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = direct_mib(&dir);
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+        dev.write_at(&data, 0).unwrap();
+        assert!(dev.scatters_reads());
+        let check = |offset: usize, lens: &[usize], aligned_bufs: bool| {
+            let mut held: Vec<AlignedBuf> = lens.iter().map(|&l| AlignedBuf::new(l + 1)).collect();
+            let mut views: Vec<&mut [std::mem::MaybeUninit<u8>]> = held
+                .iter_mut()
+                .zip(lens)
+                .map(|(b, &l)| {
+                    let s = &mut b.as_mut_slice()[usize::from(!aligned_bufs)..][..l];
+                    // SAFETY: initialised bytes seen as maybe-uninitialised.
+                    unsafe { &mut *(s as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) }
+                })
+                .collect();
+            dev.read_scattered(&mut views, offset as u64).unwrap();
+            let mut at = offset;
+            for (b, &l) in held.iter().zip(lens) {
+                let got = &b.as_slice()[usize::from(!aligned_bufs)..][..l];
+                assert!(got == &data[at..at + l], "{l} bytes at {at} (aligned buffers: {aligned_bufs})");
+                at += l;
+            }
+        };
+        check(8192, &[4096, 16384, 4096], true);
+        check(8192, &[4096, 16384, 4096], false);
+        check(100, &[7, 5000, 1], false);
+        let mut past = [std::mem::MaybeUninit::new(0u8); 16];
+        assert_eq!(dev.read_scattered(&mut [&mut past], (1 << 20) - 8).unwrap_err().errno(), libc::EINVAL);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! engine (`uring`) through which reads of devices that hand out an
 //! O_DIRECT descriptor skip a blocking thread.
 
+use std::mem::MaybeUninit;
+
 mod counting;
 mod crash;
 mod error;
@@ -153,6 +155,27 @@ pub trait BlockDev: Send + Sync {
         parts.iter().try_for_each(|&(offset, data)| self.write_at(data, offset))
     }
 
+    /// Whether [`BlockDev::read_scattered`] fills many buffers with one
+    /// request: a reader of several records then reads them straight into
+    /// their own buffers instead of through one buffer and a copy each.
+    fn scatters_reads(&self) -> bool {
+        false
+    }
+
+    /// Reads from `offset` into `bufs`, back to back; on success every byte
+    /// of every buffer has been written. The default reads each buffer on
+    /// its own (a request each): callers ask [`BlockDev::scatters_reads`]
+    /// first.
+    fn read_scattered(&self, bufs: &mut [&mut [MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
+        let mut at = offset;
+        for b in bufs.iter_mut() {
+            let len = b.len() as u64;
+            self.read_at(initialized(b), at)?;
+            at += len;
+        }
+        Ok(())
+    }
+
     /// Hands the store whoever caches its bytes, for a store another
     /// server changes while this one reads it (a read-only server of a
     /// chunked S3 disk following its writer): it tells `watcher` what
@@ -204,6 +227,16 @@ pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: 
         done += n;
     }
     Ok(())
+}
+
+/// `buf` zeroed, as plain bytes a read may be given.
+pub fn initialized(buf: &mut [MaybeUninit<u8>]) -> &mut [u8] {
+    for x in buf.iter_mut() {
+        x.write(0);
+    }
+    // SAFETY: every byte was just written; MaybeUninit<u8> and u8 have the
+    // same layout.
+    unsafe { &mut *(buf as *mut [MaybeUninit<u8>] as *mut [u8]) }
 }
 
 /// The store's hints a decorator passes through unchanged: how it is best
@@ -297,6 +330,12 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         (**self).write_parts(parts)
+    }
+    fn scatters_reads(&self) -> bool {
+        (**self).scatters_reads()
+    }
+    fn read_scattered(&self, bufs: &mut [&mut [MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
+        (**self).read_scattered(bufs, offset)
     }
     fn watch_changes(&self, watcher: std::sync::Arc<dyn ChangeWatcher>) {
         (**self).watch_changes(watcher)

@@ -45,6 +45,27 @@ impl BlockDev for MemDev {
         Ok(())
     }
 
+    /// As a file or an object store does: one read for all the buffers,
+    /// so the engine's tests go the way those stores' reads go.
+    fn scatters_reads(&self) -> bool {
+        true
+    }
+
+    fn read_scattered(&self, bufs: &mut [&mut [std::mem::MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
+        let data = self.data.read();
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        check_range(data.len() as u64, offset, len)?;
+        let mut at = offset as usize;
+        for b in bufs.iter_mut() {
+            let src = &data[at..at + b.len()];
+            // SAFETY: `src` and `b` have the same length and are distinct
+            // allocations.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.as_mut_ptr() as *mut u8, b.len()) };
+            at += b.len();
+        }
+        Ok(())
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> DevResult<()> {
         let mut data = self.data.write();
         check_range(data.len() as u64, offset, buf.len() as u64)?;

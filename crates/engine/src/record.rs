@@ -2,7 +2,7 @@
 //! least an eighth, as OpenZFS requires) and its logical size. The same
 //! stored bytes go to L2, so feeding never recompresses.
 
-use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering::Relaxed};
 
 /// The tag [`Record::set_fed`] keeps for L2 drop generation `generation`:
 /// never 0, which means "never fed".
@@ -45,6 +45,51 @@ fn probe_compresses(data: &[u8]) -> bool {
     lz4_flex::block::compress(probe).len() < n - n / 16
 }
 
+/// Compression probes of one export's reads: after [`ProbeSkip::STREAK`]
+/// records in a row that did not compress, only one in
+/// [`ProbeSkip::EVERY`] is probed until one compresses again. A stream of
+/// media or encrypted data then costs an eighth of the probes: probing
+/// was a twentieth of the server's CPU on a cold sequential pass of
+/// random bytes (perf), for nothing. Records not probed are kept raw,
+/// which is always right; compressible data among incompressible data may
+/// stay raw a while longer.
+#[derive(Debug, Default)]
+pub(crate) struct ProbeSkip {
+    misses: AtomicU32,
+    tick: AtomicU32,
+}
+
+impl ProbeSkip {
+    pub(crate) const STREAK: u32 = 64;
+    pub(crate) const EVERY: u32 = 16;
+
+    /// Whether the next record is worth a probe.
+    pub(crate) fn probe(&self) -> bool {
+        self.misses.load(Relaxed) < Self::STREAK
+            || self.tick.fetch_add(1, Relaxed).is_multiple_of(Self::EVERY)
+    }
+
+    /// What a probe found.
+    pub(crate) fn note(&self, compressed: bool) {
+        if compressed {
+            self.misses.store(0, Relaxed);
+        } else if self.misses.load(Relaxed) < Self::STREAK {
+            self.misses.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `data` compressed if `compress`, this export's probes say it is worth
+    /// trying, and it pays; `None`: keep it as it is.
+    pub(crate) fn compressed_of(&self, data: &[u8], compress: bool) -> Option<Record> {
+        if !compress || !self.probe() {
+            return None;
+        }
+        let rec = Record::compressed_of(data, true);
+        self.note(rec.is_some());
+        rec
+    }
+}
+
 impl AsRef<[u8]> for Record {
     fn as_ref(&self) -> &[u8] {
         &self.stored
@@ -64,25 +109,33 @@ impl Record {
 
     /// Keeps `data` as is, or compressed if `compress` and it pays.
     pub fn new(data: &[u8], compress: bool) -> Record {
-        let lsize = data.len() as u32;
-        if compress && data.len() >= 1024 && probe_compresses(data) {
-            let c = lz4_flex::block::compress(data);
-            if c.len() <= data.len() - data.len() / 8 {
-                return Record {
-                    stored: c.into_boxed_slice(),
-                    lsize,
-                    compressed: true,
-                    fed: AtomicU16::new(0),
-                };
-            }
+        Record::compressed_of(data, compress).unwrap_or_else(|| Record::raw_boxed(data.into()))
+    }
+
+    /// `data` compressed, if `compress` and it pays; `None` when it is to
+    /// be kept as it is.
+    pub fn compressed_of(data: &[u8], compress: bool) -> Option<Record> {
+        if !(compress && data.len() >= 1024 && probe_compresses(data)) {
+            return None;
         }
-        Record { stored: data.into(), lsize, compressed: false, fed: AtomicU16::new(0) }
+        let c = lz4_flex::block::compress(data);
+        (c.len() <= data.len() - data.len() / 8).then(|| Record {
+            stored: c.into_boxed_slice(),
+            lsize: data.len() as u32,
+            compressed: true,
+            fed: AtomicU16::new(0),
+        })
     }
 
     /// Keeps `data` uncompressed, without copying it.
     pub fn raw(data: Vec<u8>) -> Record {
+        Record::raw_boxed(data.into_boxed_slice())
+    }
+
+    /// Keeps `data` uncompressed, without copying it.
+    pub fn raw_boxed(data: Box<[u8]>) -> Record {
         let lsize = data.len() as u32;
-        Record { stored: data.into_boxed_slice(), lsize, compressed: false, fed: AtomicU16::new(0) }
+        Record { stored: data, lsize, compressed: false, fed: AtomicU16::new(0) }
     }
 
     /// Writes `bytes` over logical bytes `at..` of an uncompressed record;
@@ -168,6 +221,37 @@ mod tests {
         assert_eq!(std::mem::size_of::<Record>(), 24, "the fed tag must stay in the padding");
     }
 
+    /// 16 KiB that do not compress.
+    fn noise() -> Vec<u8> {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        (0..16384)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn probes_thin_out_after_a_streak_of_misses_and_come_back_with_a_hit() {
+        let skip = ProbeSkip::default();
+        let noise = noise();
+        let zeros = vec![0u8; 16384];
+        for _ in 0..ProbeSkip::STREAK {
+            assert!(skip.compressed_of(&noise, true).is_none());
+        }
+        let probed = (0..ProbeSkip::EVERY * 4).filter(|_| skip.probe()).count() as u32;
+        assert_eq!(probed, 4, "one probe in EVERY after the streak");
+        // Compressible data again: found within EVERY records, and from
+        // then on every record is probed.
+        let found = (0..ProbeSkip::EVERY).position(|_| skip.compressed_of(&zeros, true).is_some());
+        assert!(found.is_some(), "a compressible record went unprobed for a whole round");
+        assert!((0..ProbeSkip::EVERY * 2).all(|_| skip.compressed_of(&zeros, true).is_some()));
+        assert!(skip.compressed_of(&zeros, false).is_none(), "compression off");
+    }
+
     #[test]
     fn fed_tags_are_never_the_unfed_zero() {
         for g in [0, 1, u64::from(u16::MAX) - 1, u64::from(u16::MAX), u64::MAX] {
@@ -184,15 +268,7 @@ mod tests {
         let mut out = vec![1u8; 100];
         r.copy_to(500, &mut out).unwrap();
         assert!(out.iter().all(|&b| b == 0));
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let noise: Vec<u8> = (0..16384)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let noise = noise();
         let r = Record::new(&noise, true);
         assert!(!r.is_compressed());
         assert_eq!(r.to_vec().unwrap(), noise);

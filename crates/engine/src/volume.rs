@@ -26,6 +26,7 @@ mod out;
 mod recent;
 mod record_write;
 mod ring_read;
+mod scatter;
 mod tiers;
 pub use out::Held;
 
@@ -150,6 +151,8 @@ pub struct Volume {
     wb: Option<Arc<WriteBack>>,
     sync: AtomicU8,
     counts: VolumeCounts,
+    /// Whether this export's reads are worth a compression probe.
+    probes: crate::record::ProbeSkip,
 }
 
 /// The lock of the records hashed to it, and the count of write guards
@@ -240,6 +243,7 @@ impl Volume {
             wb,
             sync: AtomicU8::new(SyncMode::Standard as u8),
             counts: VolumeCounts::default(),
+            probes: crate::record::ProbeSkip::default(),
         });
         vol.watch_store();
         vol

@@ -193,7 +193,19 @@ impl BlockDev for S3ObjectDev {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
-        let len = buf.len() as u64;
+        // SAFETY: the GET only writes bytes into `buf` (initialised over
+        // initialised), never reads or de-initialises them.
+        let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+        self.read_scattered(&mut [view], offset)
+    }
+
+    fn scatters_reads(&self) -> bool {
+        true
+    }
+
+    /// One ranged GET whose body goes straight into `bufs`.
+    fn read_scattered(&self, bufs: &mut [&mut [std::mem::MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(DevError::OutOfRange { offset, len, size: self.size });
         }
@@ -214,10 +226,10 @@ impl BlockDev for S3ObjectDev {
         debug!(offset, len, by = std::thread::current().name().unwrap_or("?"), "ranged GET");
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
         let got = with_retries(retry_budget(&self.location), &what, || {
-            crate::body::get_into(&self.store, &self.path, opts.clone(), buf)
+            crate::body::get_scattered(&self.store, &self.path, opts.clone(), bufs)
         });
         match got {
-            Ok(n) if n == buf.len() => Ok(()),
+            Ok(n) if n as u64 == len => Ok(()),
             Ok(n) => Err(remote(format!(
                 "{}: asked {len} bytes at {offset}, got {n} (object shorter than when opened?)",
                 self.location

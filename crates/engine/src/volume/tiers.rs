@@ -535,6 +535,9 @@ impl Volume {
         mut out: Option<&mut Out>,
         snap: &[(u64, Arc<Page>)],
     ) -> DevResult<()> {
+        if self.dev.scatters_reads() {
+            return self.fill_scattered(need, wanted, prefetch, offset, out, snap);
+        }
         let bytes = self.record_range(need.start).start..self.record_range(need.end - 1).end;
         self.cache.fill_bufs.with((bytes.end - bytes.start) as usize, |block| {
             let started = std::time::Instant::now();
@@ -621,7 +624,9 @@ impl Volume {
         for r in need.clone() {
             let rr = self.record_range(r);
             let slice = &block[(rr.start - start) as usize..(rr.end - start) as usize];
-            let rec = Arc::new(Record::new(slice, compress));
+            let rec =
+                self.probes.compressed_of(slice, compress).unwrap_or_else(|| Record::raw_boxed(slice.into()));
+            let rec = Arc::new(rec);
             if let Some(k) = keep.as_deref_mut() {
                 if rec.is_compressed() {
                     // The plain bytes are in hand: copied, not decompressed.
