@@ -135,6 +135,9 @@ fn is_meta(key: Key) -> bool {
 struct Honor {
     prefetch: bool,
     meta: bool,
+    /// MRU's end held only young prefetches this pass (see `step`): not
+    /// walked again, and MFU gives only what it can spare.
+    mru_blocked: bool,
     meta_rotated: u32,
     /// Records this pass moved from MRU into MFU's room (`fill_mfu`).
     filled: u32,
@@ -322,6 +325,9 @@ impl AdaptiveArc {
     /// leaves next. Returns the bytes freed, or None when the list had
     /// nothing to give.
     fn step(&mut self, from: State, honor: &mut Honor, out: &mut Vec<Key>) -> Option<u64> {
+        if honor.prefetch && honor.mru_blocked && !self.mfu_spares(from) {
+            return None;
+        }
         let mut cur = self.q.lists[from as usize].tail();
         let protect_meta = honor.meta && self.meta_protected();
         // Each entry of the list is moved at most once per pass.
@@ -354,6 +360,7 @@ impl AdaptiveArc {
             // target below the read-ahead (a sequential pass over an L2
             // with a 256M ARC read a third of its records twice).
             if skipped >= MAX_SKIPS {
+                honor.mru_blocked |= from == State::Mru;
                 return None;
             }
             cur = self.q.slab.prev_of(idx);
@@ -392,6 +399,24 @@ impl AdaptiveArc {
         Some(size)
     }
 
+    /// Whether `from` may give while MRU's end is all young prefetches:
+    /// never MRU itself (walked once a pass), and MFU only a record read
+    /// once that a fill put in room nobody wanted, or while MFU is above
+    /// its share. So a stream's read-ahead waits at MRU's end for its
+    /// demand reads at the cost of what MFU can spare, and a flood of
+    /// prefetches nobody reads (NBD `CACHE`, read-ahead past what a client
+    /// wants) cannot wash re-used records out of MFU: once MFU has nothing
+    /// to spare, the prefetches' protection gives way instead.
+    fn mfu_spares(&self, from: State) -> bool {
+        if from != State::Mfu {
+            return false;
+        }
+        let over_share = self.q.sizes[State::Mfu as usize] as f64 > self.c as f64 - self.p;
+        let tail_filled =
+            self.q.lists[State::Mfu as usize].tail().is_some_and(|t| self.q.slab.get(t).how == How::Filled);
+        over_share || tail_filled
+    }
+
     /// Takes entry `idx` off `from`: one re-used since it last got here
     /// goes on to MFU's head, a step lower (true); any other is left
     /// unlinked for the caller to place (false).
@@ -412,19 +437,22 @@ impl AdaptiveArc {
             return;
         }
         self.adapt_meta();
-        let mut honor = Honor { prefetch: true, meta: true, meta_rotated: 0, filled: 0 };
+        let mut honor = Honor { prefetch: true, meta: true, mru_blocked: false, meta_rotated: 0, filled: 0 };
         while self.resident() > self.c {
             let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
             let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
             let first = if mru_over || mfu_empty { State::Mru } else { State::Mfu };
             let other = if first == State::Mru { State::Mfu } else { State::Mru };
             if self.step(first, &mut honor, out).is_none() && self.step(other, &mut honor, out).is_none() {
-                if !honor.prefetch && !honor.meta {
+                // Only young prefetches and protected metadata left: RAM
+                // wins, over the prefetches' lifetimes first.
+                if honor.prefetch {
+                    honor.prefetch = false;
+                } else if honor.meta {
+                    honor.meta = false;
+                } else {
                     break;
                 }
-                // Only young prefetches and protected metadata left: RAM wins.
-                honor.prefetch = false;
-                honor.meta = false;
             }
         }
     }

@@ -16,11 +16,9 @@ fn read(p: &mut dyn Policy, key: u64, size: u64, now_ns: u64) -> bool {
     false
 }
 
-/// A working set read again and again, then one sequential pass over
-/// five times the cache: the working set must still be there after.
-#[test]
-fn a_sequential_pass_does_not_wash_out_the_working_set() {
-    let cache = 1024 * REC;
+/// arc-adaptive of `cache` bytes after records 0..600 were read six
+/// times, a millisecond apart: the policy, the records, the time.
+fn with_working_set(cache: u64) -> (Box<dyn Policy>, Vec<u64>, u64) {
     let mut p = serving("arc-adaptive", cache, cache, 1000 * MS).unwrap();
     let hot: Vec<u64> = (0..600).collect();
     let mut t = 0;
@@ -30,6 +28,15 @@ fn a_sequential_pass_does_not_wash_out_the_working_set() {
             read(p.as_mut(), k, REC, t);
         }
     }
+    (p, hot, t)
+}
+
+/// A working set read again and again, then one sequential pass over
+/// five times the cache: the working set must still be there after.
+#[test]
+fn a_sequential_pass_does_not_wash_out_the_working_set() {
+    let cache = 1024 * REC;
+    let (mut p, hot, mut t) = with_working_set(cache);
     for k in 0..5 * 1024 {
         t += MS;
         read(p.as_mut(), 1_000_000 + k, REC, t);
@@ -43,6 +50,34 @@ fn a_sequential_pass_does_not_wash_out_the_working_set() {
     );
     assert!(s.mru_size + s.mfu_size == s.size && s.size <= cache, "{s:?}");
     p.validate().unwrap();
+}
+
+/// The same working set, then prefetches of five times the cache within
+/// their lifetime, with or without their demand reads (a stream read
+/// ahead 256 records; a flood of NBD `CACHE` nobody reads): the working
+/// set must still be there, and RAM stay bounded.
+#[test]
+fn young_prefetches_do_not_wash_out_the_working_set() {
+    for demanded in [true, false] {
+        let cache = 1024 * REC;
+        let (mut p, hot, mut t) = with_working_set(cache);
+        for k in 0..5 * 1024u64 {
+            // A tenth of a millisecond apart: all younger than a second.
+            t += MS / 10;
+            let ahead = Access { now_ns: t, prefetch: true };
+            if !p.lookup(1_000_000 + k, ahead).is_hit() {
+                p.insert(1_000_000 + k, REC, ahead, &mut Vec::new());
+            }
+            if demanded && k >= 256 {
+                read(p.as_mut(), 1_000_000 + k - 256, REC, t);
+            }
+        }
+        let kept = hot.iter().filter(|&&k| p.contains(k)).count();
+        assert!(kept >= 570, "only {kept} of 600 hot records survived (demanded: {demanded})");
+        let s = p.stats();
+        assert!(s.size <= cache, "{s:?}");
+        p.validate().unwrap();
+    }
 }
 
 /// Records of many sizes: the byte budget holds, ghosts and counters add up.

@@ -164,8 +164,6 @@ mod allocator_tests {
                     b.as_ptr()
                 );
             }
-            let odd: Vec<Box<[u8]>> = (0..64).map(|_| vec![0u8; 100].into_boxed_slice()).collect();
-            drop(odd);
         }
     }
 }

@@ -343,16 +343,22 @@ impl BlockDev for FileDev {
         let mut i = 0;
         while i < parts.len() {
             let run = direct_run(&parts[i..]);
-            let (offset, first) = parts[i];
-            let len: u64 = parts[i..i + run].iter().map(|(_, d)| d.len() as u64).sum();
-            match self.direct.as_ref().filter(|_| run > 1) {
-                Some(f) => {
+            match (self.direct.as_ref(), run) {
+                (Some(f), 2..) => {
+                    let offset = parts[i].0;
+                    let len: u64 = parts[i..i + run].iter().map(|(_, d)| d.len() as u64).sum();
                     check_range(self.size, offset, len)?;
                     let slices: Vec<&[u8]> = parts[i..i + run].iter().map(|&(_, d)| d).collect();
                     crate::vectored::pwritev_all(f.as_raw_fd(), &slices, offset)
                         .map_err(|e| io_err("write", &self.path, offset, len, e))?;
                 }
-                None => self.write_at(first, offset)?,
+                // No O_DIRECT descriptor (a file system that refuses it),
+                // or a run of one: every part of the run on its own.
+                _ => {
+                    for &(offset, data) in &parts[i..i + run.max(1)] {
+                        self.write_at(data, offset)?;
+                    }
+                }
             }
             i += run.max(1);
         }
@@ -509,9 +515,9 @@ mod tests {
         roundtrip(false);
     }
 
-    /// A 1 MiB file in `dir` opened with O_DIRECT.
-    fn direct_mib(dir: &tempfile::TempDir) -> FileDev {
-        let opts = FileDevOptions { direct: true, create_size: Some(1 << 20), ..Default::default() };
+    /// A 1 MiB file in `dir`, opened with O_DIRECT or without.
+    fn mib_file(dir: &tempfile::TempDir, direct: bool) -> FileDev {
+        let opts = FileDevOptions { direct, create_size: Some(1 << 20), ..Default::default() };
         FileDev::open(&dir.path().join("dev.img"), opts).unwrap()
     }
 
@@ -534,9 +540,18 @@ mod tests {
         let unaligned = (45056u64, &odd[1..]);
         assert_eq!(direct_run(&[unaligned]), 0, "an unaligned buffer");
 
-        let dir = tempfile::tempdir().unwrap();
-        let dev = direct_mib(&dir);
-        let mut all = views.clone();
+        for direct in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let dev = mib_file(&dir, direct);
+            assert_eq!(dev.is_direct(), direct);
+            check_parts_land(&dev, &views, unaligned);
+        }
+    }
+
+    /// Writes `views` and `unaligned` with one `write_parts` and checks
+    /// every byte of the file.
+    fn check_parts_land(dev: &FileDev, views: &[(u64, &[u8])], unaligned: (u64, &[u8])) {
+        let mut all = views.to_vec();
         all.push(unaligned);
         dev.write_parts(&all).unwrap();
         let mut back = vec![0u8; 1 << 20];
@@ -554,7 +569,7 @@ mod tests {
     #[test]
     fn a_scattered_read_fills_the_buffers_back_to_back() {
         let dir = tempfile::tempdir().unwrap();
-        let dev = direct_mib(&dir);
+        let dev = mib_file(&dir, true);
         let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
         dev.write_at(&data, 0).unwrap();
         assert!(dev.scatters_reads());

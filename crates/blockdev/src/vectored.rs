@@ -47,7 +47,13 @@ fn whole(
 ) -> io::Result<()> {
     let mut done = 0usize;
     let mut at = offset;
-    while done < iov.len() {
+    loop {
+        // Empty buffers move nothing: past them first, so a call is only
+        // made for bytes that must move (and all empty is done).
+        done = advance(&mut iov, done, 0);
+        if done == iov.len() {
+            break;
+        }
         let n = (iov.len() - done).min(IOV_MAX);
         let moved = call(&iov[done..], n as i32, at as libc::off_t);
         if moved < 0 {

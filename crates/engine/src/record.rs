@@ -49,8 +49,8 @@ fn probe_compresses(data: &[u8]) -> bool {
 /// records in a row that did not compress, only one in
 /// [`ProbeSkip::EVERY`] is probed until one compresses again. A stream of
 /// media or encrypted data then costs an eighth of the probes: probing
-/// was a twentieth of the server's CPU on a cold sequential pass of
-/// random bytes (perf), for nothing. Records not probed are kept raw,
+/// was about 4 % of the server's CPU on a cold sequential pass of random
+/// bytes (perf), for nothing. Records not probed are kept raw,
 /// which is always right; compressible data among incompressible data may
 /// stay raw a while longer.
 #[derive(Debug, Default)]

@@ -268,19 +268,25 @@ impl L2Device {
     /// buffers cannot take it (no O_DIRECT descriptor, an address, length
     /// or buffer not aligned); the caller then reads through `read_with`.
     pub fn read_records(&self, daddr: u64, lens: &[u64]) -> DevResult<Option<Vec<Box<[u8]>>>> {
-        fail::fail_point!("l2.read", |_| blockdev::injected("l2.read", daddr));
         let Some(fd) = self.dev.direct_read_fd() else { return Ok(None) };
         let total: u64 = lens.iter().sum();
         if !daddr.is_multiple_of(ALIGN) || lens.iter().any(|l| *l == 0 || !l.is_multiple_of(ALIGN)) {
             return Ok(None);
         }
-        let mut bufs: Vec<Box<[std::mem::MaybeUninit<u8>]>> =
-            lens.iter().map(|&l| Box::new_uninit_slice(l as usize)).collect();
-        // Whole pages come page-aligned from the server's allocator
-        // (mimalloc); another allocator may not place them so.
-        if bufs.iter().any(|b| !(b.as_ptr() as usize).is_multiple_of(ALIGN as usize)) {
-            return Ok(None);
+        let mut bufs: Vec<Box<[std::mem::MaybeUninit<u8>]>> = Vec::with_capacity(lens.len());
+        for &l in lens {
+            let b = Box::new_uninit_slice(l as usize);
+            // Whole pages come page-aligned from the server's allocator
+            // (mimalloc); another allocator may not place them so, and
+            // then the first such buffer ends the attempt.
+            if !(b.as_ptr() as usize).is_multiple_of(ALIGN as usize) {
+                return Ok(None);
+            }
+            bufs.push(b);
         }
+        // Here, not first: a read that goes through `read_with` instead
+        // meets the fail point there, once.
+        fail::fail_point!("l2.read", |_| blockdev::injected("l2.read", daddr));
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(total, Relaxed);
         let mut views: Vec<&mut [std::mem::MaybeUninit<u8>]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
