@@ -17,6 +17,8 @@
 # Prints one line per run: arm, IOPS, FLUSHes, log commits, us per commit,
 # then each arm's runs and mean, and writes the same to
 # bench/results/ab-flush.md, or ab-flush-$AB_NAME.md when AB_NAME is set.
+# A named result that exists already is kept (the script stops first);
+# AB_OVERWRITE=1 replaces it.
 set -euo pipefail
 secs=${1:?seconds}; rounds=${2:?rounds}; shift 2
 [ $# -ge 1 ] || { echo "usage: $0 SECONDS ROUNDS ARM..." >&2; exit 2; }
@@ -25,7 +27,7 @@ for t in fio nbdkit python3; do
 done
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-result=$(bench_results "ab-flush${AB_NAME:+-$AB_NAME}.md")
+result=$(bench_ab_results "ab-flush${AB_NAME:+-$AB_NAME}.md") || exit 2
 header=$(bench_header "$secs" "$rounds" "${@@Q}")
 bench_start arcache-ab
 

@@ -22,6 +22,8 @@
 #   commit of this tree, and a line per arm the commit its binary says it
 #   was built from (`arcache --version`). ARCACHE_EXTRA adds serve options to every arm.
 # Writes bench/results/ab-read-JOB.md, or ab-read-JOB-$AB_NAME.md when AB_NAME is set.
+# A named result that exists already is kept (the script stops first);
+# AB_OVERWRITE=1 replaces it.
 set -euo pipefail
 secs=${1:?seconds}; rounds=${2:?rounds}; shift 2
 [ $# -ge 1 ] || { echo "usage: $0 SECONDS ROUNDS ARM..." >&2; exit 2; }
@@ -30,7 +32,7 @@ for t in fio python3; do
 done
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-result=$(bench_results "ab-read-${AB_JOB:-arc-hit}${AB_NAME:+-$AB_NAME}.md")
+result=$(bench_ab_results "ab-read-${AB_JOB:-arc-hit}${AB_NAME:+-$AB_NAME}.md") || exit 2
 header=$(bench_header "$secs" "$rounds" "${@@Q}")
 bench_start arcache-ab-read
 

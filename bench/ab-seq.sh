@@ -39,6 +39,8 @@
 # (boto3); for AB_ORIGIN=nbdkit, nbdkit. Writes bench/results/ab-seq.md
 # (ab-seq-nbdkit.md, ab-seq-ram.md), with -pinned after the origin for
 # AB_PIN=1 and -$AB_NAME at the end when AB_NAME is set.
+# A named result that exists already is kept (the script stops first);
+# AB_OVERWRITE=1 replaces it.
 set -euo pipefail
 rounds=${1:?rounds}; shift
 [ $# -ge 1 ] || { echo "usage: $0 ROUNDS ARM..." >&2; exit 2; }
@@ -62,7 +64,7 @@ on_server=() on_client=()
 if [ "${AB_PIN:-0}" = 1 ]; then
   on_server=(taskset -c 0) on_client=(taskset -c 1)
 fi
-result=$(bench_results "ab-seq$suffix${AB_NAME:+-$AB_NAME}.md")
+result=$(bench_ab_results "ab-seq$suffix${AB_NAME:+-$AB_NAME}.md") || exit 2
 header=$(bench_header "$rounds" "${@@Q}")
 bench_start arcache-ab-seq
 # The export's size in MiB and the cache each arm's server gets.

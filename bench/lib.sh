@@ -54,6 +54,21 @@ bench_results() {
   echo "$dir/$1"
 }
 
+# bench_ab_results NAME: bench_results for an A/B script. A named A/B
+# (AB_NAME set) records one comparison, so a result file of that name that
+# exists is not replaced unless AB_OVERWRITE=1: a name reused by mistake
+# once overwrote an earlier session's cited results. Fails (status 2)
+# before anything runs; call as `result=$(bench_ab_results X) || exit 2`.
+bench_ab_results() {
+  local path
+  path=$(bench_results "$1")
+  if [ -n "${AB_NAME:-}" ] && [ -e "$path" ] && [ "${AB_OVERWRITE:-0}" != 1 ]; then
+    echo "bench: $path exists; choose another AB_NAME or set AB_OVERWRITE=1" >&2
+    return 2
+  fi
+  echo "$path"
+}
+
 # slow_source IMG: mounts the ext4 image IMG as issue 22's slow source at
 # $work/slow: a direct-IO loop device with no read-ahead over nbdfuse (at
 # $work/nbdf) over `nbdkit --filter=delay rdelay=4ms wdelay=4ms`, so every
