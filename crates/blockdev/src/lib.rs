@@ -230,7 +230,7 @@ pub fn write_zeroes_by_writing<D: BlockDev + ?Sized>(dev: &D, offset: u64, len: 
 }
 
 /// `buf` zeroed, as plain bytes a read may be given.
-pub fn initialized(buf: &mut [MaybeUninit<u8>]) -> &mut [u8] {
+fn initialized(buf: &mut [MaybeUninit<u8>]) -> &mut [u8] {
     for x in buf.iter_mut() {
         x.write(0);
     }

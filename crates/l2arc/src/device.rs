@@ -213,21 +213,14 @@ impl L2Device {
         std::mem::take(&mut r.batches).into_iter().collect()
     }
 
-    /// Writes a batch in one call: an O_DIRECT write of megabytes already
-    /// reaches the device as several requests in flight. Writing it as
-    /// threads of 2 MiB each, spawned per batch, made the feed wait for
-    /// them to be scheduled on a host whose cores a cold stream kept busy,
-    /// and the feed fell behind the stream (bench/README.md, the claims).
-    pub fn write(&self, offset: u64, buf: &[u8]) -> DevResult<()> {
-        fail::fail_point!("l2.write", |_| blockdev::injected("l2.write", offset));
-        self.stats.writes.fetch_add(1, Relaxed);
-        self.stats.write_bytes.fetch_add(buf.len() as u64, Relaxed);
-        self.dev.write_at(buf, offset)
-    }
-
-    /// Writes `parts` back to back from `offset`: one batch whose records
-    /// are written from where they lie in RAM instead of copied into one
-    /// buffer first.
+    /// Writes a batch, `parts` back to back from `offset`, in one call: its
+    /// records from where they lie in RAM where they can be (one
+    /// `pwritev` on an O_DIRECT device), the rest from the staging buffer.
+    /// An O_DIRECT write of megabytes already reaches the device as several
+    /// requests in flight; writing it as threads of 2 MiB each, spawned per
+    /// batch, made the feed wait for them to be scheduled on a host whose
+    /// cores a cold stream kept busy, and the feed fell behind the stream
+    /// (bench/README.md, the claims).
     pub fn write_vectored(&self, offset: u64, parts: &[&[u8]]) -> DevResult<()> {
         fail::fail_point!("l2.write", |_| blockdev::injected("l2.write", offset));
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();

@@ -1031,21 +1031,14 @@ impl L2Arc {
             let _ = dev.trim(res.offset + len, ahead);
         }
         self.stats.l2_writes_sent.fetch_add(1, Relaxed);
-        let written = match layout.pieces.as_slice() {
-            [BatchPiece::Staged(..)] => dev.write(res.offset, buf.as_slice()),
-            pieces => {
-                let staged = buf.as_slice();
-                let parts: Vec<&[u8]> = pieces
-                    .iter()
-                    .map(|p| match *p {
-                        BatchPiece::Staged(from, to) => &staged[from as usize..to as usize],
-                        BatchPiece::InPlace(i) => (*items[i].data).as_ref(),
-                    })
-                    .collect();
-                dev.write_vectored(res.offset, &parts)
-            }
-        };
-        if let Err(e) = written {
+        let staged = buf.as_slice();
+        let parts: Vec<&[u8]> = (layout.pieces.iter())
+            .map(|p| match *p {
+                BatchPiece::Staged(from, to) => &staged[from as usize..to as usize],
+                BatchPiece::InPlace(i) => (*items[i].data).as_ref(),
+            })
+            .collect();
+        if let Err(e) = dev.write_vectored(res.offset, &parts) {
             self.stats.l2_writes_error.fetch_add(1, Relaxed);
             if dev.note_error() {
                 warn!("L2 device {} taken out of service after repeated errors (last: {e})", dev.path);

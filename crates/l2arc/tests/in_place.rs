@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, SharedBytes, HEADER_RESERVED};
+use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, L2Miss, SharedBytes, HEADER_RESERVED};
 use blockdev::{AlignedBuf, BlockDev, FileDev, FileDevOptions, MemDev};
 
 /// The server's allocator, which places buffers of whole pages on page
@@ -112,13 +112,42 @@ fn records_written_in_place_and_copied_read_back_from_memory() {
     assert!(!reads_in_place(&l2), "memory has no O_DIRECT descriptor");
 }
 
-#[test]
-fn records_written_in_place_and_copied_read_back_from_a_file_opened_direct() {
-    let dir = tempfile::tempdir().unwrap();
+/// An L2 on a file in `dir` opened with O_DIRECT, fed and read back.
+fn direct_l2(dir: &tempfile::TempDir) -> L2Arc {
     let opts =
         FileDevOptions { direct: true, create_size: Some(HEADER_RESERVED + (8 << 20)), ..Default::default() };
     let dev = FileDev::open(&dir.path().join("l2.img"), opts).unwrap();
     assert!(dev.is_direct(), "this test needs a file system that takes O_DIRECT");
-    let l2 = feed_and_read_back(Arc::new(dev));
+    feed_and_read_back(Arc::new(dev))
+}
+
+#[test]
+fn records_written_in_place_and_copied_read_back_from_a_file_opened_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    let l2 = direct_l2(&dir);
     assert!(reads_in_place(&l2), "whole pages on a direct file are read in place");
+}
+
+/// A copy changed on the device after it was fed fails its checksum when
+/// a run is read into a buffer per record, and only that copy: the
+/// others of the run are served, the bad one dropped.
+#[test]
+fn a_bad_copy_read_in_place_is_caught_and_only_it_is_dropped() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let l2 = direct_l2(&dir);
+    assert!(reads_in_place(&l2));
+    let bad = l2.lookup(1).expect("indexed");
+    let file = std::fs::OpenOptions::new().write(true).open(dir.path().join("l2.img")).unwrap();
+    file.write_all_at(b"garbage", bad.daddr() + 100).unwrap();
+    file.sync_all().unwrap();
+    let wanted: Vec<_> = (0..3).map(|k| (k, l2.lookup(k).expect("indexed"))).collect();
+    let got = l2.read_many(&wanted);
+    assert_eq!(got[1], Err(L2Miss::ChecksumBad), "the changed copy was served");
+    for k in [0u64, 2] {
+        let b = got[k as usize].as_ref().expect("a good copy of the run");
+        assert!(b[..] == bytes(k, b.len())[..], "record {k}");
+    }
+    assert!(l2.lookup(1).is_none(), "the bad copy stays indexed");
+    assert_eq!(l2.stats.l2_cksum_bad.load(Relaxed), 1);
 }

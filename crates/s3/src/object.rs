@@ -192,29 +192,15 @@ impl BlockDev for S3ObjectDev {
         self.size
     }
 
+    // Not `scatters_reads`: a GET's body spread over a buffer per record,
+    // allocated before each 8 MiB GET and ahead of the evictions that free
+    // their room, kept the allocator faulting pages in and giving them
+    // back (perf of the cold 2 GiB pass on Ceph: page faults, clearing and
+    // unmapping 17 % of the server's samples against 6 %;
+    // bench/results/ab-seq-scatter.md), so reads go through the engine's
+    // kept block buffer and a copy.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
-        // SAFETY: the GET only writes bytes into `buf` (initialised over
-        // initialised), never reads or de-initialises them.
-        let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-        self.read_scattered(&mut [view], offset)
-    }
-
-    /// No: spreading a GET's body over a buffer per record, allocated
-    /// before the GET, cost more than the copy it saves. Several 8 MiB
-    /// units of records in flight at once, allocated ahead of the
-    /// evictions that free their room, kept the allocator taking fresh
-    /// pages and giving them back (perf of the cold 2 GiB pass on Ceph:
-    /// page faults, page clearing and unmapping 17 % of the server's
-    /// samples, against 6 % through the one kept block buffer; 2.78-2.92
-    /// against 2.64-2.65 server CPU-seconds, by hand). Files read that way
-    /// gain (`FileDev`).
-    fn scatters_reads(&self) -> bool {
-        false
-    }
-
-    /// One ranged GET whose body goes straight into `bufs`.
-    fn read_scattered(&self, bufs: &mut [&mut [std::mem::MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
-        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let len = buf.len() as u64;
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(DevError::OutOfRange { offset, len, size: self.size });
         }
@@ -235,10 +221,10 @@ impl BlockDev for S3ObjectDev {
         debug!(offset, len, by = std::thread::current().name().unwrap_or("?"), "ranged GET");
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
         let got = with_retries(retry_budget(&self.location), &what, || {
-            crate::body::get_scattered(&self.store, &self.path, opts.clone(), bufs)
+            crate::body::get_into(&self.store, &self.path, opts.clone(), buf)
         });
         match got {
-            Ok(n) if n as u64 == len => Ok(()),
+            Ok(n) if n == buf.len() => Ok(()),
             Ok(n) => Err(remote(format!(
                 "{}: asked {len} bytes at {offset}, got {n} (object shorter than when opened?)",
                 self.location

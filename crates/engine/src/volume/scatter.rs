@@ -2,8 +2,8 @@
 //! fill many buffers with one request (a file's `preadv`): each record
 //! kept raw is the very buffer the store wrote, where reading through one
 //! block buffer cost a copy of every byte read (about 5 % of the server's
-//! CPU on a cold sequential pass, perf). S3 objects could, but do not
-//! (`S3Object::scatters_reads` says why).
+//! CPU on a cold sequential pass, perf). S3 objects do not (the comment
+//! on `S3Object::read_at` says why).
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use blockdev::DevResult;
 
 use super::out::{Keep, Out};
-use super::tiers::injected_backing_error;
+use super::tiers::{asked, injected_backing_error};
 use super::Volume;
 use crate::cache::Found;
 use crate::dirty::Page;
@@ -52,20 +52,19 @@ impl Volume {
         for (r, rec) in need.clone().zip(records.iter_mut()) {
             self.overlay_block(r..r + 1, rec, offset, out.as_deref_mut().and_then(Out::buf), snap);
         }
-        let from = wanted.start.clamp(need.start, need.end);
-        let to = wanted.end.clamp(from, need.end);
+        let asked = asked(&need, &wanted);
         let mut keep = out.and_then(Out::keep);
         for (r, rec) in need.clone().zip(records) {
-            let asked = (from..to).contains(&r);
-            let k = if asked { keep.as_deref_mut() } else { None };
-            self.insert_owned(r, rec, !asked || prefetch, k);
+            let mine = asked.contains(&r);
+            let k = if mine { keep.as_deref_mut() } else { None };
+            self.insert_owned(r, rec, !mine || prefetch, k);
         }
-        let asked = to - from;
-        if asked > 0 {
-            self.cache.count(Found::Miss, prefetch, asked);
+        let n = asked.end - asked.start;
+        if n > 0 {
+            self.cache.count(Found::Miss, prefetch, n);
         }
-        if need.end - need.start > asked {
-            self.cache.count(Found::Miss, true, need.end - need.start - asked);
+        if need.end - need.start > n {
+            self.cache.count(Found::Miss, true, need.end - need.start - n);
         }
         Ok(())
     }

@@ -548,8 +548,7 @@ impl Volume {
             // it wants, go in as prefetches. Every record but a volume's
             // last is whole, so record `r` starts `r - need.start` records
             // into the block.
-            let from = wanted.start.clamp(need.start, need.end);
-            let to = wanted.end.clamp(from, need.end);
+            let Range { start: from, end: to } = asked(&need, &wanted);
             let part = |rs: Range<u64>| &block[((rs.start - need.start) * self.recordsize) as usize..];
             if from > need.start {
                 self.insert_block(need.start..from, part(need.start..from), true, None);
@@ -647,6 +646,13 @@ impl Volume {
 pub(super) fn injected_backing_error(offset: u64) -> DevResult<()> {
     fail::fail_point!("backing.read", |_| blockdev::injected("backing.read", offset));
     Ok(())
+}
+
+/// The records of a backing read `need` that its request asked for
+/// (`wanted` clamped to it); those before and after are read ahead.
+pub(super) fn asked(need: &Range<u64>, wanted: &Range<u64>) -> Range<u64> {
+    let from = wanted.start.clamp(need.start, need.end);
+    from..wanted.end.clamp(from, need.end)
 }
 
 /// Reads the backing store, or fails as the fail point says.
