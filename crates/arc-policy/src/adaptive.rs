@@ -42,7 +42,7 @@
 //! that drift a little at a time (synthetic.py's `drift`) up to 1.6 pp.
 //! Mostly the time before the first choice: the same random mixtures five
 //! times as long leave 2 of 120 points more than 1 pp below LRU and
-//! textbook ARC's better, against 8.
+//! textbook ARC's better, against 7.
 //! - A re-access counts as re-use (OpenZFS's MRU to MFU debounce) only
 //!   `min_promote_ns` after the last counted one or once enough other
 //!   blocks entered the cache since: the small reads of one record come
