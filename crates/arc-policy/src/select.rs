@@ -95,9 +95,9 @@ const EARLY_SIGMAS: i64 = 5;
 /// switch shrinks MFU, and what MFU held may not come back: a block read
 /// often at distances beyond the ghosts' reach re-enters MFU only through
 /// a tiny MRU. Seen on P6 at 10,190 blocks: a burst carried the choice
-/// from 1 % to 95 % of the cache, and for 200,000 requests after the
-/// switch back the cache hit 37 to 50 % where the copy that never switched
-/// hit 54 to 71 %. The first choice is not held back: the variant run
+/// from 1 % to 95 % of the cache, and long after the switch back the cache
+/// hit far less than the copy that never switched (a replay with the hit
+/// ratio printed every 20,000 requests, by hand). The first choice is not held back: the variant run
 /// before it was nobody's choice, and a hot set that moves wants recency
 /// soon (bench/policy.sh: the reference suite's mean 0.2 pp higher; on
 /// two more random families of 40 seeds, 5000 and 9000 onwards, as many
