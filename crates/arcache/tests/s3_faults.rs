@@ -510,6 +510,59 @@ fn a_txg_writes_each_chunk_it_changes_once() {
     s.stop();
 }
 
+/// Four sequential readers of one object at once, each over its own quarter
+/// (two 8 MiB read units), in 256 KiB reads, on four connections, with
+/// zfetch on as by default: every byte as stored, and the object comes
+/// from the bucket once, mostly in whole units, not a GET per read or per
+/// prefetch. `backing_read_units=0` shows the count tells the two apart.
+#[test]
+fn four_sequential_readers_take_an_object_in_few_large_gets() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["games"]) else { return };
+    const SIZE: usize = 64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let object = std::sync::Arc::new(random_file(&img, SIZE, 44));
+    s3.ctl(&["put", "games", "disk.img", img.to_str().unwrap()]);
+    let gets = |units: &str| {
+        let env = s3_env(&proxy.endpoint());
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let args = ["--arc-max", "256M", "--set", units, "--export", "obj=s3://games/disk.img"];
+        let s = Serve::start_with_env(tempfile::tempdir().unwrap(), &args, &env);
+        proxy.control("POST", "reset", "");
+        let readers: Vec<_> = (0..4usize)
+            .map(|q| {
+                let (target, object, units) = (s.target(), std::sync::Arc::clone(&object), units.to_string());
+                std::thread::spawn(move || {
+                    let mut c = nbd::Client::connect(&target, "obj").unwrap();
+                    let quarter = SIZE / 4;
+                    for at in (q * quarter..(q + 1) * quarter).step_by(256 << 10) {
+                        let got = read(&mut c, at as u64, 256 << 10).unwrap();
+                        assert!(got[..] == object[at..at + (256 << 10)], "{units}: bytes differ at {at}");
+                    }
+                })
+            })
+            .collect();
+        timed(Duration::from_secs(60), "four readers", || {
+            readers.into_iter().for_each(|r| r.join().unwrap())
+        });
+        // Read-ahead still in flight is counted too.
+        std::thread::sleep(Duration::from_millis(500));
+        let got = proxy.stats()["by_method"]["GET"].as_u64().unwrap_or(0);
+        let bytes = s.stat()["backing_read_bytes"].as_u64().unwrap();
+        s.stop();
+        assert_eq!(bytes, SIZE as u64, "{units}: bytes read from the bucket for a {SIZE}-byte object");
+        got
+    };
+    let units = gets("backing_read_units=1");
+    let pieces = gets("backing_read_units=0");
+    // 8 units, and at each reader's start a few smaller GETs: its first
+    // misses come before zfetch has seen a stream, and its first stream
+    // miss reads on to the end of the unit it is in (measured: 23 to 26 in
+    // all; without units 130 to 144, for 256 reads of 256 KiB).
+    assert!((8..=32).contains(&units), "GETs for 64 MiB in 8 MiB units by four readers: {units}");
+    assert!(pieces > 3 * units, "without read units: {pieces} GETs against {units}; the count tells nothing");
+}
+
 /// Self-fence: a writer whose lease renewals keep failing stops writing to
 /// the bucket after three renewal periods (a FLUSH without a log fails, the
 /// data stays dirty, no chunk reaches the bucket), and goes on once a
