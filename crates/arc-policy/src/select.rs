@@ -101,7 +101,9 @@ const EARLY_SIGMAS: i64 = 5;
 /// before it was nobody's choice, and a hot set that moves wants recency
 /// soon (bench/policy.sh: the reference suite's mean 0.2 pp higher; on
 /// two more random families of 40 seeds, 5000 and 9000 onwards, as many
-/// points more than 1 pp below LRU and textbook ARC's better as without).
+/// points more than 1 pp below LRU and textbook ARC's better as without,
+/// though the worst of them, s9004 at 25,952 blocks, a loop beside hot
+/// sets that jump, fell from -3.86 to -4.55 pp; examples/tune.rs).
 const TOWARD_RECENCY: (i64, i64) = (3, 2);
 
 /// Resident entries one copy may hold before the sampling rate halves.
