@@ -97,13 +97,14 @@ const EARLY_SIGMAS: i64 = 5;
 /// a tiny MRU. Seen on P6 at 10,190 blocks: a burst carried the choice
 /// from 1 % to 95 % of the cache, and long after the switch back the cache
 /// hit far less than the copy that never switched (a replay with the hit
-/// ratio printed every 20,000 requests, by hand). The first choice is not held back: the variant run
-/// before it was nobody's choice, and a hot set that moves wants recency
-/// soon (bench/policy.sh: the reference suite's mean 0.2 pp higher; on
-/// two more random families of 40 seeds, 5000 and 9000 onwards, as many
-/// points more than 1 pp below LRU and textbook ARC's better as without,
-/// though the worst of them, s9004 at 25,952 blocks, a loop beside hot
-/// sets that jump, fell from -3.86 to -4.55 pp; examples/tune.rs).
+/// ratio printed every 20,000 requests, by hand). The first choice is not
+/// held back: the variant run before it was nobody's choice, and a hot
+/// set that moves wants recency soon. Measured (bench/results/policy.md
+/// and its history): the reference suite's mean 0.2 pp higher; on the
+/// random families of seeds 5000 and 9000 onwards as many points more
+/// than 1 pp below LRU and textbook ARC's better as without, though the
+/// worst of them, s9004 at 25,952 blocks (a loop beside hot sets that
+/// jump), fell from -3.86 to -4.55 pp (examples/tune.rs, run without).
 const TOWARD_RECENCY: (i64, i64) = (3, 2);
 
 /// Resident entries one copy may hold before the sampling rate halves.
@@ -208,7 +209,7 @@ impl Selector {
             self.hits.iter_mut().for_each(|h| *h = 0);
             self.seen = 0;
             self.disagree = [0; VARIANTS.len()];
-        } else if let Some(winner) = self.clear_winner() {
+        } else if let Some(winner) = early_winner(&self.hits, &self.disagree, self.best, self.chosen) {
             self.take_early(winner);
         } else if self.seen >= (16 * s.entries).max(256) {
             // Windows of sixteen turnovers of a copy's contents: long
@@ -227,10 +228,6 @@ impl Selector {
         for (disagree, &h) in self.disagree.iter_mut().zip(hit) {
             *disagree += i64::from(h != current);
         }
-    }
-
-    fn clear_winner(&self) -> Option<usize> {
-        early_winner(&self.hits, &self.disagree, self.best, self.chosen)
     }
 
     /// Switches to the clear winner and starts the scores afresh: the

@@ -3,7 +3,9 @@
 //! that outlasts the retry budget is EIO for that request only; writes
 //! during a fault stay dirty and reach the bucket once it clears; wrong
 //! credentials, a missing bucket and 403 stop `arcache serve` at start
-//! with a message naming the cause.
+//! with a message naming the cause. The same proxy counts the requests
+//! of two workloads that must stay few: a txg's chunk PUTs, and the GETs
+//! of sequential readers.
 //!
 //! Faults come from `tests/s3/faultproxy.py` between arcache and moto (a
 //! real S3 server started per test from the venv `.ci/run` makes,
@@ -545,10 +547,23 @@ fn four_sequential_readers_take_an_object_in_few_large_gets() {
         timed(Duration::from_secs(60), "four readers", || {
             readers.into_iter().for_each(|r| r.join().unwrap())
         });
-        // Read-ahead still in flight is counted too.
-        std::thread::sleep(Duration::from_millis(500));
-        let got = proxy.stats()["by_method"]["GET"].as_u64().unwrap_or(0);
-        let bytes = s.stat()["backing_read_bytes"].as_u64().unwrap();
+        // Read-ahead still in flight is counted too: the counts are taken
+        // once they stop moving.
+        let counts = || {
+            let gets = proxy.stats()["by_method"]["GET"].as_u64().unwrap_or(0);
+            (gets, s.stat()["backing_read_bytes"].as_u64().unwrap())
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = counts();
+        let (got, bytes) = loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = counts();
+            if now == last {
+                break now;
+            }
+            assert!(Instant::now() < deadline, "{units}: reads from the bucket still going after 10 s");
+            last = now;
+        };
         s.stop();
         assert_eq!(bytes, SIZE as u64, "{units}: bytes read from the bucket for a {SIZE}-byte object");
         got
