@@ -215,6 +215,8 @@ pub struct Cache {
     arc_max_hint: AtomicU64,
     /// Buffers for reads from the backing stores, shared by every volume.
     pub(crate) fill_bufs: crate::fill_bufs::FillBufs,
+    /// Buffers of evicted records, for the next backing reads.
+    pub(crate) record_bufs: crate::record_bufs::RecordBufs,
 }
 
 impl Cache {
@@ -275,6 +277,7 @@ impl Cache {
             reserved_hint: AtomicU64::new(0),
             arc_max_hint: AtomicU64::new(cfg.arc_max),
             fill_bufs: crate::fill_bufs::FillBufs::default(),
+            record_bufs: crate::record_bufs::RecordBufs::default(),
         })
     }
 
@@ -478,7 +481,13 @@ impl Cache {
         self.count_evicted(gone);
     }
 
-    fn insert_locked(&self, s: &mut State, key: Key, rec: RecordData, prefetch: bool) -> Vec<(Key, u64)> {
+    fn insert_locked(
+        &self,
+        s: &mut State,
+        key: Key,
+        rec: RecordData,
+        prefetch: bool,
+    ) -> Vec<(Key, RecordData)> {
         let a = self.access(prefetch);
         let charge = rec.psize() + RECORD_OVERHEAD;
         if let Some(old) = s.data.remove(&key) {
@@ -492,22 +501,28 @@ impl Cache {
         self.drop_evicted(s)
     }
 
-    /// Drops the data of evicted records and counts them by L2 state. The
-    /// L2 check takes the L2 index lock, so it happens after the ARC lock is
-    /// released, from the list this returns.
-    fn drop_evicted(&self, s: &mut State) -> Vec<(Key, u64)> {
+    /// Takes the data of evicted records out of the cache. Counting them by
+    /// L2 state takes the L2 index lock, and freeing their buffers the
+    /// allocator's, so both happen after the ARC lock is released, from
+    /// the list this returns (`count_evicted`).
+    fn drop_evicted(&self, s: &mut State) -> Vec<(Key, RecordData)> {
         let mut gone = Vec::with_capacity(s.evicted.len());
         for key in std::mem::take(&mut s.evicted) {
             let Some(d) = s.data.remove(&key) else { continue };
             s.sub(key, &d);
-            gone.push((key, d.psize()));
+            gone.push((key, d));
         }
         gone
     }
 
-    fn count_evicted(&self, gone: Vec<(Key, u64)>) {
+    fn count_evicted(&self, gone: Vec<(Key, RecordData)>) {
         let c = &self.counters;
-        for (key, bytes) in gone {
+        let cap = crate::record_bufs::RecordBufs::cap(self.arc_max_hint.load(Relaxed));
+        for (key, d) in gone {
+            let bytes = d.psize();
+            if let Some(buf) = Arc::into_inner(d).and_then(Record::into_raw_buf) {
+                self.record_bufs.give(buf, cap);
+            }
             match &self.l2 {
                 Some(l2) if l2.contains(key) => c.evict_l2_cached.fetch_add(bytes, Relaxed),
                 Some(_) if self.l2_allowed(key) => c.evict_l2_eligible.fetch_add(bytes, Relaxed),
@@ -817,7 +832,7 @@ impl Cache {
     /// Gives the policy its ceiling: `arc_max` less the view's tables, but
     /// never below `arc_min` nor half of `arc_max` (the tables are trimmed
     /// to `arc_dnode_limit`; nodes the kernel holds cannot be).
-    fn apply_limits(&self, s: &mut State) -> Vec<(Key, u64)> {
+    fn apply_limits(&self, s: &mut State) -> Vec<(Key, RecordData)> {
         let (arc_min, arc_max) = s.limits;
         s.reserved = self.dnode_size.load(Relaxed);
         self.reserved_hint.store(s.reserved, Relaxed);
@@ -924,6 +939,8 @@ impl Cache {
         if let Some(l2) = &self.l2 {
             st.add_l2(l2);
         }
+        st.record_bufs_size = self.record_bufs.kept_bytes() as u64;
+        st.record_bufs_reused = self.record_bufs.reused();
         st
     }
 

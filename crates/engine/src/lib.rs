@@ -11,6 +11,7 @@ mod feed;
 mod fill_bufs;
 mod prefetch;
 mod record;
+mod record_bufs;
 mod replay;
 mod sizing;
 mod stats;

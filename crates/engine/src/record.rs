@@ -175,6 +175,12 @@ impl Record {
         self.stored.len() as u64
     }
 
+    /// The buffer of a record kept as it is, for reuse; `None` for a
+    /// compressed one.
+    pub(crate) fn into_raw_buf(self) -> Option<Box<[u8]>> {
+        (!self.compressed).then_some(self.stored)
+    }
+
     pub fn is_compressed(&self) -> bool {
         self.compressed
     }

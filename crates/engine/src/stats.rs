@@ -73,6 +73,10 @@ pub struct ArcStats {
     pub backing_writes: u64,
     pub backing_write_bytes: u64,
     pub backing_errors: u64,
+    /// Buffers of evicted records kept for the next backing reads, in
+    /// bytes, and how many reads' buffers were such (arcache's own).
+    pub record_bufs_size: u64,
+    pub record_bufs_reused: u64,
     pub compressed_size: u64,
     pub uncompressed_size: u64,
     pub evict_l2_cached: u64,

@@ -12,6 +12,7 @@
 //! frames go from the connection task to the reader on the same IO thread
 //! and the engine thread is woken once, at the end.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -31,27 +32,47 @@ pub(crate) fn get_into(
     opts: GetOptions,
     out: &mut [u8],
 ) -> object_store::Result<usize> {
+    // SAFETY: the body is only ever written into `out` (initialised
+    // bytes over initialised bytes), never read from it or de-initialised.
+    let view = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    get_scattered(store, path, opts, &mut [view])
+}
+
+/// [`get_into`] with the body spread over `outs`, back to back (a
+/// buffer per record: no copy out of one buffer afterwards). Bytes of
+/// `outs` past the body's end are left as they were: the caller refuses
+/// a body shorter than asked.
+pub(crate) fn get_scattered(
+    store: &Arc<AmazonS3>,
+    path: &Path,
+    opts: GetOptions,
+    outs: &mut [&mut [MaybeUninit<u8>]],
+) -> object_store::Result<usize> {
     let rt = runtime().map_err(|e| object_store::Error::Generic { store: "S3", source: Box::new(e) })?;
     if tokio::runtime::Handle::try_current().is_ok() {
-        // block_on would panic after the task had been given `out`.
+        // block_on would panic after the task had been given `outs`.
         return Err(object_store::Error::NotSupported {
             source: "a blocking GET from inside a tokio runtime".into(),
         });
     }
-    let target = Target { at: out.as_mut_ptr(), len: out.len() };
+    let targets: Vec<Target> =
+        outs.iter_mut().map(|o| Target { at: o.as_mut_ptr() as *mut u8, len: o.len() }).collect();
     let (store, path) = (Arc::clone(store), path.clone());
     let task = rt.spawn(async move {
-        let target = target;
+        let targets = targets;
         let got = store.get_opts(&path, opts).await?;
-        // SAFETY: `target` is `out`, which the caller cannot touch or free
-        // until this function returns, and it returns only once this task
-        // has ended (block_on below waits for its end whatever its
-        // outcome: result, error or panic; were the wait to unwind, the
-        // process aborts). The runtime is a static one that is never shut
-        // down, so the task is never dropped unfinished while `out` is
-        // gone.
-        let out = unsafe { std::slice::from_raw_parts_mut(target.at, target.len) };
-        read_into(got, out).await
+        // SAFETY: each target is one of `outs`, which the caller cannot
+        // touch or free until this function returns, and it returns only
+        // once this task has ended (block_on below waits for its end
+        // whatever its outcome: result, error or panic; were the wait to
+        // unwind, the process aborts). The runtime is a static one that is
+        // never shut down, so the task is never dropped unfinished while
+        // `outs` are gone.
+        let mut outs: Vec<&mut [MaybeUninit<u8>]> = targets
+            .iter()
+            .map(|t| unsafe { std::slice::from_raw_parts_mut(t.at as *mut MaybeUninit<u8>, t.len) })
+            .collect();
+        read_into(got, &mut outs).await
     });
     match wait_or_abort(rt, task) {
         Ok(result) => result,
@@ -94,22 +115,71 @@ struct Target {
 // waits (see `get_into`).
 unsafe impl Send for Target {}
 
-async fn read_into(got: GetResult, out: &mut [u8]) -> object_store::Result<usize> {
+/// Copies the body into `outs`, back to back, as its frames arrive;
+/// returns its length.
+async fn read_into(got: GetResult, outs: &mut [&mut [MaybeUninit<u8>]]) -> object_store::Result<usize> {
     let mut body = got.into_stream();
-    let mut at = 0usize;
+    let mut spread = Spread { outs, i: 0, at: 0, total: 0 };
     while let Some(part) = body.next().await {
-        let part = part?;
-        if at < out.len() {
-            let n = part.len().min(out.len() - at);
-            out[at..at + n].copy_from_slice(&part[..n]);
-        }
-        at += part.len();
+        spread.put(&part?);
     }
-    Ok(at)
+    Ok(spread.total)
+}
+
+/// Where the next byte of a body goes: buffer `i` of `outs`, at `at`.
+struct Spread<'a, 'b> {
+    outs: &'a mut [&'b mut [MaybeUninit<u8>]],
+    i: usize,
+    at: usize,
+    /// Bytes seen, those past the last buffer included.
+    total: usize,
+}
+
+impl Spread<'_, '_> {
+    fn put(&mut self, frame: &[u8]) {
+        self.total += frame.len();
+        let mut rest = frame;
+        while !rest.is_empty() && self.i < self.outs.len() {
+            let out = &mut self.outs[self.i];
+            let n = rest.len().min(out.len() - self.at);
+            // SAFETY: `n` bytes fit both `rest` and this buffer past `at`;
+            // a frame of the body and a caller's buffer never overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(rest.as_ptr(), out[self.at..].as_mut_ptr() as *mut u8, n)
+            };
+            rest = &rest[n..];
+            self.at += n;
+            if self.at == out.len() {
+                self.i += 1;
+                self.at = 0;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::mem::MaybeUninit;
+
+    /// Frames of any size land back to back across the buffers, empty
+    /// buffers are passed over, and bytes past the last are counted only.
+    #[test]
+    fn a_body_is_spread_over_the_buffers_in_order() {
+        let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        let lens = [7usize, 0, 300, 1, 500];
+        let mut bufs: Vec<Vec<MaybeUninit<u8>>> =
+            lens.iter().map(|&l| vec![MaybeUninit::new(0xee); l]).collect();
+        let mut outs: Vec<&mut [MaybeUninit<u8>]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let mut spread = super::Spread { outs: &mut outs, i: 0, at: 0, total: 0 };
+        for frame in body.chunks(13) {
+            spread.put(frame);
+        }
+        assert_eq!(spread.total, 1000);
+        // SAFETY: every buffer was initialised when made.
+        let got: Vec<u8> = bufs.iter().flatten().map(|x| unsafe { x.assume_init() }).collect();
+        assert_eq!(got, body[..808]);
+    }
+
     use std::os::unix::process::ExitStatusExt;
 
     const CHILD: &str = "ARCACHE_TEST_UNWIND_CHILD";

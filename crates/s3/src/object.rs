@@ -192,15 +192,24 @@ impl BlockDev for S3ObjectDev {
         self.size
     }
 
-    // Not `scatters_reads`: a GET's body spread over a buffer per record,
-    // allocated before each 8 MiB GET and ahead of the evictions that free
-    // their room, kept the allocator faulting pages in and giving them
-    // back (perf of the cold 2 GiB pass on Ceph: page faults, clearing and
-    // unmapping 17 % of the server's samples against 6 %;
-    // bench/results/ab-seq-scatter.md), so reads go through the engine's
-    // kept block buffer and a copy.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
-        let len = buf.len() as u64;
+        // SAFETY: the GET only writes bytes into `buf` (initialised over
+        // initialised), never reads or de-initialises them.
+        let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+        self.read_scattered(&mut [view], offset)
+    }
+
+    /// Yes: a GET's body goes straight into the records' buffers. The
+    /// engine hands it evicted records' buffers: buffers made new for each
+    /// 8 MiB GET cost more than the copy this saves, the allocator faulting
+    /// in pages it had just given back (bench/results/ab-seq-scatter.md).
+    fn scatters_reads(&self) -> bool {
+        true
+    }
+
+    /// One ranged GET whose body goes straight into `bufs`.
+    fn read_scattered(&self, bufs: &mut [&mut [std::mem::MaybeUninit<u8>]], offset: u64) -> DevResult<()> {
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(DevError::OutOfRange { offset, len, size: self.size });
         }
@@ -221,10 +230,10 @@ impl BlockDev for S3ObjectDev {
         debug!(offset, len, by = std::thread::current().name().unwrap_or("?"), "ranged GET");
         let what = format!("{}: read of {len} bytes at {offset}", self.location);
         let got = with_retries(retry_budget(&self.location), &what, || {
-            crate::body::get_into(&self.store, &self.path, opts.clone(), buf)
+            crate::body::get_scattered(&self.store, &self.path, opts.clone(), bufs)
         });
         match got {
-            Ok(n) if n == buf.len() => Ok(()),
+            Ok(n) if n as u64 == len => Ok(()),
             Ok(n) => Err(remote(format!(
                 "{}: asked {len} bytes at {offset}, got {n} (object shorter than when opened?)",
                 self.location

@@ -1,9 +1,10 @@
 //! Backing reads straight into the records' own buffers, for stores that
-//! fill many buffers with one request (a file's `preadv`): each record
-//! kept raw is the very buffer the store wrote, where reading through one
-//! block buffer cost a copy of every byte read (about 5 % of the server's
-//! CPU on a cold sequential pass, perf). S3 objects do not (the comment
-//! on `S3Object::read_at` says why).
+//! fill many buffers with one request (a file's `preadv`, an S3 GET's
+//! body): each record kept raw is the very buffer the store wrote, where
+//! reading through one block buffer cost a copy of every byte read (about
+//! 5 % of the server's CPU on a cold sequential pass from a file, 8 % from
+//! S3; perf). The buffers are evicted records' where any are kept
+//! (`record_bufs.rs`): new ones cost S3 more than the copy.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -36,7 +37,7 @@ impl Volume {
             .clone()
             .map(|r| {
                 let rr = self.record_range(r);
-                Box::new_uninit_slice((rr.end - rr.start) as usize)
+                self.cache.record_bufs.uninit((rr.end - rr.start) as usize)
             })
             .collect();
         let len = bufs.iter().map(|b| b.len()).sum();

@@ -623,8 +623,10 @@ impl Volume {
         for r in need.clone() {
             let rr = self.record_range(r);
             let slice = &block[(rr.start - start) as usize..(rr.end - start) as usize];
-            let rec =
-                self.probes.compressed_of(slice, compress).unwrap_or_else(|| Record::raw_boxed(slice.into()));
+            let rec = self
+                .probes
+                .compressed_of(slice, compress)
+                .unwrap_or_else(|| Record::raw_boxed(self.cache.record_bufs.copy_of(slice)));
             let rec = Arc::new(rec);
             if let Some(k) = keep.as_deref_mut() {
                 if rec.is_compressed() {

@@ -1,0 +1,174 @@
+//! Buffers of evicted records, handed to the next reads from the backing
+//! stores instead of going back to the allocator.
+//!
+//! The server makes its allocator give freed pages back at once (main.rs:
+//! RSS must stay near `arc_max`). On a cold pass every record read evicts
+//! one of the same size, so each read's new buffer took pages the
+//! allocator had just given back: a page fault and a cleared page for
+//! every 4 KiB read, and the unmapping before it (perf of a cold 2 GiB
+//! pass from S3 on two cores: 17 % of the server's samples when the GET
+//! went straight into buffers allocated ahead of it, 6 % through one
+//! shared block buffer and a copy). A buffer kept here is reused as it is.
+//!
+//! Only whole buffers no reader still holds come here (the cache's own
+//! reference was the last), and at most [`RecordBufs::cap`] bytes of them:
+//! the RAM they hold is beside the ARC's, and a few units of read-ahead
+//! are all a cold pass needs between evictions and reads.
+
+use std::mem::MaybeUninit;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use arcache_sync::Mutex;
+
+/// Buffers smaller than this are left to the allocator: small records'
+/// pages are shared with other allocations and do not go back one by one.
+const MIN_LEN: usize = 4096;
+
+/// At most this many bytes are kept, whatever the ARC's size: the eight
+/// prefetch threads' units of read-ahead (8 MiB each for an S3 object) are
+/// what must find buffers waiting.
+const MAX_KEPT: usize = 64 << 20;
+
+#[derive(Default)]
+pub(crate) struct RecordBufs {
+    kept: Mutex<Kept>,
+    /// Buffers handed to reads that were kept ones (`record_bufs_reused`).
+    reused: AtomicU64,
+}
+
+#[derive(Default)]
+struct Kept {
+    bytes: usize,
+    /// By length: exports of one cache may differ in `recordsize`, and a
+    /// record at an export's end is shorter.
+    by_len: Vec<(usize, Vec<Box<[u8]>>)>,
+}
+
+impl RecordBufs {
+    /// How many bytes of buffers are kept for a cache of `arc_max` bytes:
+    /// a quarter of it, at most [`MAX_KEPT`]. An eighth (32 MiB for a
+    /// 256 MiB ARC) found a kept buffer for 70 % of the records of a cold
+    /// pass from S3, a quarter for nearly all: the prefetch threads' units
+    /// are taken all at once, when each GET starts.
+    pub(crate) fn cap(arc_max: u64) -> usize {
+        usize::try_from(arc_max / 4).unwrap_or(usize::MAX).min(MAX_KEPT)
+    }
+
+    /// Keeps `buf` for a later read if there is room for it, else frees it.
+    /// Its bytes are left as they are: whoever takes it overwrites them.
+    pub(crate) fn give(&self, buf: Box<[u8]>, cap: usize) {
+        let len = buf.len();
+        if len < MIN_LEN || !len.is_multiple_of(MIN_LEN) {
+            return;
+        }
+        let mut k = self.kept.lock();
+        if k.bytes + len > cap {
+            drop(k);
+            return;
+        }
+        k.bytes += len;
+        match k.by_len.iter_mut().find(|(l, _)| *l == len) {
+            Some((_, v)) => v.push(buf),
+            None => k.by_len.push((len, vec![buf])),
+        }
+    }
+
+    /// A kept buffer of exactly `len` bytes, holding some earlier record's
+    /// bytes.
+    fn take(&self, len: usize) -> Option<Box<[u8]>> {
+        let mut k = self.kept.lock();
+        let buf = k.by_len.iter_mut().find(|(l, _)| *l == len)?.1.pop()?;
+        k.bytes -= len;
+        self.reused.fetch_add(1, Relaxed);
+        Some(buf)
+    }
+
+    /// A buffer of `len` bytes for a read to fill: a kept one, else a new
+    /// one. Its contents are unspecified either way.
+    pub(crate) fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
+        match self.take(len) {
+            Some(buf) => {
+                // SAFETY: `MaybeUninit<u8>` has the size, alignment and
+                // layout of `u8`, so a boxed `[u8]` is a valid boxed
+                // `[MaybeUninit<u8>]` of the same length; the allocation
+                // is handed over whole.
+                unsafe { Box::from_raw(Box::into_raw(buf) as *mut [MaybeUninit<u8>]) }
+            }
+            None => Box::new_uninit_slice(len),
+        }
+    }
+
+    /// A boxed copy of `data`, in a kept buffer when one fits.
+    pub(crate) fn copy_of(&self, data: &[u8]) -> Box<[u8]> {
+        match self.take(data.len()) {
+            Some(mut buf) => {
+                buf.copy_from_slice(data);
+                buf
+            }
+            None => data.into(),
+        }
+    }
+
+    /// Bytes kept now (`record_bufs_size`).
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.kept.lock().bytes
+    }
+
+    pub(crate) fn reused(&self) -> u64 {
+        self.reused.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_given_buffer_is_the_next_one_of_its_length() {
+        let bufs = RecordBufs::default();
+        let buf: Box<[u8]> = vec![1u8; 16384].into();
+        let at = buf.as_ptr();
+        bufs.give(buf, 1 << 20);
+        assert_eq!(bufs.kept_bytes(), 16384);
+        // Another length does not take it.
+        let other = bufs.uninit(8192);
+        assert_ne!(other.as_ptr().cast::<u8>(), at);
+        let same = bufs.uninit(16384);
+        assert_eq!(same.as_ptr().cast::<u8>(), at, "not reused");
+        assert_eq!(bufs.kept_bytes(), 0);
+        // Nothing kept (and `same` still held): a new buffer.
+        let new = bufs.uninit(16384);
+        assert_ne!(new.as_ptr().cast::<u8>(), at);
+        assert_eq!(bufs.reused(), 1);
+    }
+
+    #[test]
+    fn a_copy_in_a_kept_buffer_has_the_new_bytes() {
+        let bufs = RecordBufs::default();
+        bufs.give(vec![1u8; 8192].into(), 1 << 20);
+        let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+        let copy = bufs.copy_of(&data);
+        assert_eq!(&copy[..], &data[..]);
+        assert_eq!(bufs.kept_bytes(), 0, "the kept buffer was not used");
+    }
+
+    #[test]
+    fn no_more_than_the_cap_is_kept_and_odd_sizes_not_at_all() {
+        let bufs = RecordBufs::default();
+        for _ in 0..5 {
+            bufs.give(vec![0u8; 16384].into(), 65536);
+        }
+        assert_eq!(bufs.kept_bytes(), 65536);
+        let bufs = RecordBufs::default();
+        bufs.give(vec![0u8; 2048].into(), 1 << 20);
+        bufs.give(vec![0u8; 6000].into(), 1 << 20);
+        assert_eq!(bufs.kept_bytes(), 0);
+    }
+
+    #[test]
+    fn the_cap_is_a_quarter_of_the_arc_up_to_a_bound() {
+        assert_eq!(RecordBufs::cap(64 << 20), 16 << 20);
+        assert_eq!(RecordBufs::cap(1 << 40), MAX_KEPT);
+    }
+}
