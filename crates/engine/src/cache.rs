@@ -216,7 +216,7 @@ pub struct Cache {
     /// Buffers for reads from the backing stores, shared by every volume.
     pub(crate) fill_bufs: crate::fill_bufs::FillBufs,
     /// Buffers of evicted records, for the next backing reads.
-    pub(crate) record_bufs: crate::record_bufs::RecordBufs,
+    pub(crate) record_bufs: Arc<crate::record_bufs::RecordBufs>,
 }
 
 impl Cache {
@@ -246,6 +246,10 @@ impl Cache {
         l2: Option<Arc<L2Arc>>,
         policy: Box<dyn Policy>,
     ) -> Arc<Cache> {
+        let record_bufs = Arc::new(crate::record_bufs::RecordBufs::default());
+        if let Some(l2) = &l2 {
+            l2.set_buf_source(Arc::clone(&record_bufs) as Arc<dyn arcache_l2::BufSource>);
+        }
         Arc::new(Cache {
             state: Mutex::new(State {
                 policy,
@@ -277,7 +281,7 @@ impl Cache {
             reserved_hint: AtomicU64::new(0),
             arc_max_hint: AtomicU64::new(cfg.arc_max),
             fill_bufs: crate::fill_bufs::FillBufs::default(),
-            record_bufs: crate::record_bufs::RecordBufs::default(),
+            record_bufs,
         })
     }
 

@@ -84,21 +84,6 @@ impl RecordBufs {
         Some(buf)
     }
 
-    /// A buffer of `len` bytes for a read to fill: a kept one, else a new
-    /// one. Its contents are unspecified either way.
-    pub(crate) fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
-        match self.take(len) {
-            Some(buf) => {
-                // SAFETY: `MaybeUninit<u8>` has the size, alignment and
-                // layout of `u8`, so a boxed `[u8]` is a valid boxed
-                // `[MaybeUninit<u8>]` of the same length; the allocation
-                // is handed over whole.
-                unsafe { Box::from_raw(Box::into_raw(buf) as *mut [MaybeUninit<u8>]) }
-            }
-            None => Box::new_uninit_slice(len),
-        }
-    }
-
     /// A boxed copy of `data`, in a kept buffer when one fits.
     pub(crate) fn copy_of(&self, data: &[u8]) -> Box<[u8]> {
         match self.take(data.len()) {
@@ -120,9 +105,28 @@ impl RecordBufs {
     }
 }
 
+impl arcache_l2::BufSource for RecordBufs {
+    /// A buffer of `len` bytes for a read to fill (from a backing store or
+    /// L2): a kept one, else a new one. Its contents are unspecified either
+    /// way.
+    fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
+        match self.take(len) {
+            Some(buf) => {
+                // SAFETY: `MaybeUninit<u8>` has the size, alignment and
+                // layout of `u8`, so a boxed `[u8]` is a valid boxed
+                // `[MaybeUninit<u8>]` of the same length; the allocation
+                // is handed over whole.
+                unsafe { Box::from_raw(Box::into_raw(buf) as *mut [MaybeUninit<u8>]) }
+            }
+            None => Box::new_uninit_slice(len),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arcache_l2::BufSource;
 
     #[test]
     fn a_given_buffer_is_the_next_one_of_its_length() {

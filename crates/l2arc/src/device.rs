@@ -60,6 +60,13 @@ pub struct DeviceStats {
     pub evicted: AtomicU64,
 }
 
+/// Buffers for records read whole from a device, of any contents (the
+/// read overwrites every byte): the engine's buffers of records the ARC
+/// evicted, which are in memory already.
+pub trait BufSource: Send + Sync {
+    fn uninit(&self, len: usize) -> Box<[std::mem::MaybeUninit<u8>]>;
+}
+
 pub struct L2Device {
     pub path: String,
     dev: Arc<dyn BlockDev>,
@@ -260,7 +267,12 @@ impl L2Device {
     /// [`L2Device::read_with`] needs. `Ok(None)` when this device or these
     /// buffers cannot take it (no O_DIRECT descriptor, an address, length
     /// or buffer not aligned); the caller then reads through `read_with`.
-    pub fn read_records(&self, daddr: u64, lens: &[u64]) -> DevResult<Option<Vec<Box<[u8]>>>> {
+    pub fn read_records(
+        &self,
+        daddr: u64,
+        lens: &[u64],
+        source: Option<&dyn BufSource>,
+    ) -> DevResult<Option<Vec<Box<[u8]>>>> {
         let Some(fd) = self.dev.direct_read_fd() else { return Ok(None) };
         let total: u64 = lens.iter().sum();
         if !daddr.is_multiple_of(ALIGN) || lens.iter().any(|l| *l == 0 || !l.is_multiple_of(ALIGN)) {
@@ -268,7 +280,10 @@ impl L2Device {
         }
         let mut bufs: Vec<Box<[std::mem::MaybeUninit<u8>]>> = Vec::with_capacity(lens.len());
         for &l in lens {
-            let b = Box::new_uninit_slice(l as usize);
+            let b = match source {
+                Some(s) => s.uninit(l as usize),
+                None => Box::new_uninit_slice(l as usize),
+            };
             // Whole pages come page-aligned from the server's allocator
             // (mimalloc); another allocator may not place them so, and
             // then the first such buffer ends the attempt.

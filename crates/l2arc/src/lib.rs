@@ -23,7 +23,7 @@ use arcache_sync::Mutex;
 use blockdev::AlignedBuf;
 use tracing::warn;
 
-pub use device::{L2Device, ALIGN, HEADER_RESERVED};
+pub use device::{BufSource, L2Device, ALIGN, HEADER_RESERVED};
 pub use index::{BlobFlags, L2Index, L2Ptr, MAX_DEVICES, SECTOR};
 pub use persist::{
     forget, forget_exports, read_header, ExportDesc, HeaderRead, PersistOptions, VIEW_EXPORT_ID,
@@ -200,6 +200,9 @@ pub struct L2Arc {
     commit_every: AtomicU64,
     /// Reads queued through io_uring, once started ([`L2Arc::start_async_reads`]).
     uring: std::sync::OnceLock<Arc<blockdev::uring::Uring>>,
+    /// Where runs of whole records read into a buffer each get their
+    /// buffers ([`L2Arc::set_buf_source`]); new ones until set.
+    bufs: std::sync::OnceLock<Arc<dyn BufSource>>,
     /// `l2arc_ring_reads`: whether reads may use the ring once started.
     ring_on: sync_atomic::AtomicBool,
     /// See [`L2Arc::drop_generation`].
@@ -430,11 +433,19 @@ impl L2Arc {
             uncommitted: (0..n).map(|_| sync_atomic::AtomicU64::new(0)).collect(),
             commit_every: AtomicU64::new(0),
             uring: std::sync::OnceLock::new(),
+            bufs: std::sync::OnceLock::new(),
             ring_on: sync_atomic::AtomicBool::new(true),
             drops: AtomicU64::new(0),
             abandoned: parking_lot::Mutex::new(Vec::new()),
             marks: None,
         })
+    }
+
+    /// Hands the buffers of records read whole from L2 out of `bufs` (the
+    /// cache's buffers of evicted records) instead of new allocations,
+    /// which fault their pages in. Only the first call counts.
+    pub fn set_buf_source(&self, bufs: Arc<dyn BufSource>) {
+        let _ = self.bufs.set(bufs);
     }
 
     /// The checksum of a stored blob, bound to the record's export identity
@@ -736,7 +747,7 @@ impl L2Arc {
             return None;
         }
         let lens: Vec<u64> = run.iter().map(|(_, p)| p.blob_len()).collect();
-        let bufs = match dev.read_records(start, &lens) {
+        let bufs = match dev.read_records(start, &lens, self.bufs.get().map(|b| &**b)) {
             Ok(Some(bufs)) => bufs,
             Ok(None) => return None,
             Err(e) => return Some(Err(e)),

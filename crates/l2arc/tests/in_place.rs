@@ -97,7 +97,7 @@ fn feed_and_read_back(dev: Arc<dyn BlockDev>) -> L2Arc {
 fn reads_in_place(l2: &L2Arc) -> bool {
     let ptrs: Vec<_> = (0..3).map(|k| l2.lookup(k).expect("indexed")).collect();
     let lens: Vec<u64> = ptrs.iter().map(|p| p.blob_len()).collect();
-    let got = l2.devices()[0].read_records(ptrs[0].daddr(), &lens).expect("read");
+    let got = l2.devices()[0].read_records(ptrs[0].daddr(), &lens, None).expect("read");
     if let Some(bufs) = &got {
         for (k, b) in (0u64..).zip(bufs) {
             assert!(b[..] == bytes(k, lens[k as usize] as usize)[..], "record {k} read in place");
@@ -150,4 +150,36 @@ fn a_bad_copy_read_in_place_is_caught_and_only_it_is_dropped() {
     }
     assert!(l2.lookup(1).is_none(), "the bad copy stays indexed");
     assert_eq!(l2.stats.l2_cksum_bad.load(Relaxed), 1);
+}
+
+/// Hands out buffers of old bytes, as the engine's buffers of evicted
+/// records are, and remembers where each one lies.
+#[derive(Default)]
+struct OldBuffers {
+    handed: std::sync::Mutex<Vec<usize>>,
+}
+
+impl arcache_l2::BufSource for OldBuffers {
+    fn uninit(&self, len: usize) -> Box<[std::mem::MaybeUninit<u8>]> {
+        let mut b = Box::new_uninit_slice(len);
+        b.fill(std::mem::MaybeUninit::new(0xee));
+        self.handed.lock().unwrap().push(b.as_ptr() as usize);
+        b
+    }
+}
+
+#[test]
+fn a_run_read_in_place_goes_into_the_buffers_the_source_hands_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let l2 = direct_l2(&dir);
+    let source = Arc::new(OldBuffers::default());
+    l2.set_buf_source(Arc::clone(&source) as Arc<dyn arcache_l2::BufSource>);
+    let wanted: Vec<_> = (0..3).map(|k| (k, l2.lookup(k).expect("indexed"))).collect();
+    let got: Vec<Box<[u8]>> = l2.read_many(&wanted).into_iter().map(|g| g.expect("reads back")).collect();
+    let lens = [8192, 8192, 16384];
+    for (k, b) in got.iter().enumerate() {
+        assert!(b[..] == bytes(k as u64, lens[k])[..], "record {k}: the old bytes stayed");
+    }
+    let at: Vec<usize> = got.iter().map(|b| b.as_ptr() as usize).collect();
+    assert_eq!(*source.handed.lock().unwrap(), at, "not the source's buffers");
 }
