@@ -17,8 +17,9 @@ use arcache_sync::Mutex;
 const KEPT: usize = crate::prefetch::PREFETCH_THREADS + 2;
 /// Larger buffers are not kept: reads this large (64 records of 1M, an
 /// object store's chunk of tens of MiB) are rare, and ten of them kept
-/// would hold more RAM than many an ARC. An S3 object's unit (8 MiB) is
-/// kept.
+/// would hold more RAM than many an ARC. An S3 chunked disk's chunk (4 MiB
+/// by default) is kept; S3 objects read into the records' own buffers
+/// (`volume/scatter.rs`) and need none.
 const KEPT_MAX_LEN: usize = 16 << 20;
 
 #[derive(Default)]
