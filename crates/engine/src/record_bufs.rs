@@ -32,13 +32,15 @@ const MIN_LEN: usize = 4096;
 /// what must find buffers waiting.
 const MAX_KEPT: usize = 64 << 20;
 
-/// Once no read has asked for a buffer for this long, evicted records'
-/// buffers are freed, not kept, and those kept go too. Reads that take
-/// them come in runs (a stream's units); a workload whose reads take none
-/// (4K random reads answered from RAM and through the L2 ring) held the
-/// whole cap beside the ARC for nothing: 4 KiB more RSS per cached record
-/// with a 256 MiB ARC (`bench/ab-read.sh`'s L2-hit job).
-const IDLE_MS: u64 = 1000;
+/// Reads' demand is counted over windows of this many milliseconds: the
+/// pool keeps at most as many bytes as reads asked for in the current
+/// window or the one before. Reads that take buffers come in runs (a
+/// stream's units); a workload whose reads ask for few (4K random reads
+/// answered from RAM and through the L2 ring, a backing or worker read now
+/// and then) held the whole cap beside the ARC when only the cap bounded
+/// it: 4 KiB more RSS per cached record with a 256 MiB ARC
+/// (`bench/ab-read.sh`'s L2-hit job; bench/README).
+const WINDOW_MS: u64 = 1000;
 
 pub(crate) struct RecordBufs {
     kept: Mutex<Kept>,
@@ -55,9 +57,12 @@ impl Default for RecordBufs {
 
 #[derive(Default)]
 struct Kept {
-    /// When a read last asked for a buffer, kept or not (milliseconds
-    /// since `epoch`).
-    last_want: u64,
+    /// The current window (milliseconds since `epoch` / [`WINDOW_MS`]),
+    /// and the bytes reads asked for in it and in the one before, whether
+    /// they found a kept buffer or not.
+    window: u64,
+    asked_now: usize,
+    asked_before: usize,
     bytes: usize,
     /// By length: exports of one cache may differ in `recordsize`, and a
     /// record at an export's end is shorter.
@@ -91,16 +96,14 @@ impl RecordBufs {
             return;
         }
         let mut k = self.kept.lock();
-        if now.saturating_sub(k.last_want) > IDLE_MS {
-            // Freed after the lock is let go, with `buf`.
-            let idle = std::mem::take(&mut k.by_len);
-            k.bytes = 0;
+        k.roll(now);
+        let limit = cap.min(k.asked_now.max(k.asked_before));
+        if k.bytes + len > limit {
+            // Demand fell: what is kept beyond it goes too. Freed after the
+            // lock is let go, with `buf`.
+            let extra = k.trim(limit);
             drop(k);
-            drop(idle);
-            return;
-        }
-        if k.bytes + len > cap {
-            drop(k);
+            drop(extra);
             return;
         }
         k.bytes += len;
@@ -118,7 +121,8 @@ impl RecordBufs {
 
     fn take_at(&self, len: usize, now: u64) -> Option<Box<[u8]>> {
         let mut k = self.kept.lock();
-        k.last_want = now;
+        k.roll(now);
+        k.asked_now += len;
         let buf = k.by_len.iter_mut().find(|(l, _)| *l == len)?.1.pop()?;
         k.bytes -= len;
         self.reused.fetch_add(1, Relaxed);
@@ -164,6 +168,32 @@ impl arcache_l2::BufSource for RecordBufs {
     }
 }
 
+impl Kept {
+    /// Moves the demand windows on to the one `now` falls in.
+    fn roll(&mut self, now: u64) {
+        let w = now / WINDOW_MS;
+        if w != self.window {
+            self.asked_before = if w == self.window + 1 { self.asked_now } else { 0 };
+            self.asked_now = 0;
+            self.window = w;
+        }
+    }
+
+    /// Takes kept buffers out until at most `limit` bytes stay; returns
+    /// them, to be freed.
+    fn trim(&mut self, limit: usize) -> Vec<Box<[u8]>> {
+        let mut out = Vec::new();
+        for (len, v) in self.by_len.iter_mut() {
+            while self.bytes > limit {
+                let Some(b) = v.pop() else { break };
+                self.bytes -= *len;
+                out.push(b);
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +204,7 @@ mod tests {
         let bufs = RecordBufs::default();
         let buf: Box<[u8]> = vec![1u8; 16384].into();
         let at = buf.as_ptr();
+        asked(&bufs, 1 << 20);
         bufs.give(buf, 1 << 20);
         assert_eq!(bufs.kept_bytes(), 16384);
         // Another length does not take it.
@@ -191,6 +222,7 @@ mod tests {
     #[test]
     fn a_copy_in_a_kept_buffer_has_the_new_bytes() {
         let bufs = RecordBufs::default();
+        asked(&bufs, 1 << 20);
         bufs.give(vec![1u8; 8192].into(), 1 << 20);
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
         let copy = bufs.copy_of(&data);
@@ -201,30 +233,47 @@ mod tests {
     #[test]
     fn no_more_than_the_cap_is_kept_and_odd_sizes_not_at_all() {
         let bufs = RecordBufs::default();
+        asked(&bufs, 1 << 20);
         for _ in 0..5 {
             bufs.give(vec![0u8; 16384].into(), 65536);
         }
         assert_eq!(bufs.kept_bytes(), 65536);
         let bufs = RecordBufs::default();
+        asked(&bufs, 1 << 20);
         bufs.give(vec![0u8; 2048].into(), 1 << 20);
         bufs.give(vec![0u8; 6000].into(), 1 << 20);
         assert_eq!(bufs.kept_bytes(), 0);
     }
 
+    /// Reads asking for `bytes` now (a length none is kept of).
+    fn asked(bufs: &RecordBufs, bytes: usize) {
+        assert!(bufs.take_at(bytes, bufs.now_ms()).is_none());
+    }
+
     #[test]
-    fn buffers_no_read_asks_for_are_not_kept() {
+    fn no_more_is_kept_than_reads_asked_for_lately() {
         let bufs = RecordBufs::default();
-        bufs.give_at(vec![0u8; 16384].into(), 1 << 20, 0);
-        bufs.give_at(vec![0u8; 16384].into(), 1 << 20, IDLE_MS);
-        assert_eq!(bufs.kept_bytes(), 32768, "kept while reads asked lately");
-        // No read asked for longer than IDLE_MS: the new one is freed and
-        // so are those kept.
-        bufs.give_at(vec![0u8; 16384].into(), 1 << 20, IDLE_MS + 1);
+        let give = |at| bufs.give_at(vec![0u8; 16384].into(), 1 << 20, at);
+        // Nobody asked: nothing kept.
+        give(0);
         assert_eq!(bufs.kept_bytes(), 0);
-        // A read asks (none kept, so it gets none): buffers are kept again.
-        assert!(bufs.take_at(16384, 5000).is_none());
-        bufs.give_at(vec![0u8; 16384].into(), 1 << 20, 5000 + IDLE_MS);
+        // A read asked for one (and found none): one is kept.
+        assert!(bufs.take_at(16384, 0).is_none());
+        give(0);
+        give(0);
         assert_eq!(bufs.kept_bytes(), 16384);
+        // It is taken (a second ask): two are kept.
+        assert!(bufs.take_at(16384, 10).is_some());
+        for _ in 0..3 {
+            give(10);
+        }
+        assert_eq!(bufs.kept_bytes(), 32768);
+        // The next window still counts the last one's asks.
+        give(WINDOW_MS + 500);
+        assert_eq!(bufs.kept_bytes(), 32768);
+        // A window with no asks before this one: everything kept goes.
+        give(2 * WINDOW_MS + 500);
+        assert_eq!(bufs.kept_bytes(), 0);
     }
 
     #[test]
