@@ -32,14 +32,17 @@ const MIN_LEN: usize = 4096;
 /// what must find buffers waiting.
 const MAX_KEPT: usize = 64 << 20;
 
-/// Reads' demand is counted over windows of this many milliseconds: the
-/// pool keeps at most as many bytes as reads asked for in the current
-/// window or the one before. Reads that take buffers come in runs (a
-/// stream's units); a workload whose reads ask for few (4K random reads
-/// answered from RAM and through the L2 ring, a backing or worker read now
-/// and then) held the whole cap beside the ARC when only the cap bounded
-/// it: 4 KiB more RSS per cached record with a 256 MiB ARC
-/// (`bench/ab-read.sh`'s L2-hit job; bench/README).
+/// The pool's size follows what reads needed of it, measured over windows
+/// of this many milliseconds: in the window after, it keeps at most how far
+/// it fell below its highest (buffers taken faster than evictions gave
+/// them) plus what reads asked for and did not find. Reads that take
+/// buffers in runs (a stream's 8 MiB units, taken when each GET starts)
+/// keep it large; a workload whose reads take one now and then while
+/// evictions give many (4K random reads answered from RAM and through the
+/// L2 ring) lets it shrink to a few buffers. With only the cap, or only
+/// what reads asked for in a window, that job held 56-64 MiB beside a
+/// 256 MiB ARC: 3.5-4 KiB more RSS per cached record (`bench/ab-read.sh`'s
+/// L2-hit job; bench/README).
 const WINDOW_MS: u64 = 1000;
 
 pub(crate) struct RecordBufs {
@@ -51,18 +54,25 @@ pub(crate) struct RecordBufs {
 
 impl Default for RecordBufs {
     fn default() -> Self {
-        RecordBufs { kept: Mutex::default(), reused: AtomicU64::new(0), epoch: Instant::now() }
+        // The first window keeps up to the cap: nothing is known yet.
+        let kept = Kept { limit: usize::MAX, ..Kept::default() };
+        RecordBufs { kept: Mutex::new(kept), reused: AtomicU64::new(0), epoch: Instant::now() }
     }
 }
 
 #[derive(Default)]
 struct Kept {
-    /// The current window (milliseconds since `epoch` / [`WINDOW_MS`]),
-    /// and the bytes reads asked for in it and in the one before, whether
-    /// they found a kept buffer or not.
+    /// The current window (milliseconds since `epoch` / [`WINDOW_MS`]);
+    /// the most bytes kept in it so far, the most the pool has fallen
+    /// below that, and the bytes reads asked for and did not find.
     window: u64,
-    asked_now: usize,
-    asked_before: usize,
+    high: usize,
+    fell: usize,
+    missed: usize,
+    /// At most this many bytes are kept in this window: from the one
+    /// before, `fell + missed` (what is kept beyond it is freed when
+    /// the window begins).
+    limit: usize,
     bytes: usize,
     /// By length: exports of one cache may differ in `recordsize`, and a
     /// record at an export's end is shorter.
@@ -96,17 +106,14 @@ impl RecordBufs {
             return;
         }
         let mut k = self.kept.lock();
-        k.roll(now);
-        let limit = cap.min(k.asked_now.max(k.asked_before));
-        if k.bytes + len > limit {
-            // Demand fell: what is kept beyond it goes too. Freed after the
-            // lock is let go, with `buf`.
-            let extra = k.trim(limit);
+        // Freed after the lock is let go, with `buf` if it is not kept.
+        let _unneeded = k.roll(now);
+        if k.bytes + len > cap.min(k.limit) {
             drop(k);
-            drop(extra);
             return;
         }
         k.bytes += len;
+        k.high = k.high.max(k.bytes);
         match k.by_len.iter_mut().find(|(l, _)| *l == len) {
             Some((_, v)) => v.push(buf),
             None => k.by_len.push((len, vec![buf])),
@@ -121,10 +128,17 @@ impl RecordBufs {
 
     fn take_at(&self, len: usize, now: u64) -> Option<Box<[u8]>> {
         let mut k = self.kept.lock();
-        k.roll(now);
-        k.asked_now += len;
-        let buf = k.by_len.iter_mut().find(|(l, _)| *l == len)?.1.pop()?;
+        let unneeded = k.roll(now);
+        let Some(buf) = k.by_len.iter_mut().find(|(l, _)| *l == len).and_then(|(_, v)| v.pop()) else {
+            k.missed += len;
+            drop(k);
+            drop(unneeded);
+            return None;
+        };
         k.bytes -= len;
+        k.fell = k.fell.max(k.high - k.bytes);
+        drop(k);
+        drop(unneeded);
         self.reused.fetch_add(1, Relaxed);
         Some(buf)
     }
@@ -169,27 +183,29 @@ impl arcache_l2::BufSource for RecordBufs {
 }
 
 impl Kept {
-    /// Moves the demand windows on to the one `now` falls in.
-    fn roll(&mut self, now: u64) {
+    /// Moves on to the window `now` falls in: sets its limit from the
+    /// window before and takes out what is kept beyond it, to be freed.
+    #[must_use]
+    fn roll(&mut self, now: u64) -> Vec<Box<[u8]>> {
         let w = now / WINDOW_MS;
-        if w != self.window {
-            self.asked_before = if w == self.window + 1 { self.asked_now } else { 0 };
-            self.asked_now = 0;
-            self.window = w;
+        if w == self.window {
+            return Vec::new();
         }
-    }
-
-    /// Takes kept buffers out until at most `limit` bytes stay; returns
-    /// them, to be freed.
-    fn trim(&mut self, limit: usize) -> Vec<Box<[u8]>> {
+        // A window with nothing taken or given needed nothing, and then
+        // neither does a window after a gap of such windows.
+        self.limit = if w == self.window + 1 { self.fell + self.missed } else { 0 };
+        self.window = w;
+        self.missed = 0;
         let mut out = Vec::new();
         for (len, v) in self.by_len.iter_mut() {
-            while self.bytes > limit {
+            while self.bytes > self.limit {
                 let Some(b) = v.pop() else { break };
                 self.bytes -= *len;
                 out.push(b);
             }
         }
+        self.high = self.bytes;
+        self.fell = 0;
         out
     }
 }
@@ -204,7 +220,6 @@ mod tests {
         let bufs = RecordBufs::default();
         let buf: Box<[u8]> = vec![1u8; 16384].into();
         let at = buf.as_ptr();
-        asked(&bufs, 1 << 20);
         bufs.give(buf, 1 << 20);
         assert_eq!(bufs.kept_bytes(), 16384);
         // Another length does not take it.
@@ -222,7 +237,6 @@ mod tests {
     #[test]
     fn a_copy_in_a_kept_buffer_has_the_new_bytes() {
         let bufs = RecordBufs::default();
-        asked(&bufs, 1 << 20);
         bufs.give(vec![1u8; 8192].into(), 1 << 20);
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
         let copy = bufs.copy_of(&data);
@@ -233,47 +247,53 @@ mod tests {
     #[test]
     fn no_more_than_the_cap_is_kept_and_odd_sizes_not_at_all() {
         let bufs = RecordBufs::default();
-        asked(&bufs, 1 << 20);
         for _ in 0..5 {
             bufs.give(vec![0u8; 16384].into(), 65536);
         }
         assert_eq!(bufs.kept_bytes(), 65536);
         let bufs = RecordBufs::default();
-        asked(&bufs, 1 << 20);
         bufs.give(vec![0u8; 2048].into(), 1 << 20);
         bufs.give(vec![0u8; 6000].into(), 1 << 20);
         assert_eq!(bufs.kept_bytes(), 0);
     }
 
-    /// Reads asking for `bytes` now (a length none is kept of).
-    fn asked(bufs: &RecordBufs, bytes: usize) {
-        assert!(bufs.take_at(bytes, bufs.now_ms()).is_none());
-    }
-
     #[test]
-    fn no_more_is_kept_than_reads_asked_for_lately() {
+    fn the_pool_keeps_what_reads_needed_of_it_in_the_window_before() {
+        const REC: usize = 16384;
         let bufs = RecordBufs::default();
-        let give = |at| bufs.give_at(vec![0u8; 16384].into(), 1 << 20, at);
-        // Nobody asked: nothing kept.
+        let give = |at| bufs.give_at(vec![0u8; REC].into(), 1 << 20, at);
+        let take = |at| bufs.take_at(REC, at);
+        // The first window keeps up to the cap.
         give(0);
+        give(0);
+        assert_eq!(bufs.kept_bytes(), 2 * REC);
+        // Nothing was taken in it: the next window keeps none.
+        give(WINDOW_MS);
         assert_eq!(bufs.kept_bytes(), 0);
-        // A read asked for one (and found none): one is kept.
-        assert!(bufs.take_at(16384, 0).is_none());
-        give(0);
-        give(0);
-        assert_eq!(bufs.kept_bytes(), 16384);
-        // It is taken (a second ask): two are kept.
-        assert!(bufs.take_at(16384, 10).is_some());
+        // Reads ask for three and find none...
         for _ in 0..3 {
-            give(10);
+            assert!(take(WINDOW_MS + 10).is_none());
         }
-        assert_eq!(bufs.kept_bytes(), 32768);
-        // The next window still counts the last one's asks.
-        give(WINDOW_MS + 500);
-        assert_eq!(bufs.kept_bytes(), 32768);
-        // A window with no asks before this one: everything kept goes.
-        give(2 * WINDOW_MS + 500);
+        // ...so the window after keeps three, and no more.
+        for _ in 0..5 {
+            give(2 * WINDOW_MS);
+        }
+        assert_eq!(bufs.kept_bytes(), 3 * REC);
+        // Taken two at a time and given back (a reader of two records at
+        // a time between evictions): the pool fell by two at most.
+        for _ in 0..4 {
+            assert!(take(2 * WINDOW_MS + 10).is_some());
+            assert!(take(2 * WINDOW_MS + 10).is_some());
+            give(2 * WINDOW_MS + 10);
+            give(2 * WINDOW_MS + 10);
+        }
+        // The window after keeps two: the third went unused.
+        give(3 * WINDOW_MS);
+        assert_eq!(bufs.kept_bytes(), 2 * REC);
+        // After a gap of windows with nothing taken or given: none.
+        give(5 * WINDOW_MS);
         assert_eq!(bufs.kept_bytes(), 0);
+        assert_eq!(bufs.reused(), 8);
     }
 
     #[test]
