@@ -12,12 +12,11 @@
 //!
 //! Only whole buffers no reader still holds come here (the cache's own
 //! reference was the last), at most [`RecordBufs::cap`] bytes of them,
-//! and only while reads ask for them: the RAM they hold is beside the
-//! ARC's, and a few units of read-ahead are all a cold pass needs between
-//! evictions and reads.
+//! and no more than reads needed lately ([`WINDOW_MS`]): the RAM they hold
+//! is beside the ARC's, and a few units of read-ahead are all a cold pass
+//! needs between evictions and reads.
 
 use std::mem::MaybeUninit;
-
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -93,9 +92,9 @@ impl RecordBufs {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Keeps `buf` for a later read if there is room for it and reads have
-    /// asked for buffers lately, else frees it. Its bytes are left as they
-    /// are: whoever takes it overwrites them.
+    /// Keeps `buf` for a later read if it fits under the cap and what reads
+    /// needed in the window before, else frees it. Its bytes are left as
+    /// they are: whoever takes it overwrites them.
     pub(crate) fn give(&self, buf: Box<[u8]>, cap: usize) {
         self.give_at(buf, cap, self.now_ms());
     }
@@ -107,17 +106,17 @@ impl RecordBufs {
         }
         let mut k = self.kept.lock();
         // Freed after the lock is let go, with `buf` if it is not kept.
-        let _unneeded = k.roll(now);
-        if k.bytes + len > cap.min(k.limit) {
-            drop(k);
-            return;
+        let unneeded = k.roll(now);
+        if k.bytes + len <= cap.min(k.limit) {
+            k.bytes += len;
+            k.high = k.high.max(k.bytes);
+            match k.by_len.iter_mut().find(|(l, _)| *l == len) {
+                Some((_, v)) => v.push(buf),
+                None => k.by_len.push((len, vec![buf])),
+            }
         }
-        k.bytes += len;
-        k.high = k.high.max(k.bytes);
-        match k.by_len.iter_mut().find(|(l, _)| *l == len) {
-            Some((_, v)) => v.push(buf),
-            None => k.by_len.push((len, vec![buf])),
-        }
+        drop(k);
+        drop(unneeded);
     }
 
     /// A kept buffer of exactly `len` bytes, holding some earlier record's

@@ -267,6 +267,8 @@ impl L2Device {
     /// [`L2Device::read_with`] needs. `Ok(None)` when this device or these
     /// buffers cannot take it (no O_DIRECT descriptor, an address, length
     /// or buffer not aligned); the caller then reads through `read_with`.
+    /// The buffers come from `source` when given (the cache's buffers of
+    /// evicted records), else new ones.
     pub fn read_records(
         &self,
         daddr: u64,
