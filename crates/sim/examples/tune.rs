@@ -1,35 +1,29 @@
 //! Developer tool: arc-adaptive against max(LRU, textbook ARC) at every
-//! reference point and on synthetic traces. Not a test: the numbers are
-//! for choosing constants, the tests pin what is chosen.
+//! reference point and on sets of synthetic traces. Not a test: the
+//! numbers are for choosing constants, the tests pin what is chosen.
 //!
-//! Usage: tune REFERENCE_DIR [SYNTHETIC_DIR]
+//! Usage: tune REFERENCE_DIR|- [SET_DIR ...]
+//!
+//! A SET_DIR holds `NAME.csv.gz` traces and a `sizes.txt` of `NAME
+//! SIZE,SIZE,...` lines (what traces/tools/synthetic.py and
+//! random_family.py write). LRU's and textbook ARC's hit counts do not
+//! change while arc-adaptive is tuned, so they are kept in
+//! `TUNE_BASELINE` (a file of `LABEL SIZE LRU ARC` lines) when that is
+//! set. Points run on two threads.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use arc_policy::by_name;
-use arcache_sim::{expand, has_timestamps, read_trace, replay, respace, DEFAULT_SPACING_US};
+use arcache_sim::{expand, has_timestamps, read_trace, replay, respace, BlockAccess, DEFAULT_SPACING_US};
 
-fn hits(name: &str, size: u64, acc: &[arcache_sim::BlockAccess]) -> u64 {
+fn hits(name: &str, size: u64, acc: &[BlockAccess]) -> u64 {
     let mut p = by_name(name, size).expect("policy");
     replay(p.as_mut(), size, acc).hits
 }
 
-fn run(label: &str, acc: &[arcache_sim::BlockAccess], sizes: &[u64], out: &mut Vec<(f64, f64, String)>) {
-    for &s in sizes {
-        let n = acc.len() as f64;
-        let a = hits("arc-adaptive", s, acc) as f64 / n * 100.0;
-        let l = hits("lru", s, acc) as f64 / n * 100.0;
-        let p = hits("arc-paper", s, acc) as f64 / n * 100.0;
-        let f = hits("s3fifo", s, acc) as f64 / n * 100.0;
-        println!(
-            "{label:20} {s:7} adaptive {a:6.2} lru {l:6.2} arc {p:6.2} s3fifo {f:6.2} diff {:+.2}",
-            a - l.max(p)
-        );
-        out.push((a, a - l.max(p), format!("{label} {s}")));
-    }
-}
-
-fn load(path: &Path) -> Vec<arcache_sim::BlockAccess> {
+fn load(path: &Path) -> Vec<BlockAccess> {
     let mut reqs = read_trace(path).expect("trace");
     if !has_timestamps(&reqs) {
         respace(&mut reqs, DEFAULT_SPACING_US);
@@ -37,43 +31,135 @@ fn load(path: &Path) -> Vec<arcache_sim::BlockAccess> {
     expand(&reqs, 4096, false)
 }
 
-fn summary(name: &str, v: &[(f64, f64, String)]) {
+/// One trace of a set: its label, file and cache sizes.
+struct Job {
+    set: usize,
+    label: String,
+    path: PathBuf,
+    sizes: Vec<u64>,
+}
+
+/// One point's result: arc-adaptive's hit ratio and its gap to max(LRU, ARC), in %.
+struct Point {
+    set: usize,
+    label: String,
+    size: u64,
+    adaptive: f64,
+    gap: f64,
+}
+
+fn reference_jobs(dir: &Path) -> Vec<Job> {
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference_hit_ratios.json")).expect("refs"))
+            .expect("json");
+    let mut jobs = Vec::new();
+    for (name, t) in refs["traces"].as_object().expect("traces") {
+        let sizes =
+            t["modes"]["4k"]["sizes_blocks"].as_array().expect("sizes").iter().filter_map(|v| v.as_u64());
+        jobs.push(Job {
+            set: 0,
+            label: name.clone(),
+            path: dir.join(t["csv"].as_str().expect("csv")),
+            sizes: sizes.collect(),
+        });
+    }
+    jobs
+}
+
+fn set_jobs(set: usize, dir: &Path) -> Vec<Job> {
+    let list = std::fs::read_to_string(dir.join("sizes.txt")).expect("sizes.txt");
+    list.lines()
+        .map(|line| {
+            let (name, sizes) = line.split_once(' ').expect("line");
+            Job {
+                set,
+                label: name.to_string(),
+                path: dir.join(format!("{name}.csv.gz")),
+                sizes: sizes.split(',').filter_map(|s| s.parse().ok()).collect(),
+            }
+        })
+        .collect()
+}
+
+type Baseline = HashMap<(String, u64), (u64, u64)>;
+
+fn read_baseline(path: Option<&str>) -> Baseline {
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Baseline::new() };
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some(((f[0].to_string(), f[1].parse().ok()?), (f[2].parse().ok()?, f[3].parse().ok()?)))
+        })
+        .collect()
+}
+
+fn run(job: &Job, base: &Mutex<Baseline>) -> Vec<Point> {
+    let acc = load(&job.path);
+    let n = acc.len() as f64;
+    let key = |s: u64| (format!("{}/{}", job.set, job.label), s);
+    job.sizes
+        .iter()
+        .map(|&s| {
+            let known = base.lock().expect("lock").get(&key(s)).copied();
+            let (l, p) = known.unwrap_or_else(|| (hits("lru", s, &acc), hits("arc-paper", s, &acc)));
+            base.lock().expect("lock").insert(key(s), (l, p));
+            let a = hits("arc-adaptive", s, &acc) as f64 / n * 100.0;
+            let better = l.max(p) as f64 / n * 100.0;
+            Point { set: job.set, label: job.label.clone(), size: s, adaptive: a, gap: a - better }
+        })
+        .collect()
+}
+
+fn summary(name: &str, v: &[&Point]) {
     if v.is_empty() {
         return;
     }
-    let mean = v.iter().map(|x| x.0).sum::<f64>() / v.len() as f64;
-    let worst = v.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("points");
-    println!("{name}: mean {mean:.2}, worst {:+.2} ({})", worst.1, worst.2);
+    let mean = v.iter().map(|x| x.adaptive).sum::<f64>() / v.len() as f64;
+    if std::env::var_os("TUNE_ALL").is_some() {
+        for p in v {
+            println!("  {} {} {:.2} {:+.2}", p.label, p.size, p.adaptive, p.gap);
+        }
+    }
+    let below = v.iter().filter(|x| x.gap < -1.0).count();
+    let mut worst: Vec<&&Point> = v.iter().collect();
+    worst.sort_by(|a, b| a.gap.total_cmp(&b.gap));
+    let w: Vec<String> =
+        worst.iter().take(4).map(|p| format!("{:+.2} {} {}", p.gap, p.label, p.size)).collect();
+    println!("{name}: mean {mean:.2}, {below} of {} below 1 pp; worst {}", v.len(), w.join(", "));
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dir = Path::new(&args[1]);
-    let refs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference_hit_ratios.json")).expect("refs"))
-            .expect("json");
-    let mut reference = Vec::new();
-    for (name, t) in refs["traces"].as_object().expect("traces") {
-        let acc = load(&dir.join(t["csv"].as_str().expect("csv")));
-        let sizes: Vec<u64> = t["modes"]["4k"]["sizes_blocks"]
-            .as_array()
-            .expect("sizes")
-            .iter()
-            .filter_map(|v| v.as_u64())
-            .collect();
-        run(name, &acc, &sizes, &mut reference);
+    let mut jobs = if args[1] == "-" { Vec::new() } else { reference_jobs(Path::new(&args[1])) };
+    for (i, d) in args[2..].iter().enumerate() {
+        jobs.extend(set_jobs(i + 1, Path::new(d)));
     }
-    let mut synthetic = Vec::new();
-    if let Some(syn) = args.get(2) {
-        let syn = Path::new(syn);
-        let list = std::fs::read_to_string(syn.join("sizes.txt")).expect("sizes.txt");
-        for line in list.lines() {
-            let (name, sizes) = line.split_once(' ').expect("line");
-            let sizes: Vec<u64> = sizes.split(',').filter_map(|s| s.parse().ok()).collect();
-            let acc = load(&syn.join(format!("{name}.csv.gz")));
-            run(name, &acc, &sizes, &mut synthetic);
+    let base_path = std::env::var("TUNE_BASELINE").ok();
+    let base = Mutex::new(read_baseline(base_path.as_deref()));
+    let next = Mutex::new(0usize);
+    let points = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = {
+                    let mut n = next.lock().expect("lock");
+                    *n += 1;
+                    *n - 1
+                };
+                let Some(job) = jobs.get(i) else { break };
+                let got = run(job, &base);
+                points.lock().expect("lock").extend(got);
+            });
         }
+    });
+    let points = points.into_inner().expect("lock");
+    if let Some(p) = base_path {
+        let b = base.into_inner().expect("lock");
+        let text: String = b.iter().map(|((l, s), (x, y))| format!("{l} {s} {x} {y}\n")).collect();
+        std::fs::write(p, text).expect("baseline");
     }
-    summary("reference", &reference);
-    summary("synthetic", &synthetic);
+    for set in 0..args.len() - 1 {
+        let name = if set == 0 { "reference".to_string() } else { args[set + 1].clone() };
+        summary(&name, &points.iter().filter(|p| p.set == set).collect::<Vec<_>>());
+    }
 }
