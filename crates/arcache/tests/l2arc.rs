@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{Seek, SeekFrom, Write};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -277,6 +278,31 @@ fn fio_verified_writes_with_l2_and_a_tiny_arc() {
     let st = s.stat();
     assert!(st["l2_write_bytes"].as_u64().unwrap() > 0, "{st}");
     assert!(st["txg_syncs"].as_u64().unwrap() > 0, "{st}");
+}
+
+/// fio's 4K random reads at queue depth 64, answered from L2 through the
+/// connection's io_uring ring. The ring's completions interrupt the
+/// connection thread's blocking sends (EINTR), and such a send was taken
+/// for a lost client: the connection was dropped within a few thousand
+/// reads (bench/l2arc.sh's queue-depth sweep found it at 64; libnbd saw
+/// the socket closed and fio failed the job).
+#[test]
+fn fio_at_queue_depth_64_on_l2_hits_through_the_ring_keeps_its_connection() {
+    need("fio");
+    let (s, data, _) = start(tempfile::tempdir().unwrap(), 24, &[]);
+    read_all(&s, &data, Duration::from_millis(2));
+    feed_until(&s, 12 << 20, || read_all(&s, &data, Duration::from_millis(2)));
+    let ring = stat_u64(&s, "l2_ring_reads");
+    let out = Command::new("fio")
+        .args(["--name=qd64", "--ioengine=nbd", "--rw=randread", "--bs=4k", "--size=24M", "--iodepth=64"])
+        .args(["--time_based", "--runtime=4", "--randseed=7", &format!("--uri={}", s.uri(""))])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("err= 0"), "fio failed: {text}");
+    let ring = stat_u64(&s, "l2_ring_reads") - ring;
+    // The race needs many ring reads completing while replies are sent.
+    assert!(ring > 5_000, "only {ring} reads went through the ring: {}", s.stat());
 }
 
 #[test]

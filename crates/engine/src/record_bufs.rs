@@ -164,10 +164,16 @@ impl RecordBufs {
 }
 
 impl arcache_l2::BufSource for RecordBufs {
+    fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
+        RecordBufs::uninit(self, len)
+    }
+}
+
+impl RecordBufs {
     /// A buffer of `len` bytes for a read to fill (from a backing store or
     /// L2): a kept one, else a new one. Its contents are unspecified either
     /// way.
-    fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
+    pub(crate) fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
         match self.take(len) {
             Some(buf) => {
                 // SAFETY: `MaybeUninit<u8>` has the size, alignment and
@@ -212,7 +218,6 @@ impl Kept {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arcache_l2::BufSource;
 
     #[test]
     fn a_given_buffer_is_the_next_one_of_its_length() {

@@ -186,7 +186,13 @@ impl Session {
     fn flush_records(&self, tls: &mut ServerConnection) -> io::Result<()> {
         let mut sock = self.sock.lock();
         while tls.wants_write() {
-            tls.write_tls(&mut *sock)?;
+            // Interrupted: as in `write_all_vectored`, nothing was sent.
+            match tls.write_tls(&mut *sock) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => {
+                    r?;
+                }
+            }
         }
         Ok(())
     }

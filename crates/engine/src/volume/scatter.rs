@@ -37,7 +37,7 @@ impl Volume {
             .clone()
             .map(|r| {
                 let rr = self.record_range(r);
-                arcache_l2::BufSource::uninit(&*self.cache.record_bufs, (rr.end - rr.start) as usize)
+                self.cache.record_bufs.uninit((rr.end - rr.start) as usize)
             })
             .collect();
         let len = bufs.iter().map(|b| b.len()).sum();
