@@ -789,9 +789,30 @@ impl L2Arc {
                 };
                 let ok = self.verify(key, ptr, part, blob);
                 let raw = ptr.flags().raw || matches!(part, Part::Half(_));
-                ok.then(|| unframe(blob, raw).map(Box::from)).flatten()
+                let whole_raw = ptr.flags().raw && matches!(part, Part::Whole);
+                ok.then(|| unframe(blob, raw).map(|b| if whole_raw { self.record_copy(b) } else { b.into() }))
+                    .flatten()
             })
             .collect()
+    }
+
+    /// A boxed copy of a raw record read whole, in a buffer from the
+    /// installed source (the engine's buffers of evicted records) when it
+    /// has one: every such read inserts a record into the ARC and evicts
+    /// one of the same size, whose buffer comes back for the next read
+    /// (a new one per read faulted in pages the allocator had just given
+    /// back). Halves and compressed copies take new buffers: their lengths
+    /// match no evicted record's, and a source counts what it was asked
+    /// for and could not give as what to keep.
+    fn record_copy(&self, bytes: &[u8]) -> Box<[u8]> {
+        let Some(source) = self.bufs.get() else { return bytes.into() };
+        let mut b = source.uninit(bytes.len());
+        // SAFETY: `b` has `bytes.len()` elements, all written here, and the
+        // two do not overlap (`b` is a buffer of its own).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.as_mut_ptr().cast::<u8>(), bytes.len());
+            b.assume_init()
+        }
     }
 
     /// Turns a run's read into its answers: counts, drops what failed, and

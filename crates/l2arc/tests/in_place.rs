@@ -183,3 +183,21 @@ fn a_run_read_in_place_goes_into_the_buffers_the_source_hands_out() {
     let at: Vec<usize> = got.iter().map(|b| b.as_ptr() as usize).collect();
     assert_eq!(*source.handed.lock().unwrap(), at, "not the source's buffers");
 }
+
+/// One record read whole, through a device buffer (memory here; the ring
+/// and the blocking path alike) and copied out: the copy goes into a
+/// buffer the source hands out, full of old bytes, and reads back right.
+#[test]
+fn a_record_read_whole_is_copied_into_a_buffer_the_source_hands_out() {
+    let l2 = feed_and_read_back(Arc::new(MemDev::new(HEADER_RESERVED + (8 << 20))));
+    let source = Arc::new(OldBuffers::default());
+    l2.set_buf_source(Arc::clone(&source) as Arc<dyn arcache_l2::BufSource>);
+    let (items, _) = batch();
+    let mut at = Vec::new();
+    for it in &items {
+        let got = l2.read(it.key, l2.lookup(it.key).expect("indexed")).expect("reads back");
+        assert!(got[..] == (*it.data).as_ref()[..], "record {}: the old bytes stayed", it.key);
+        at.push(got.as_ptr() as usize);
+    }
+    assert_eq!(*source.handed.lock().unwrap(), at, "not the source's buffers");
+}
