@@ -126,11 +126,12 @@ impl Write for Conn {
 
 /// Writes all of `parts` with as few system calls as the kernel allows.
 ///
-/// A send interrupted before it wrote anything is sent again: a thread
-/// that owns an io_uring (the connection threads' rings) has its blocking
-/// system calls interrupted whenever a completion's task work arrives, and
-/// giving up there dropped the connection (fio at queue depth 64 on L2
-/// hits: libnbd saw the socket closed mid-stream).
+/// A send interrupted before it wrote anything is sent again. Interrupted
+/// sends came only with the connection threads' own io_uring rings on (a
+/// completion's task work can interrupt the owner's blocking system
+/// calls, by all signs), and giving up there dropped the connection (fio
+/// at queue depth 64 on L2 hits: libnbd saw the socket closed
+/// mid-stream).
 pub fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()> {
     let mut idx = 0;
     let mut off = 0;
