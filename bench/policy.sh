@@ -17,8 +17,8 @@
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then two more families (seeds 5000 and
-# 9000 onwards), so no one family's draw decides.
+# from how well it does once it has; then three more families (seeds 5000,
+# 9000 and 13000 onwards), so no one family's draw decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -238,4 +238,10 @@ family family-5000 200000 "$work/family-5000/sizes.txt" \
   "Another random family (seeds 5000 onwards, looked at while choosing TOWARD_RECENCY)" 5000
 family family-9000 200000 "$work/family-9000/sizes.txt" \
   "Another random family (seeds 9000 onwards, drawn after the policy's constants were chosen)" 9000
+# Seeds 13000 on were drawn on 2026-12-06 after a round of experiments on
+# the three families above that changed nothing (constants, the warm-up
+# gate, the default variant), and first looked at then, once, with
+# crates/sim/examples/tune.rs: nothing was tuned on them.
+family family-13000 200000 "$work/family-13000/sizes.txt" \
+  "Another random family (seeds 13000 onwards, drawn after every change to the policy so far)" 13000
 cat "$result"
