@@ -1144,6 +1144,7 @@ impl ControlState {
         obj.insert("nbd_active_connections".into(), json!(s.active_connections.load(Relaxed)));
         obj.insert("nbd_requests".into(), json!(s.requests.load(Relaxed)));
         obj.insert("nbd_request_errors".into(), json!(s.request_errors.load(Relaxed)));
+        obj.insert("nbd_sends_interrupted".into(), json!(nbd::conn::SENDS_INTERRUPTED.load(Relaxed)));
         obj.insert("nbd_immediate_reads".into(), json!(s.immediate_reads.load(Relaxed)));
         obj.insert("nbd_immediate_writes".into(), json!(s.immediate_writes.load(Relaxed)));
         obj.insert("nbd_piece_replies".into(), json!(s.piece_replies.load(Relaxed)));

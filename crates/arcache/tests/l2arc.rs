@@ -294,6 +294,7 @@ fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connecti
     let (s, data, _) = start(tempfile::tempdir().unwrap(), 24, &[]);
     read_all(&s, &data, Duration::from_millis(2));
     feed_until(&s, 12 << 20, || read_all(&s, &data, Duration::from_millis(2)));
+    let interrupted = stat_u64(&s, "nbd_sends_interrupted");
     for depth in [64, 160] {
         let ring = stat_u64(&s, "l2_ring_reads");
         let out = Command::new("fio")
@@ -308,6 +309,9 @@ fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connecti
         // The race needs many ring reads completing while replies are sent.
         assert!(ring > 5_000, "at depth {depth} only {ring} reads went through the ring: {}", s.stat());
     }
+    // The case the test is for: sends were interrupted, and sent again.
+    let interrupted = stat_u64(&s, "nbd_sends_interrupted") - interrupted;
+    assert!(interrupted > 0, "no send was interrupted: the race was not reached; {}", s.stat());
 }
 
 #[test]

@@ -167,6 +167,10 @@ impl arcache_l2::BufSource for RecordBufs {
     fn uninit(&self, len: usize) -> Box<[MaybeUninit<u8>]> {
         RecordBufs::uninit(self, len)
     }
+
+    fn copy_of(&self, data: &[u8]) -> Box<[u8]> {
+        RecordBufs::copy_of(self, data)
+    }
 }
 
 impl RecordBufs {

@@ -65,6 +65,16 @@ pub struct DeviceStats {
 /// evicted, which are in memory already.
 pub trait BufSource: Send + Sync {
     fn uninit(&self, len: usize) -> Box<[std::mem::MaybeUninit<u8>]>;
+
+    /// A boxed copy of `data` in one of the source's buffers.
+    fn copy_of(&self, data: &[u8]) -> Box<[u8]> {
+        let mut b = self.uninit(data.len());
+        for (to, &from) in b.iter_mut().zip(data) {
+            to.write(from);
+        }
+        // SAFETY: `b` has `data.len()` elements and the loop wrote each.
+        unsafe { b.assume_init() }
+    }
 }
 
 pub struct L2Device {

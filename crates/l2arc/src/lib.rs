@@ -805,14 +805,7 @@ impl L2Arc {
     /// match no evicted record's, and a source counts what it was asked
     /// for and could not give as what to keep.
     fn record_copy(&self, bytes: &[u8]) -> Box<[u8]> {
-        let Some(source) = self.bufs.get() else { return bytes.into() };
-        let mut b = source.uninit(bytes.len());
-        // SAFETY: `b` has `bytes.len()` elements, all written here, and the
-        // two do not overlap (`b` is a buffer of its own).
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.as_mut_ptr().cast::<u8>(), bytes.len());
-            b.assume_init()
-        }
+        self.bufs.get().map_or_else(|| bytes.into(), |source| source.copy_of(bytes))
     }
 
     /// Turns a run's read into its answers: counts, drops what failed, and

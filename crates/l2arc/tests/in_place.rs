@@ -200,4 +200,10 @@ fn a_record_read_whole_is_copied_into_a_buffer_the_source_hands_out() {
         at.push(got.as_ptr() as usize);
     }
     assert_eq!(*source.handed.lock().unwrap(), at, "not the source's buffers");
+    // A half (a small read of a split copy) is no record: its length
+    // matches no evicted one, and asking the source for it would only
+    // teach the source to keep buffers nobody takes.
+    let half = l2.read_half(2, l2.lookup(2).expect("indexed"), 1).expect("reads back");
+    assert!(half[..] == bytes(2, 16384)[8192..], "the second half of record 2");
+    assert_eq!(source.handed.lock().unwrap().len(), at.len(), "a half was read into the source's buffer");
 }

@@ -3,6 +3,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::uri::Target;
 
@@ -124,6 +125,10 @@ impl Write for Conn {
     }
 }
 
+/// Sends this process sent again after they were interrupted
+/// (`nbd_sends_interrupted`): what tells a test it reached the case.
+pub static SENDS_INTERRUPTED: AtomicU64 = AtomicU64::new(0);
+
 /// Writes all of `parts` with as few system calls as the kernel allows.
 ///
 /// A send interrupted before it wrote anything is sent again. Interrupted
@@ -142,7 +147,10 @@ pub fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()>
             slices.push(io::IoSlice::new(p));
         }
         let mut n = match w.write_vectored(&slices) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                SENDS_INTERRUPTED.fetch_add(1, Relaxed);
+                continue;
+            }
             r => r?,
         };
         if n == 0 {

@@ -187,11 +187,11 @@ impl Session {
         let mut sock = self.sock.lock();
         while tls.wants_write() {
             // Interrupted: as in `write_all_vectored`, nothing was sent.
-            match tls.write_tls(&mut *sock) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                r => {
-                    r?;
+            if let Err(e) = tls.write_tls(&mut *sock) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
                 }
+                crate::conn::SENDS_INTERRUPTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
         Ok(())

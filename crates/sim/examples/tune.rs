@@ -8,7 +8,7 @@
 //! SIZE,SIZE,...` lines (what traces/tools/synthetic.py and
 //! random_family.py write). LRU's and textbook ARC's hit counts do not
 //! change while arc-adaptive is tuned, so they are kept in
-//! `TUNE_BASELINE` (a file of `LABEL SIZE LRU ARC` lines) when that is
+//! `TUNE_BASELINE` (a file of `TRACE_PATH SIZE LRU ARC` lines) when that is
 //! set. Points run on two threads.
 
 use std::collections::HashMap;
@@ -87,8 +87,11 @@ fn read_baseline(path: Option<&str>) -> Baseline {
     let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Baseline::new() };
     text.lines()
         .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            Some(((f[0].to_string(), f[1].parse().ok()?), (f[2].parse().ok()?, f[3].parse().ok()?)))
+            // From the right: a trace's path may hold spaces.
+            let mut f = l.rsplitn(4, ' ');
+            let (arc, lru, size) =
+                (f.next()?.parse().ok()?, f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+            Some(((f.next()?.to_string(), size), (lru, arc)))
         })
         .collect()
 }
@@ -96,13 +99,18 @@ fn read_baseline(path: Option<&str>) -> Baseline {
 fn run(job: &Job, base: &Mutex<Baseline>) -> Vec<Point> {
     let acc = load(&job.path);
     let n = acc.len() as f64;
-    let key = |s: u64| (format!("{}/{}", job.set, job.label), s);
+    // By the trace's file, not its set's place on the command line: one
+    // baseline then serves runs that name the sets in any order.
+    let key = |s: u64| (job.path.display().to_string(), s);
     job.sizes
         .iter()
         .map(|&s| {
             let known = base.lock().expect("lock").get(&key(s)).copied();
-            let (l, p) = known.unwrap_or_else(|| (hits("lru", s, &acc), hits("arc-paper", s, &acc)));
-            base.lock().expect("lock").insert(key(s), (l, p));
+            let (l, p) = known.unwrap_or_else(|| {
+                let computed = (hits("lru", s, &acc), hits("arc-paper", s, &acc));
+                base.lock().expect("lock").insert(key(s), computed);
+                computed
+            });
             let a = hits("arc-adaptive", s, &acc) as f64 / n * 100.0;
             let better = l.max(p) as f64 / n * 100.0;
             Point { set: job.set, label: job.label.clone(), size: s, adaptive: a, gap: a - better }
