@@ -288,6 +288,9 @@ fn fio_verified_writes_with_l2_and_a_tiny_arc() {
 /// the socket closed and fio failed the job). Then at 160, beyond the
 /// server's 64 requests in flight per connection (`max_in_flight`), as
 /// the kernel's client and qemu may keep: the rest wait in the socket.
+/// Last, four connections at depth 64 at once (fio's jobs, a connection
+/// each), as a storage server's clients keep: each connection thread has
+/// its own ring, and all share the device and the ARC.
 #[test]
 fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connection() {
     need("fio");
@@ -295,19 +298,24 @@ fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connecti
     read_all(&s, &data, Duration::from_millis(2));
     feed_until(&s, 12 << 20, || read_all(&s, &data, Duration::from_millis(2)));
     let interrupted = stat_u64(&s, "nbd_sends_interrupted");
-    for depth in [64, 160] {
+    for (depth, jobs) in [(64, 1), (160, 1), (64, 4)] {
         let ring = stat_u64(&s, "l2_ring_reads");
+        let connections = stat_u64(&s, "nbd_connections");
         let out = Command::new("fio")
             .args(["--name=deep", "--ioengine=nbd", "--rw=randread", "--bs=4k", "--size=24M"])
-            .args([&format!("--iodepth={depth}"), "--time_based", "--runtime=3", "--randseed=7"])
+            .args([&format!("--iodepth={depth}"), &format!("--numjobs={jobs}"), "--group_reporting"])
+            .args(["--time_based", "--runtime=3", "--randseed=7"])
             .arg(format!("--uri={}", s.uri("")))
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && text.contains("err= 0"), "fio at depth {depth} failed: {text}");
+        let case = format!("depth {depth} on {jobs} connection(s)");
+        assert!(out.status.success() && text.contains("err= 0"), "fio at {case} failed: {text}");
         let ring = stat_u64(&s, "l2_ring_reads") - ring;
         // The race needs many ring reads completing while replies are sent.
-        assert!(ring > 5_000, "at depth {depth} only {ring} reads went through the ring: {}", s.stat());
+        assert!(ring > 5_000, "at {case} only {ring} reads went through the ring: {}", s.stat());
+        let opened = stat_u64(&s, "nbd_connections") - connections;
+        assert!(opened >= jobs, "at {case} the server saw {opened} connections: {}", s.stat());
     }
     // The case the test is for: sends were interrupted, and sent again.
     let interrupted = stat_u64(&s, "nbd_sends_interrupted") - interrupted;

@@ -207,3 +207,23 @@ fn a_record_read_whole_is_copied_into_a_buffer_the_source_hands_out() {
     assert!(half[..] == bytes(2, 16384)[8192..], "the second half of record 2");
     assert_eq!(source.handed.lock().unwrap().len(), at.len(), "a half was read into the source's buffer");
 }
+
+/// A compressed copy read whole is framed, and what it holds is the
+/// compressed bytes, whose length says nothing of any evicted record's: it
+/// goes into a new buffer, and the source is not asked (asking would only
+/// teach it to keep buffers of lengths nobody takes). Its length here is
+/// a page, one a source could well hold.
+#[test]
+fn a_compressed_copy_read_whole_takes_no_buffer_from_the_source() {
+    let dev = Arc::new(MemDev::new(HEADER_RESERVED + (8 << 20)));
+    let l2 = L2Arc::new(vec![L2Device::new("d".into(), dev).unwrap()]).unwrap();
+    let source = Arc::new(OldBuffers::default());
+    l2.set_buf_source(Arc::clone(&source) as Arc<dyn arcache_l2::BufSource>);
+    let compressed = BlobFlags { compressed: true, lshift: 2, ..Default::default() };
+    assert!(l2.begin_feed(9));
+    l2.write_batch(0, vec![FeedItem { key: 9, data: aligned(9, 4096), flags: compressed }], 0, false)
+        .unwrap();
+    let got = l2.read(9, l2.lookup(9).expect("indexed")).expect("reads back");
+    assert!(got[..] == bytes(9, 4096)[..], "the compressed bytes as fed");
+    assert!(source.handed.lock().unwrap().is_empty(), "a compressed copy was read into the source's buffer");
+}
