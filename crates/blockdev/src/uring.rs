@@ -48,7 +48,36 @@ pub enum ReadError {
 
 /// What a finished read hands on: the bytes asked for, or why not, with
 /// the batch of the reads that finished together.
-pub type Finish = Box<dyn FnOnce(Result<&[u8], ReadError>, &mut Batch) + Send>;
+pub type Finish = Box<dyn FnOnce(Result<Landed<'_>, ReadError>, &mut Batch) + Send>;
+
+/// Where a finished read's bytes are.
+pub enum Landed<'a> {
+    /// In one of the ring's buffers, lent for the completion.
+    Lent(&'a [u8]),
+    /// In the buffer the read was given ([`Op::into`]), handed back whole:
+    /// a caller that keeps the bytes (an ARC record) needs no copy.
+    Own(Box<[u8]>),
+}
+
+impl Landed<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Landed::Lent(b) => b,
+            Landed::Own(b) => b,
+        }
+    }
+
+    /// The bytes in a box of their own: the given buffer, or a copy.
+    pub fn into_box(self) -> Box<[u8]> {
+        match self {
+            Landed::Lent(b) => b.into(),
+            Landed::Own(b) => b,
+        }
+    }
+}
+
+/// The alignment O_DIRECT wants of a buffer given to a read.
+const GIVEN_ALIGN: usize = 4096;
 
 /// One read: `need` bytes at `at` (both aligned for O_DIRECT) of which the
 /// caller wants `len` from `skip`.
@@ -59,6 +88,12 @@ pub struct Op {
     pub skip: usize,
     pub len: usize,
     pub finish: Finish,
+    /// A buffer to read into instead of one of the ring's, for a read
+    /// wanted whole (`skip` 0, `len` equal to `need`): exactly `need`
+    /// bytes, aligned for O_DIRECT. The finish gets it back as
+    /// [`Landed::Own`]. One that does not fit is dropped and the read goes
+    /// into a buffer of the ring's, as without.
+    pub into: Option<Box<[std::mem::MaybeUninit<u8>]>>,
 }
 
 struct Shared {
@@ -220,9 +255,24 @@ impl Drop for Uring {
     }
 }
 
+/// A read's buffer while the kernel fills it.
+enum ReadBuf {
+    Ring(AlignedBuf),
+    Given(Box<[std::mem::MaybeUninit<u8>]>),
+}
+
+impl ReadBuf {
+    fn len(&self) -> usize {
+        match self {
+            ReadBuf::Ring(b) => b.as_slice().len(),
+            ReadBuf::Given(b) => b.len(),
+        }
+    }
+}
+
 struct InFlight {
     /// Exactly the bytes read (its length is the read's).
-    buf: AlignedBuf,
+    buf: ReadBuf,
     at: u64,
     skip: usize,
     len: usize,
@@ -233,33 +283,50 @@ impl State {
     /// Puts a read in a free slot and its entry in the submission queue;
     /// the caller holds the state lock, which is the queue's too.
     fn push(&mut self, kernel: &Kernel, op: Op, local: bool) -> io::Result<()> {
-        // `reuse_as` sizes a kept buffer to this read if its allocation
-        // holds it (its `capacity` is only the last read's length).
-        let mut buf = match self.spare.iter_mut().position(|b| b.reuse_as(op.need)) {
-            Some(i) => self.spare.swap_remove(i),
+        let Op { fd, at, need, skip, len, finish, into } = op;
+        let given = into.filter(|b| {
+            b.len() == need && skip == 0 && len == need && (b.as_ptr() as usize).is_multiple_of(GIVEN_ALIGN)
+        });
+        let (buf, ptr) = match given {
+            Some(mut b) => {
+                let ptr = b.as_mut_ptr().cast::<u8>();
+                (ReadBuf::Given(b), ptr)
+            }
             None => {
-                // Room for bigger reads later; sized to this one now. A
-                // thread's own ring (one per connection) keeps no room.
-                let room = if local { op.need } else { op.need.max(64 << 10) };
-                let mut b = AlignedBuf::new(room);
-                b.reuse_as(op.need);
-                b
+                let mut b = self.ring_buf(need, local);
+                let ptr = b.as_mut_slice().as_mut_ptr();
+                (ReadBuf::Ring(b), ptr)
             }
         };
-        let ptr = buf.as_mut_slice().as_mut_ptr();
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1
         });
         // In its slot before the kernel hears of it: if the push fails,
         // `fail_all` still finds it there.
-        self.slots[slot] = Some(InFlight { buf, at: op.at, skip: op.skip, len: op.len, finish: op.finish });
+        self.slots[slot] = Some(InFlight { buf, at, skip, len, finish });
         self.in_flight += 1;
         // SAFETY: the buffer lives in its slot (moving `buf` there moved
-        // no bytes) until its completion is reaped, or is leaked; the
-        // state lock held by the caller makes this the only pusher.
-        unsafe {
-            kernel.read(ReadAt { fd: op.fd, buf: ptr, len: op.need as u32, at: op.at, data: slot as u64 })
+        // no bytes: both kinds are heap allocations) until its completion
+        // is reaped, or is leaked; the state lock held by the caller makes
+        // this the only pusher.
+        unsafe { kernel.read(ReadAt { fd, buf: ptr, len: need as u32, at, data: slot as u64 }) }
+    }
+
+    /// One of the ring's buffers for a read of `need` bytes: a spare one
+    /// if its allocation holds it (`reuse_as` sizes it; its `capacity` is
+    /// only the last read's length), else a new one.
+    fn ring_buf(&mut self, need: usize, local: bool) -> AlignedBuf {
+        match self.spare.iter_mut().position(|b| b.reuse_as(need)) {
+            Some(i) => self.spare.swap_remove(i),
+            None => {
+                // Room for bigger reads later; sized to this one now. A
+                // thread's own ring (one per connection) keeps no room.
+                let room = if local { need } else { need.max(64 << 10) };
+                let mut b = AlignedBuf::new(room);
+                b.reuse_as(need);
+                b
+            }
         }
     }
 }
@@ -335,10 +402,20 @@ fn complete(sh: &Shared, batch: &mut Batch, flush_each: bool) -> io::Result<bool
     let mut bufs = Vec::with_capacity(finished.len());
     for (f, res) in finished {
         let InFlight { buf, at, skip, len, finish } = f;
-        let bytes = buf.as_slice();
-        let need = bytes.len();
+        let need = buf.len();
         if res >= 0 && res as usize == need {
-            finish_guarded(finish, Ok(&bytes[skip..skip + len]), batch);
+            match buf {
+                ReadBuf::Ring(b) => {
+                    finish_guarded(finish, Ok(Landed::Lent(&b.as_slice()[skip..skip + len])), batch);
+                    bufs.push(b);
+                }
+                ReadBuf::Given(b) => {
+                    // SAFETY: the kernel wrote all `need` bytes of it: the
+                    // read completed whole.
+                    let b = unsafe { b.assume_init() };
+                    finish_guarded(finish, Ok(Landed::Own(b)), batch);
+                }
+            }
         } else {
             let source = if res < 0 {
                 io::Error::from_raw_os_error(-res)
@@ -348,8 +425,10 @@ fn complete(sh: &Shared, batch: &mut Batch, flush_each: bool) -> io::Result<bool
             let e =
                 DevError::Io { op: "read", dev: "the IO ring".into(), offset: at, len: need as u64, source };
             finish_guarded(finish, Err(ReadError::Device(e)), batch);
+            if let ReadBuf::Ring(b) = buf {
+                bufs.push(b);
+            }
         }
-        bufs.push(buf);
         // On the ring thread each reply leaves as soon as it is made:
         // holding the first until the last completion of the pass is
         // finished (copies, inserts) added that whole pass to its latency.
@@ -525,7 +604,7 @@ fn fail_all(sh: &Shared) {
 /// Runs one read's completion. A panic in it (a bug) is logged and
 /// contained: it must not take the ring thread, and with it every later
 /// read of every client.
-fn finish_guarded(finish: Finish, res: Result<&[u8], ReadError>, batch: &mut Batch) {
+fn finish_guarded(finish: Finish, res: Result<Landed<'_>, ReadError>, batch: &mut Batch) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| finish(res, batch))).is_err() {
         warn!("a ring read's completion panicked; that one request goes unanswered");
     }
@@ -548,9 +627,9 @@ mod tests {
     ) -> Op {
         let tx = tx.clone();
         let finish: Finish = Box::new(move |r, _| {
-            let _ = tx.send(r.map(<[u8]>::to_vec).map_err(|e| format!("{e:?}")));
+            let _ = tx.send(r.map(|l| l.bytes().to_vec()).map_err(|e| format!("{e:?}")));
         });
-        Op { fd, at, need, skip, len, finish }
+        Op { fd, at, need, skip, len, finish, into: None }
     }
 
     #[test]
@@ -708,7 +787,7 @@ mod tests {
         let ring = Uring::start("test-ring").unwrap();
         let boom: Finish = Box::new(|_, _| panic!("a bug in a completion"));
         assert!(ring
-            .submit(Op { fd: f.as_raw_fd(), at: 0, need: 4096, skip: 0, len: 4096, finish: boom })
+            .submit(Op { fd: f.as_raw_fd(), at: 0, need: 4096, skip: 0, len: 4096, finish: boom, into: None })
             .is_ok());
         let (tx, rx) = mpsc::channel();
         for i in 0..8u64 {

@@ -925,11 +925,17 @@ impl L2Arc {
         let run = [(key, ptr)];
         let (start, len) = run_extent(&run, part);
         let (at, need, skip) = dev.aligned_extent(start, len);
+        // A raw record read whole, on pages of its own, is read straight
+        // into a buffer from the installed source (an evicted record's),
+        // which the cache then keeps: no copy out of the ring's buffer.
+        let whole_pages = matches!(part, Part::Whole) && ptr.flags().raw && skip == 0 && need as u64 == len;
+        let into = self.bufs.get().filter(|_| whole_pages).map(|source| source.uninit(need));
         let me = Arc::clone(self);
         let dev = Arc::clone(dev);
         let finish: blockdev::uring::Finish = Box::new(move |bytes, batch| {
             let verified = match bytes {
-                Ok(b) => Ok(me.verify_run(&run, part, b)),
+                Ok(blockdev::uring::Landed::Own(b)) => Ok(vec![me.verify(key, ptr, part, &b).then_some(b)]),
+                Ok(blockdev::uring::Landed::Lent(b)) => Ok(me.verify_run(&run, part, b)),
                 Err(blockdev::uring::ReadError::Device(e)) => Err(e),
                 // Not the device's fault: the copy stays, the read is redone.
                 Err(blockdev::uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable), batch),
@@ -938,7 +944,7 @@ impl L2Arc {
             me.settle_run(&dev, &run, len, verified, &mut out);
             done(out.pop().unwrap_or(Err(L2Miss::Unavailable)), batch);
         });
-        match ring.submit(blockdev::uring::Op { fd, at, need, skip, len: len as usize, finish }) {
+        match ring.submit(blockdev::uring::Op { fd, at, need, skip, len: len as usize, finish, into }) {
             Ok(()) => Ok(()),
             Err(op) => {
                 // The ring failed since `can_read_async` said yes: `done`

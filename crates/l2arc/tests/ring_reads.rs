@@ -90,3 +90,79 @@ fn a_failed_ring_is_not_blamed_on_the_device() {
         assert_eq!(&*l2.read(k, ptr).unwrap(), &bytes_for(k)[..], "and reads back the blocking way");
     }
 }
+
+/// The server's allocator, which places buffers of whole pages on page
+/// boundaries (as the cache's buffers of evicted records are).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Hands out buffers of old bytes and remembers where each one lies, and
+/// counts the copies asked of it apart.
+#[derive(Default)]
+struct OldBuffers {
+    handed: std::sync::Mutex<Vec<usize>>,
+    copies: std::sync::atomic::AtomicUsize,
+}
+
+impl arcache_l2::BufSource for OldBuffers {
+    fn uninit(&self, len: usize) -> Box<[std::mem::MaybeUninit<u8>]> {
+        let mut b = Box::new_uninit_slice(len);
+        b.fill(std::mem::MaybeUninit::new(0xee));
+        self.handed.lock().unwrap().push(b.as_ptr() as usize);
+        b
+    }
+
+    fn copy_of(&self, data: &[u8]) -> Box<[u8]> {
+        self.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        data.into()
+    }
+}
+
+/// Raw records of whole pages, read whole through the ring, are read
+/// straight into buffers the source hands out (no copy out of the ring's
+/// own buffer), and are verified there: a copy changed on the device is
+/// refused and dropped, the others served.
+#[test]
+fn raw_records_read_through_the_ring_land_in_the_sources_buffers_and_are_verified_there() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let opts =
+        FileDevOptions { direct: true, create_size: Some(HEADER_RESERVED + (8 << 20)), ..Default::default() };
+    let dev = FileDev::open(&dir.path().join("l2.img"), opts).unwrap();
+    assert!(dev.is_direct(), "O_DIRECT refused under {}", dir.path().display());
+    let l2 = Arc::new(L2Arc::new(vec![L2Device::new("f".into(), Arc::new(dev)).unwrap()]).unwrap());
+    let raw = BlobFlags { raw: true, lshift: 2, ..Default::default() };
+    let items: Vec<FeedItem> = (0..RECORDS)
+        .map(|k| {
+            assert!(l2.begin_feed(k));
+            FeedItem { key: k, data: Arc::new(bytes_for(k)), flags: raw }
+        })
+        .collect();
+    l2.write_batch(0, items, 0, false).unwrap();
+    let bad = 5;
+    let file = std::fs::OpenOptions::new().write(true).open(dir.path().join("l2.img")).unwrap();
+    file.write_all_at(b"garbage", l2.lookup(bad).unwrap().daddr() + 100).unwrap();
+    file.sync_all().unwrap();
+    let source = Arc::new(OldBuffers::default());
+    l2.set_buf_source(Arc::clone(&source) as Arc<dyn arcache_l2::BufSource>);
+    l2.start_async_reads().expect("io_uring is available to tests");
+    let rx = read_all_async(&l2);
+    let mut served = Vec::new();
+    for _ in 0..RECORDS {
+        let (k, r) = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
+        if k == bad {
+            assert_eq!(r.err(), Some(L2Miss::ChecksumBad), "the changed copy was served");
+            continue;
+        }
+        let b = r.expect("a good copy");
+        assert!(b[..] == bytes_for(k)[..], "record {k}: old bytes stayed");
+        served.push(b.as_ptr() as usize);
+    }
+    assert!(l2.lookup(bad).is_none(), "the bad copy stays indexed");
+    assert_eq!(source.copies.load(std::sync::atomic::Ordering::Relaxed), 0, "records were copied");
+    let handed = source.handed.lock().unwrap().clone();
+    assert_eq!(handed.len(), RECORDS as usize, "a buffer asked of the source for each read");
+    for at in &served {
+        assert!(handed.contains(at), "a record was not read into the source's buffer");
+    }
+}

@@ -214,17 +214,21 @@ impl Volume {
         let need = (rr.end - rr.start) as usize;
         let started = std::time::Instant::now();
         let Some(vol) = self.this.upgrade() else { return finish(Got::Retry, out) };
+        // Straight into a buffer of an evicted record, which the record
+        // keeps: no copy out of the ring's buffer.
+        let into = Some(self.cache.record_bufs.uninit(need));
         let op = Op {
             fd,
             at: rr.start,
             need,
             skip: 0,
             len: need,
+            into,
             finish: Box::new(move |res, out| {
                 let (res, bytes) = match res {
                     Err(ReadError::RingFailed) => return finish(Got::Retry, out),
                     Err(ReadError::Device(e)) => (Err(vol.named(e)), None),
-                    Ok(b) => (injected_backing_error(rr.start), Some(Box::<[u8]>::from(b))),
+                    Ok(b) => (injected_backing_error(rr.start), Some(b.into_box())),
                 };
                 let got = match (vol.count_backing_read(need, started, res), bytes) {
                     (Err(e), _) => Got::Failed(e),
@@ -379,7 +383,10 @@ impl Volume {
         }
         done(ReadEnd::Done(Ok(buf)), out);
         out.flush();
-        self.insert_block(w.r..w.r + 1, &block, false, None);
+        // The ring read into a buffer of an evicted record (or copied out
+        // of its own into a new one): the record keeps it as it is.
+        self.insert_owned(w.r, block, false, None);
+        self.cache.count(Found::Miss, false, 1);
         drop(lock);
     }
 }

@@ -72,7 +72,7 @@ impl Volume {
 
     /// Record `r`'s bytes as read into the cache: kept as they are (the
     /// buffer itself) or compressed, as `insert_block` does.
-    fn insert_owned(&self, r: u64, bytes: Box<[u8]>, prefetch: bool, keep: Option<&mut Keep>) {
+    pub(super) fn insert_owned(&self, r: u64, bytes: Box<[u8]>, prefetch: bool, keep: Option<&mut Keep>) {
         let rec = match self.probes.compressed_of(&bytes, self.cache.compress_enabled()) {
             Some(c) => {
                 if let Some(k) = keep {
