@@ -17,8 +17,8 @@
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then three more families (seeds 5000,
-# 9000 and 13000 onwards), so no one family's draw decides.
+# from how well it does once it has; then four more families (seeds 5000,
+# 9000, 13000 and 17000 onwards), so no one family's draw decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -244,4 +244,11 @@ family family-9000 200000 "$work/family-9000/sizes.txt" \
 # crates/sim/examples/tune.rs: nothing was tuned on them.
 family family-13000 200000 "$work/family-13000/sizes.txt" \
   "Another random family (seeds 13000 onwards, drawn after every change to the policy so far)" 13000
+# Seeds 17000 on were drawn on 2026-12-06 (a later session), before four
+# experiments that changed nothing (the target moved by ghost hits before
+# the first choice, MFU's frequency spent in one pass before it, a shorter
+# first window, a change-point early test), and looked at only with
+# tune.rs while judging them: nothing was tuned on them.
+family family-17000 200000 "$work/family-17000/sizes.txt" \
+  "Another random family (seeds 17000 onwards, drawn after every change to the policy so far)" 17000
 cat "$result"
