@@ -217,6 +217,10 @@ pub struct Cache {
     pub(crate) fill_bufs: crate::fill_bufs::FillBufs,
     /// Buffers of evicted records, for the next backing reads.
     pub(crate) record_bufs: Arc<crate::record_bufs::RecordBufs>,
+    /// Test builds: how often evicted records were counted and let go while
+    /// someone held the ARC lock (in a test of one thread, its caller).
+    #[cfg(test)]
+    counted_under_lock: AtomicU64,
 }
 
 impl Cache {
@@ -282,6 +286,8 @@ impl Cache {
             arc_max_hint: AtomicU64::new(cfg.arc_max),
             fill_bufs: crate::fill_bufs::FillBufs::default(),
             record_bufs,
+            #[cfg(test)]
+            counted_under_lock: AtomicU64::new(0),
         })
     }
 
@@ -520,6 +526,10 @@ impl Cache {
     }
 
     fn count_evicted(&self, gone: Vec<(Key, RecordData)>) {
+        #[cfg(test)]
+        if self.state.try_lock().is_none() {
+            self.counted_under_lock.fetch_add(1, Relaxed);
+        }
         let c = &self.counters;
         let cap = crate::record_bufs::RecordBufs::cap(self.arc_max_hint.load(Relaxed));
         for (key, d) in gone {
@@ -988,5 +998,35 @@ mod lshift_tests {
         assert_eq!(lshift_of(7 << 10), 1);
         assert_eq!(lshift_of(1 << 20), 8);
         assert_eq!(lshift_of(u64::MAX), 8);
+    }
+}
+
+#[cfg(test)]
+mod eviction_tests {
+    use super::*;
+
+    fn record(key: u64) -> RecordData {
+        Arc::new(Record::raw(vec![key as u8; 4096]))
+    }
+
+    /// Every way a record enters or the limits move evicts through
+    /// `count_evicted`, which takes the L2 index lock and frees or keeps
+    /// buffers: it must run after the ARC lock is let go, or every reader
+    /// waits for it. One thread here, so a held lock is the caller's.
+    #[test]
+    fn evicted_records_are_counted_and_let_go_after_the_arc_lock_is_released() {
+        let cfg = CacheConfig { arc_min: 32 << 10, arc_max: 64 << 10, min_prefetch_ms: 0, compress: false };
+        let cache = Cache::new(cfg);
+        for k in 0..64 {
+            cache.insert_read(k, record(k), false);
+        }
+        for k in 64..128 {
+            cache.insert_written(k, record(k));
+        }
+        let old = cache.state.lock().data.get(&127).cloned().expect("the last record written is cached");
+        cache.keep_decompressed(127, &old, record(127));
+        cache.set_limits(16 << 10, 16 << 10);
+        assert!(cache.stats().evicted >= 120, "too few evictions to tell: {}", cache.stats().evicted);
+        assert_eq!(cache.counted_under_lock.load(Relaxed), 0, "evicted records counted under the ARC lock");
     }
 }
