@@ -8,7 +8,8 @@
 # nbdkit file + delay 4 ms + rate 2400M, read whole through --arc-max
 # 256M --l2 FILE:4G until the feed stops growing L2); then each round
 # restarts every arm in turn on that same file, waits for its rebuild, and
-# times fio for SECONDS. The arms share the file, so each finds the copies
+# times fio for SECONDS, the arms in the given order in odd rounds and
+# reversed in even ones. The arms share the file, so each finds the copies
 # the others left.
 #
 # Usage: bench/ab-restart.sh SECONDS ROUNDS BINARY...
@@ -38,6 +39,7 @@ serve() { # binary
   "$1" serve --listen "unix:$work/nbd.sock" --control "$work/ctl.sock" --arc-max 256M \
     --export "nbd+unix:///?socket=$work/origin.sock" --l2 "$work/l2.img:4G" 2>>"$work/serve.log" &
   arc=$!
+  pids+=("$arc")
   wait_sock "$work/nbd.sock"; wait_sock "$work/ctl.sock"
 }
 stat_of() { # binary key
@@ -47,22 +49,36 @@ stop() { kill -TERM "$arc"; wait "$arc" || true; }
 
 serve "$1"
 nbdcopy "nbd+unix:///?socket=$work/nbd.sock" null:
-prev=-1
+prev=-1 settled=0
 for _ in $(seq 90); do
   now=$(stat_of "$1" l2_size)
-  [ "$now" = "$prev" ] && break
+  [ "$now" = "$prev" ] && { settled=1; break; }
   prev=$now; sleep 2
 done
 stop
+[ $settled = 1 ] || { echo "bench: the feed was still growing L2 after 180 s" >&2; exit 1; }
 echo "bench: L2 warmed, $prev bytes" >&2
 
 for round in $(seq "$rounds"); do
-  for bin in "$@"; do
+  # Odd rounds in the order given, even rounds reversed: the arm that runs
+  # second reads blocks the first just read (any cache below O_DIRECT
+  # favours it), so each arm runs second as often as first.
+  order=("$@")
+  if [ $((round % 2)) = 0 ]; then
+    order=(); for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
+  fi
+  for bin in "${order[@]}"; do
     serve "$bin"
-    for _ in $(seq 200); do [ "$(stat_of "$bin" l2_rebuild_success)" = 1 ] && break; sleep 0.05; done
+    rebuilt=0
+    for _ in $(seq 200); do
+      [ "$(stat_of "$bin" l2_rebuild_success)" = 1 ] && { rebuilt=1; break; }
+      sleep 0.05
+    done
+    [ $rebuilt = 1 ] || { echo "bench: $bin did not rebuild its L2 within 10 s" >&2; exit 1; }
+    rm -f "$work/fio.json"
     timeout $((secs + 60)) fio --name=restart --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" \
       --rw=randread --bs=4k --size=1G --iodepth=16 --runtime="$secs" --time_based --randseed="$round" \
-      --output-format=json --output="$work/fio.json" >/dev/null 2>&1 || echo "fio failed" >&2
+      --output-format=json --output="$work/fio.json" >/dev/null 2>&1 || { echo "bench: fio failed on $bin" >&2; exit 1; }
     iops=$(python3 -c "import json; print(round(json.load(open('$work/fio.json'))['jobs'][0]['read']['iops']))")
     printf '%s\t%s\t%s\t%s\n' "$round" "$bin" "$iops" "$(stat_of "$bin" l2_hits)" | tee -a "$work/runs.tsv" >&2
     stop
@@ -72,7 +88,7 @@ done
 {
   echo "$header"
   echo
-  echo "job: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G, the L2 warmed once ($prev bytes) by the first arm; each run a restart on that file, the rebuild awaited, then fio --ioengine=nbd --rw=randread --bs=4k --size=1G --iodepth=16 --runtime=$secs --randseed=ROUND; arms take turns, $rounds rounds"
+  echo "job: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G, the L2 warmed once ($prev bytes) by the first arm; each run a restart on that file, the rebuild awaited, then fio --ioengine=nbd --rw=randread --bs=4k --size=1G --iodepth=16 --runtime=$secs --randseed=ROUND; arms take turns, in the given order in odd rounds and reversed in even ones, $rounds rounds"
   bench_arms "$@"
   echo
   python3 - "$work/runs.tsv" "$@" <<'PY'
