@@ -1009,10 +1009,12 @@ mod eviction_tests {
         Arc::new(Record::raw(vec![key as u8; 4096]))
     }
 
-    /// Every way a record enters or the limits move evicts through
-    /// `count_evicted`, which takes the L2 index lock and frees or keeps
-    /// buffers: it must run after the ARC lock is let go, or every reader
-    /// waits for it. One thread here, so a held lock is the caller's.
+    /// Evictions go through `count_evicted`, which takes the L2 index lock
+    /// and frees or keeps buffers: it must run after the ARC lock is let
+    /// go, or every reader waits for it. Driven here: reads, writes, a
+    /// record kept decompressed and lower limits (the file view's inserts
+    /// and `set_dnode_size` evict the same way and are not). One thread,
+    /// so a held lock is the caller's.
     #[test]
     fn evicted_records_are_counted_and_let_go_after_the_arc_lock_is_released() {
         let cfg = CacheConfig { arc_min: 32 << 10, arc_max: 64 << 10, min_prefetch_ms: 0, compress: false };

@@ -934,8 +934,12 @@ impl L2Arc {
         let dev = Arc::clone(dev);
         let finish: blockdev::uring::Finish = Box::new(move |bytes, batch| {
             let verified = match bytes {
-                Ok(blockdev::uring::Landed::Own(b)) => Ok(vec![me.verify(key, ptr, part, &b).then_some(b)]),
-                Ok(blockdev::uring::Landed::Lent(b)) => Ok(me.verify_run(&run, part, b)),
+                // Only a raw copy is its record's bytes as they lie; anything
+                // else (were it ever given a buffer) is unframed as usual.
+                Ok(blockdev::uring::Landed::Own(b)) if ptr.flags().raw => {
+                    Ok(vec![me.verify(key, ptr, part, &b).then_some(b)])
+                }
+                Ok(landed) => Ok(me.verify_run(&run, part, landed.bytes())),
                 Err(blockdev::uring::ReadError::Device(e)) => Err(e),
                 // Not the device's fault: the copy stays, the read is redone.
                 Err(blockdev::uring::ReadError::RingFailed) => return done(Err(L2Miss::Unavailable), batch),

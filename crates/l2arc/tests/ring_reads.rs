@@ -15,12 +15,17 @@ fn bytes_for(key: u64) -> Vec<u8> {
     (0..LEN).map(|i| (key as u8).wrapping_mul(29).wrapping_add((i / 7) as u8)).collect()
 }
 
-fn file_l2(dir: &tempfile::TempDir) -> Arc<L2Arc> {
+/// An L2 on a file in `dir` opened O_DIRECT, with nothing fed.
+fn empty_file_l2(dir: &tempfile::TempDir) -> Arc<L2Arc> {
     let opts =
         FileDevOptions { direct: true, create_size: Some(HEADER_RESERVED + (8 << 20)), ..Default::default() };
     let dev = FileDev::open(&dir.path().join("l2.img"), opts).unwrap();
     assert!(dev.is_direct(), "O_DIRECT refused under {}", dir.path().display());
-    let l2 = Arc::new(L2Arc::new(vec![L2Device::new("f".into(), Arc::new(dev)).unwrap()]).unwrap());
+    Arc::new(L2Arc::new(vec![L2Device::new("f".into(), Arc::new(dev)).unwrap()]).unwrap())
+}
+
+fn file_l2(dir: &tempfile::TempDir) -> Arc<L2Arc> {
+    let l2 = empty_file_l2(dir);
     let items: Vec<FeedItem> = (0..RECORDS)
         .map(|k| {
             assert!(l2.begin_feed(k));
@@ -126,11 +131,7 @@ impl arcache_l2::BufSource for OldBuffers {
 fn raw_records_read_through_the_ring_land_in_the_sources_buffers_and_are_verified_there() {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let opts =
-        FileDevOptions { direct: true, create_size: Some(HEADER_RESERVED + (8 << 20)), ..Default::default() };
-    let dev = FileDev::open(&dir.path().join("l2.img"), opts).unwrap();
-    assert!(dev.is_direct(), "O_DIRECT refused under {}", dir.path().display());
-    let l2 = Arc::new(L2Arc::new(vec![L2Device::new("f".into(), Arc::new(dev)).unwrap()]).unwrap());
+    let l2 = empty_file_l2(&dir);
     let raw = BlobFlags { raw: true, lshift: 2, ..Default::default() };
     let items: Vec<FeedItem> = (0..RECORDS)
         .map(|k| {
@@ -165,4 +166,31 @@ fn raw_records_read_through_the_ring_land_in_the_sources_buffers_and_are_verifie
     for at in &served {
         assert!(handed.contains(at), "a record was not read into the source's buffer");
     }
+}
+
+/// A compressed copy is framed: 4,092 bytes of it frame to exactly a page,
+/// so its read through the ring has the shape of a raw record of whole
+/// pages. It must not be read into the source's buffer and handed on as
+/// the record (the frame would be served as data): it comes back
+/// unframed, in a buffer of its own.
+#[test]
+fn a_compressed_copy_framed_to_a_page_is_read_through_the_ring_unframed_and_not_into_the_source() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let l2 = empty_file_l2(&dir);
+    let compressed = BlobFlags { compressed: true, lshift: 2, ..Default::default() };
+    let data: Vec<u8> = (0..4092u32).map(|i| (i * 31 + i / 5) as u8).collect();
+    assert!(l2.begin_feed(7));
+    let item = FeedItem { key: 7, data: Arc::new(data.clone()), flags: compressed };
+    l2.write_batch(0, vec![item], 0, false).unwrap();
+    let ptr = l2.lookup(7).unwrap();
+    assert_eq!(ptr.blob_len(), 4096, "the frame makes a page: the case this test is for");
+    let source = Arc::new(OldBuffers::default());
+    l2.set_buf_source(Arc::clone(&source) as Arc<dyn arcache_l2::BufSource>);
+    l2.start_async_reads().expect("io_uring is available to tests");
+    let (tx, rx) = mpsc::channel();
+    let queued = l2.read_async(7, ptr, None, Box::new(move |r, _| tx.send(r).unwrap()));
+    assert!(queued.is_ok(), "the ring took the read");
+    let got = rx.recv_timeout(Duration::from_secs(10)).expect("answered").expect("reads back");
+    assert!(got[..] == data[..], "the compressed bytes, unframed");
+    assert!(source.handed.lock().unwrap().is_empty(), "a compressed copy was read into the source's buffer");
 }
