@@ -9,7 +9,7 @@ use crate::{check_range, write_zeroes_by_writing, Alloc, BlockDev, DevError, Dev
 
 /// O_DIRECT needs buffers, offsets and lengths aligned to the logical block
 /// size; 4 KiB satisfies every device we meet.
-const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FileDevOptions {

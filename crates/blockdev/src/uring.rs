@@ -76,9 +76,6 @@ impl Landed<'_> {
     }
 }
 
-/// The alignment O_DIRECT wants of a buffer given to a read.
-const GIVEN_ALIGN: usize = 4096;
-
 /// One read: `need` bytes at `at` (both aligned for O_DIRECT) of which the
 /// caller wants `len` from `skip`.
 pub struct Op {
@@ -285,7 +282,10 @@ impl State {
     fn push(&mut self, kernel: &Kernel, op: Op, local: bool) -> io::Result<()> {
         let Op { fd, at, need, skip, len, finish, into } = op;
         let given = into.filter(|b| {
-            b.len() == need && skip == 0 && len == need && (b.as_ptr() as usize).is_multiple_of(GIVEN_ALIGN)
+            b.len() == need
+                && skip == 0
+                && len == need
+                && (b.as_ptr() as usize).is_multiple_of(crate::file::DIRECT_ALIGN)
         });
         let (buf, ptr) = match given {
             Some(mut b) => {
