@@ -255,15 +255,43 @@ impl Drop for Uring {
 /// A read's buffer while the kernel fills it.
 enum ReadBuf {
     Ring(AlignedBuf),
-    Given(Box<[std::mem::MaybeUninit<u8>]>),
+    Given(GivenBuf),
 }
 
 impl ReadBuf {
     fn len(&self) -> usize {
         match self {
             ReadBuf::Ring(b) => b.as_slice().len(),
-            ReadBuf::Given(b) => b.len(),
+            ReadBuf::Given(b) => b.0.len(),
         }
+    }
+}
+
+/// A caller's buffer while the kernel may write to it, held by its
+/// pointer: a `Box` claims to be the only way to its bytes, and moving it
+/// (into its slot, out again) would make that claim while the kernel
+/// writes through another. Dropped without [`GivenBuf::into_box`] it is
+/// leaked, as a failed ring's buffers must be.
+struct GivenBuf(std::ptr::NonNull<[std::mem::MaybeUninit<u8>]>);
+
+// SAFETY: it owns its allocation, as the `Box` it came from did.
+unsafe impl Send for GivenBuf {}
+
+impl GivenBuf {
+    fn new(b: Box<[std::mem::MaybeUninit<u8>]>) -> Self {
+        GivenBuf(std::ptr::NonNull::from(Box::leak(b)))
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.0.as_ptr().cast::<u8>()
+    }
+
+    /// # Safety
+    /// The kernel is done with it: its completion was reaped.
+    unsafe fn into_box(self) -> Box<[std::mem::MaybeUninit<u8>]> {
+        // SAFETY: the pointer came from `Box::leak` and nothing else
+        // holds it now (the caller's promise).
+        unsafe { Box::from_raw(self.0.as_ptr()) }
     }
 }
 
@@ -288,9 +316,10 @@ impl State {
                 && (b.as_ptr() as usize).is_multiple_of(crate::file::DIRECT_ALIGN)
         });
         let (buf, ptr) = match given {
-            Some(mut b) => {
-                let ptr = b.as_mut_ptr().cast::<u8>();
-                (ReadBuf::Given(b), ptr)
+            Some(b) => {
+                let g = GivenBuf::new(b);
+                let ptr = g.ptr();
+                (ReadBuf::Given(g), ptr)
             }
             None => {
                 let mut b = self.ring_buf(need, local);
@@ -409,10 +438,11 @@ fn complete(sh: &Shared, batch: &mut Batch, flush_each: bool) -> io::Result<bool
                     finish_guarded(finish, Ok(Landed::Lent(&b.as_slice()[skip..skip + len])), batch);
                     bufs.push(b);
                 }
-                ReadBuf::Given(b) => {
-                    // SAFETY: the kernel wrote all `need` bytes of it: the
-                    // read completed whole.
-                    let b = unsafe { b.assume_init() };
+                ReadBuf::Given(g) => {
+                    // SAFETY: the read's completion was reaped, and the
+                    // kernel wrote all `need` bytes of it: it completed
+                    // whole.
+                    let b = unsafe { g.into_box().assume_init() };
                     finish_guarded(finish, Ok(Landed::Own(b)), batch);
                 }
             }
@@ -425,8 +455,10 @@ fn complete(sh: &Shared, batch: &mut Batch, flush_each: bool) -> io::Result<bool
             let e =
                 DevError::Io { op: "read", dev: "the IO ring".into(), offset: at, len: need as u64, source };
             finish_guarded(finish, Err(ReadError::Device(e)), batch);
-            if let ReadBuf::Ring(b) = buf {
-                bufs.push(b);
+            match buf {
+                ReadBuf::Ring(b) => bufs.push(b),
+                // SAFETY: the read's completion was reaped.
+                ReadBuf::Given(g) => drop(unsafe { g.into_box() }),
             }
         }
         // On the ring thread each reply leaves as soon as it is made:
