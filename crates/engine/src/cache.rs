@@ -531,11 +531,10 @@ impl Cache {
             self.counted_under_lock.fetch_add(1, Relaxed);
         }
         let c = &self.counters;
-        let cap = crate::record_bufs::RecordBufs::cap(self.arc_max_hint.load(Relaxed));
         for (key, d) in gone {
             let bytes = d.psize();
             if let Some(buf) = Arc::into_inner(d).and_then(Record::into_raw_buf) {
-                self.record_bufs.give(buf, cap);
+                self.give_record_buf(buf);
             }
             match &self.l2 {
                 Some(l2) if l2.contains(key) => c.evict_l2_cached.fetch_add(bytes, Relaxed),
@@ -543,6 +542,13 @@ impl Cache {
                 _ => c.evict_l2_ineligible.fetch_add(bytes, Relaxed),
             };
         }
+    }
+
+    /// Hands `buf`, whose bytes nobody needs any more, to the next read
+    /// from a backing store or L2 (kept only while reads need buffers).
+    pub(crate) fn give_record_buf(&self, buf: Box<[u8]>) {
+        let cap = crate::record_bufs::RecordBufs::cap(self.arc_max_hint.load(Relaxed));
+        self.record_bufs.give(buf, cap);
     }
 
     /// Puts `plain`, the decompressed contents of `old`, in `old`'s place if

@@ -17,6 +17,10 @@ const ARC_MAX: u64 = 8 << 20;
 fn volume(scatters: bool) -> (Vec<u8>, Arc<Volume>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let data: Vec<u8> = (0..DEV).map(|_| rng.gen()).collect();
+    volume_of(data, scatters, false)
+}
+
+fn volume_of(data: Vec<u8>, scatters: bool, compress: bool) -> (Vec<u8>, Arc<Volume>) {
     let mem = MemDev::new(DEV);
     mem.write_at(&data, 0).unwrap();
     assert!(mem.scatters_reads());
@@ -24,12 +28,8 @@ fn volume(scatters: bool) -> (Vec<u8>, Arc<Volume>) {
     // goes through the engine's block buffer, and records are copied.
     let dev: Arc<dyn BlockDev> = if scatters { Arc::new(mem) } else { Arc::new(CountingDev::new(mem)) };
     assert_eq!(dev.scatters_reads(), scatters);
-    let cache = Cache::new(CacheConfig {
-        arc_min: ARC_MAX / 2,
-        arc_max: ARC_MAX,
-        min_prefetch_ms: 0,
-        compress: false,
-    });
+    let cache =
+        Cache::new(CacheConfig { arc_min: ARC_MAX / 2, arc_max: ARC_MAX, min_prefetch_ms: 0, compress });
     let cfg = VolumeConfig { name: "t".into(), recordsize: RS, read_only: true };
     (data, Volume::new(0, cfg, dev, cache))
 }
@@ -75,4 +75,25 @@ fn records_read_into_a_buffer_each_reuse_evicted_records_buffers() {
 #[test]
 fn records_copied_from_a_block_buffer_reuse_evicted_records_buffers() {
     check(false);
+}
+
+/// Records that compress are kept compressed, so their evictions give no
+/// buffer back; the buffer each was read into is given back instead, or
+/// a compressible export's reads would each allocate a new one.
+#[test]
+fn a_record_kept_compressed_gives_back_the_buffer_it_was_read_into() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // Every 4 KiB: 1 KiB of random bytes, then zeros.
+    let data: Vec<u8> = (0..DEV).map(|i| if i % 4096 < 1024 { rng.gen() } else { 0 }).collect();
+    let (data, vol) = volume_of(data, true, true);
+    read_all(&vol, &data);
+    let st = vol.cache().stats();
+    let records_read = st.backing_read_bytes / RS;
+    assert!(st.compressed_size * 2 < st.uncompressed_size, "records did not compress: {st:?}");
+    assert!(
+        st.record_bufs_reused * 10 >= records_read * 8,
+        "{} of {records_read} records read went into kept buffers",
+        st.record_bufs_reused
+    );
+    assert!(st.record_bufs_size <= ARC_MAX / 4, "{} bytes kept", st.record_bufs_size);
 }

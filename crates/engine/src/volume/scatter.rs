@@ -79,6 +79,10 @@ impl Volume {
                     // The plain bytes are in hand: kept, not decompressed.
                     k.keep_bytes(r, &bytes);
                 }
+                // The read most likely took this buffer from the pool; with
+                // the record kept compressed, the next read can have it
+                // (freed, a compressible export's reads drained the pool).
+                self.cache.give_record_buf(bytes);
                 Arc::new(c)
             }
             None => {
