@@ -110,8 +110,10 @@ b, a = json.loads(sys.argv[3]), json.loads(sys.argv[4])
 hits = a["demand_data_hits"] - b["demand_data_hits"]
 misses = a["demand_data_misses"] - b["demand_data_misses"]
 l2 = a.get("l2_hits", 0) - b.get("l2_hits", 0)
-records = max(b["hash_elements"], 1)
-overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / records
+# With nothing cached before the timed job (cold-miss), the whole RSS
+# beyond the data.
+records = b["hash_elements"]
+overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / max(records, 1)
 # reads completed, sectors read, ms reading (summed over reads, so its
 # growth over the job's seconds is the mean number of reads in flight)
 dev = "nan\tnan\tnan\tnan"
@@ -142,12 +144,18 @@ done
   fi
   echo "timed: fio --ioengine=nbd --rw=randread --bs=4k --size=$size --iodepth=16 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
   bench_arms "$@"
-  echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
+  if [ "$job" = cold-miss ]; then
+    mem_col="RSS beyond data (bytes, median)"
+    echo "memory: server VmRSS - data_size before the timed job (nothing is cached yet), before any stat request"
+  else
+    mem_col="RSS beyond data per record (bytes, median)"
+    echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
+  fi
   echo
   echo "cpu: the server's user + system time during the timed job over the reads fio completed"
   echo "device: what /proc/diskstats says ${disk:-n/a (no block device under the work directory)} (holding the L2 file and the file exports; reads of anything else on it count too) did during the timed job: reads/s, mean read time, mean reads in flight (of the 16 fio keeps outstanding; the rest are in the server's pipeline or fio), mean read size; each the median over the rounds"
   echo
-  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | RSS beyond data per record (bytes, median) | server CPU per read (us, median) | device reads/s, us, in flight, KiB |"
+  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | $mem_col | server CPU per read (us, median) | device reads/s, us, in flight, KiB |"
   echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import math, statistics, sys
