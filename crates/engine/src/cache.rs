@@ -1019,8 +1019,8 @@ mod eviction_tests {
     /// and frees or keeps buffers: it must run after the ARC lock is let
     /// go, or every reader waits for it. Driven here: reads, writes, a
     /// record kept decompressed and lower limits (the file view's inserts
-    /// and `set_dnode_size` evict the same way and are not). One thread,
-    /// so a held lock is the caller's.
+    /// and `set_dnode_size` in the test below). One thread, so a held lock
+    /// is the caller's.
     #[test]
     fn evicted_records_are_counted_and_let_go_after_the_arc_lock_is_released() {
         let cfg = CacheConfig { arc_min: 32 << 10, arc_max: 64 << 10, min_prefetch_ms: 0, compress: false };
@@ -1036,5 +1036,39 @@ mod eviction_tests {
         cache.set_limits(16 << 10, 16 << 10);
         assert!(cache.stats().evicted >= 120, "too few evictions to tell: {}", cache.stats().evicted);
         assert_eq!(cache.counted_under_lock.load(Relaxed), 0, "evicted records counted under the ARC lock");
+    }
+
+    /// The same for the file view's inserts and its tables' growth
+    /// (`set_dnode_size`). (Its reads from L2, `view_from_l2`, insert
+    /// through `insert_locked` and count as these do; they need an L2 and
+    /// are not driven here.)
+    #[test]
+    fn the_file_views_evictions_are_counted_after_the_arc_lock_is_released() {
+        use arc_policy::key::view::{self, Kind};
+        let cfg = CacheConfig { arc_min: 4 << 20, arc_max: 8 << 20, min_prefetch_ms: 0, compress: false };
+        let cache = Cache::new(cfg);
+        let mut evicted = 0;
+        let mut step = |name: &str, f: &dyn Fn(&Cache)| {
+            f(&cache);
+            let now = cache.stats().evicted;
+            assert!(now >= evicted + 256, "{name}: {} evictions, too few to tell", now - evicted);
+            evicted = now;
+            assert_eq!(
+                cache.counted_under_lock.load(Relaxed),
+                0,
+                "{name}: evicted records counted under the ARC lock"
+            );
+        };
+        step("view inserts", &|c| {
+            for i in 0..2560 {
+                c.view_insert(view::make(Kind::Data, 1, i), record(i));
+            }
+        });
+        step("view prefetches", &|c| {
+            for i in 0..512 {
+                c.view_insert_prefetch(view::make(Kind::Attr, 2, i), record(i));
+            }
+        });
+        step("the view's tables", &|c| c.set_dnode_size(4 << 20));
     }
 }
