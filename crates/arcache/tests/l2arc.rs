@@ -301,13 +301,23 @@ fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connecti
     for (depth, jobs) in [(64, 1), (160, 1), (64, 4)] {
         let ring = stat_u64(&s, "l2_ring_reads");
         let connections = stat_u64(&s, "nbd_connections");
-        let out = Command::new("fio")
+        let mut fio = Command::new("fio")
             .args(["--name=deep", "--ioengine=nbd", "--rw=randread", "--bs=4k", "--size=24M"])
             .args([&format!("--iodepth={depth}"), &format!("--numjobs={jobs}"), "--group_reporting"])
             .args(["--time_based", "--runtime=3", "--randseed=7"])
             .arg(format!("--uri={}", s.uri("")))
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        // How many of its connections were open at once, sampled while it
+        // runs (fio's output is small enough to wait in its pipes).
+        let mut open_at_once = 0;
+        while fio.try_wait().unwrap().is_none() {
+            open_at_once = open_at_once.max(stat_u64(&s, "nbd_active_connections"));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = fio.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
         let case = format!("depth {depth} on {jobs} connection(s)");
         assert!(out.status.success() && text.contains("err= 0"), "fio at {case} failed: {text}");
@@ -316,6 +326,7 @@ fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connecti
         assert!(ring > 5_000, "at {case} only {ring} reads went through the ring: {}", s.stat());
         let opened = stat_u64(&s, "nbd_connections") - connections;
         assert!(opened >= jobs, "at {case} the server saw {opened} connections: {}", s.stat());
+        assert!(open_at_once >= jobs, "at {case} at most {open_at_once} connections were open at once");
     }
     // The case the test is for: sends were interrupted, and sent again.
     let interrupted = stat_u64(&s, "nbd_sends_interrupted") - interrupted;
