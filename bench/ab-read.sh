@@ -9,6 +9,8 @@
 #   cold-miss: a 2 GiB file export opened O_DIRECT (--direct) through
 #     --arc-max 64M, no warm-up: nearly every timed read misses RAM and
 #     reads its record from the file.
+# AB_DATA=compressible fills the exports with bytes that compress (each
+# 4 KiB: 1 KiB of random bytes, then zeros) instead of random bytes.
 # Each run also reports the server's resident memory beyond the cached
 # data, per cached record: what a record costs in headers, policy entries
 # and indexes.
@@ -36,20 +38,34 @@ result=$(bench_ab_results "ab-read-${AB_JOB:-arc-hit}${AB_NAME:+-$AB_NAME}.md") 
 header=$(bench_header "$secs" "$rounds" "${@@Q}")
 bench_start arcache-ab-read
 
+data=${AB_DATA:-random}
+# fill FILE BYTES: the export's contents, as AB_DATA says.
+fill() {
+  case $data in
+    random) head -c "$2" /dev/urandom > "$1" ;;
+    compressible) python3 -c '
+import os, sys
+with open(sys.argv[1], "wb") as f:
+    for _ in range(int(sys.argv[2]) >> 20):
+        f.write(b"".join(os.urandom(1024) + bytes(3072) for _ in range(256)))
+' "$1" "$2" ;;
+    *) echo "bench: AB_DATA is random or compressible" >&2; exit 2 ;;
+  esac
+}
 job=${AB_JOB:-arc-hit}
 case $job in
   arc-hit)
-    head -c $((256 << 20)) /dev/urandom > "$work/disk.img"
+    fill "$work/disk.img" $((256 << 20))
     export_of=("$work/disk.img"); size=256M; serve_extra=(--arc-max 1G) ;;
   l2-hit)
     command -v nbdkit >/dev/null || { echo "bench: nbdkit is missing" >&2; exit 2; }
-    head -c $((1 << 30)) /dev/urandom > "$work/origin.img"
+    fill "$work/origin.img" $((1 << 30))
     nbdkit --foreground --exit-with-parent -U "$work/origin.sock" --filter=rate --filter=delay \
       file "$work/origin.img" rdelay=4ms rate=2400M & pids+=($!)
     wait_sock "$work/origin.sock"
     export_of=("nbd+unix:///?socket=$work/origin.sock"); size=1G; serve_extra=(--arc-max 256M) ;;
   cold-miss)
-    head -c $((2 << 30)) /dev/urandom > "$work/disk.img"
+    fill "$work/disk.img" $((2 << 30))
     export_of=("$work/disk.img"); size=2G; serve_extra=(--arc-max 64M --direct) ;;
   *) echo "bench: AB_JOB is arc-hit, l2-hit or cold-miss" >&2; exit 2 ;;
 esac
@@ -136,12 +152,13 @@ done
   echo "$header"
   echo
   if [ "$job" = arc-hit ]; then
-    echo "job arc-hit: a 256 MiB file of random bytes, read whole twice first; arcache --arc-max 1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
+    echo "job arc-hit: a 256 MiB file of $data bytes, read whole twice first; arcache --arc-max 1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
   elif [ "$job" = cold-miss ]; then
-    echo "job cold-miss: a 2 GiB file of random bytes opened O_DIRECT; arcache --arc-max 64M --direct${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; no warm-up"
+    echo "job cold-miss: a 2 GiB file of $data bytes opened O_DIRECT; arcache --arc-max 64M --direct${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; no warm-up"
   else
     echo "job l2-hit: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; one timed job first as warm-up"
   fi
+  [ "$data" = compressible ] && echo "data: each 4 KiB of the export holds 1 KiB of random bytes, then zeros"
   echo "timed: fio --ioengine=nbd --rw=randread --bs=4k --size=$size --iodepth=16 --runtime=$secs --randseed=7; arms take turns, $rounds rounds"
   bench_arms "$@"
   if [ "$job" = cold-miss ]; then
