@@ -8,12 +8,15 @@
 #     of the timed job first as its warm-up, so most timed reads hit L2;
 #   cold-miss: a 2 GiB file export opened O_DIRECT (--direct) through
 #     --arc-max 64M, no warm-up: nearly every timed read misses RAM and
-#     reads its record from the file.
+#     reads its record from the file; AB_DIRECT=0 opens it without
+#     O_DIRECT, so the records come from the page cache (the machine's
+#     CPU, not its disk, is measured).
 # AB_DATA=compressible fills the exports with bytes that compress (each
 # 4 KiB: 1 KiB of random bytes, then zeros) instead of random bytes.
 # Each run also reports the server's resident memory beyond the cached
 # data, per cached record: what a record costs in headers, policy entries
-# and indexes.
+# and indexes (cold-miss caches nothing before its timed job: there, the
+# whole RSS beyond the data, of a server that has served no read yet).
 #
 # Usage: bench/ab-read.sh SECONDS ROUNDS ARM...
 #   An ARM is a binary, optionally followed (in the same word) by serve
@@ -66,7 +69,8 @@ case $job in
     export_of=("nbd+unix:///?socket=$work/origin.sock"); size=1G; serve_extra=(--arc-max 256M) ;;
   cold-miss)
     fill "$work/disk.img" $((2 << 30))
-    export_of=("$work/disk.img"); size=2G; serve_extra=(--arc-max 64M --direct) ;;
+    export_of=("$work/disk.img"); size=2G; serve_extra=(--arc-max 64M)
+    [ "${AB_DIRECT:-1}" = 1 ] && serve_extra+=(--direct) ;;
   *) echo "bench: AB_JOB is arc-hit, l2-hit or cold-miss" >&2; exit 2 ;;
 esac
 fio_nbd() {
@@ -154,7 +158,7 @@ done
   if [ "$job" = arc-hit ]; then
     echo "job arc-hit: a 256 MiB file of $data bytes, read whole twice first; arcache --arc-max 1G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}"
   elif [ "$job" = cold-miss ]; then
-    echo "job cold-miss: a 2 GiB file of $data bytes opened O_DIRECT; arcache --arc-max 64M --direct${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; no warm-up"
+    echo "job cold-miss: a 2 GiB file of $data bytes; arcache ${serve_extra[*]}${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; no warm-up"
   else
     echo "job l2-hit: 1 GiB origin (nbdkit file, delay rdelay=4ms, rate 2400M); arcache --arc-max 256M --l2 FILE:4G${ARCACHE_EXTRA:+ $ARCACHE_EXTRA}; one timed job first as warm-up"
   fi
