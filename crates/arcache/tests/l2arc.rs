@@ -313,7 +313,12 @@ fn fio_at_queue_depths_64_and_160_on_l2_hits_through_the_ring_keeps_its_connecti
         // How many of its connections were open at once, sampled while it
         // runs (fio's output is small enough to wait in its pipes).
         let mut open_at_once = 0;
+        let t0 = Instant::now();
         while fio.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(60) {
+                let _ = fio.kill();
+                panic!("fio at depth {depth} on {jobs} connection(s) still running after 60 s");
+            }
             open_at_once = open_at_once.max(stat_u64(&s, "nbd_active_connections"));
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -1,5 +1,6 @@
-//! Buffers of evicted records, handed to the next reads from the backing
-//! stores instead of going back to the allocator.
+//! Buffers of evicted records (and of records read that were then kept
+//! compressed), handed to the next reads from the backing stores instead
+//! of going back to the allocator.
 //!
 //! The server makes its allocator give freed pages back at once (main.rs:
 //! RSS must stay near `arc_max`). On a cold pass every record read evicts
@@ -11,7 +12,8 @@
 //! shared block buffer and a copy). A buffer kept here is reused as it is.
 //!
 //! Only whole buffers no reader still holds come here (the cache's own
-//! reference was the last), at most [`RecordBufs::cap`] bytes of them,
+//! reference was the last, or the record read into it was kept
+//! compressed and the buffer was never shared), at most [`RecordBufs::cap`] bytes of them,
 //! and no more than reads needed lately ([`WINDOW_MS`]): the RAM they hold
 //! is beside the ARC's, and a few units of read-ahead are all a cold pass
 //! needs between evictions and reads.

@@ -384,7 +384,8 @@ impl Volume {
         done(ReadEnd::Done(Ok(buf)), out);
         out.flush();
         // The ring read into a buffer of an evicted record (or copied out
-        // of its own into a new one): the record keeps it as it is.
+        // of its own into a new one): the record keeps it as it is, or,
+        // compressed, gives it back to the pool.
         self.insert_owned(w.r, block, false, None);
         self.cache.count(Found::Miss, false, 1);
         drop(lock);

@@ -4,7 +4,9 @@
 //! reading through one block buffer cost a copy of every byte read (about
 //! 5 % of the server's CPU on a cold sequential pass from a file, 8 % from
 //! S3; perf). The buffers are evicted records' where any are kept
-//! (`record_bufs.rs`): new ones cost S3 more than the copy.
+//! (`record_bufs.rs`): new ones cost S3 more than the copy. A record that
+//! compresses is kept compressed, and the buffer it was read into goes
+//! back to the pool.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
