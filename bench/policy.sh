@@ -17,8 +17,8 @@
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then four more families (seeds 5000,
-# 9000, 13000 and 17000 onwards), so no one family's draw decides.
+# from how well it does once it has; then five more families (seeds 5000,
+# 9000, 13000, 17000 and 21000 onwards), so no one family's draw decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -251,4 +251,11 @@ family family-13000 200000 "$work/family-13000/sizes.txt" \
 # tune.rs while judging them: nothing was tuned on them.
 family family-17000 200000 "$work/family-17000/sizes.txt" \
   "Another random family (seeds 17000 onwards, drawn after every change to the policy so far)" 17000
+# Seeds 21000 on were drawn on 2026-12-06 (a third session), before three
+# experiments that changed nothing (denser copies, a reset of MFU's
+# frequencies when the real cache lags the copy of its own variant, another
+# variant before the first choice), and looked at only with tune.rs and
+# `arcache sim` while judging them: nothing was tuned on them.
+family family-21000 200000 "$work/family-21000/sizes.txt" \
+  "Another random family (seeds 21000 onwards, drawn after every change to the policy so far)" 21000
 cat "$result"
