@@ -205,6 +205,22 @@ impl AdaptiveArc {
         Self::with_variant(cfg, Variant { fill_mfu: true, ..crate::select::VARIANTS[crate::select::DEFAULT] })
     }
 
+    /// The variants the serving policy's copies try, as (MRU's target as a
+    /// fraction of the cache, whether MFU takes in what leaves MRU unused),
+    /// in the order [`AdaptiveArc::holding`] numbers them.
+    #[doc(hidden)]
+    pub fn variants() -> Vec<(f64, bool)> {
+        crate::select::VARIANTS.iter().map(|v| (v.fraction, v.fill_mfu)).collect()
+    }
+
+    /// Runs variant `i` of [`AdaptiveArc::variants`] throughout, as its
+    /// copy does: for comparing the real cache with what the variant it
+    /// chose does from the start (`examples/variants.rs`).
+    #[doc(hidden)]
+    pub fn holding(cfg: ZfsArcConfig, i: usize) -> Option<Self> {
+        crate::select::VARIANTS.get(i).map(|&v| Self::with_variant(cfg, v))
+    }
+
     /// The scans of [`Policy::scan_tail`] and, with `reused_only`,
     /// [`Policy::scan_tail_reused`]: a filled entry passed over still counts
     /// toward the depth, so the walk ends where the caller's scan of what

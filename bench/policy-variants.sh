@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Where the serving policy (arc-adaptive) loses on the random families of
+# bench/policy.sh: at a few of its worst points, each variant its copies
+# try held from the start against the policy itself, and per window of
+# 20,000 requests the policy's hit ratio and MRU target beside the best
+# held variant's (crates/sim/examples/variants.rs). Two causes show:
+# choosing late (the policy's windows match a variant's until its copies
+# first choose) and a low state after a switch (the policy runs the best
+# variant and hits far less than that variant held from the start).
+#
+# Usage: bench/policy-variants.sh   (about a minute; CPU only)
+# Writes bench/results/policy-variants.md.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/bench/lib.sh"
+result=$(bench_results policy-variants.md)
+header=$(bench_header)
+work=$(mktemp -d /tmp/arcache-policy-variants.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+(cd "$here" && cargo build --release -q -p arcache-sim --example variants)
+tool=$here/target/release/examples/variants
+
+# seed, cache blocks, why it is here
+points=(
+  "21010 7272 the family of seeds 21000's worst point"
+  "13016 7258 the family of seeds 13000's second worst"
+  "1031 16581 the first family's worst"
+  "9004 25952 the family of seeds 9000's worst"
+)
+{
+  echo "$header"
+  echo
+  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused) held from the start; then arc-adaptive per window of 20,000 requests beside the best held variant."
+  for p in "${points[@]}"; do
+    read -r seed size why <<<"$p"
+    python3 "$here/traces/tools/random_family.py" "$work/s$seed" "$seed" 1 > "$work/s$seed.txt"
+    echo
+    echo "## s$seed at $size blocks ($why)"
+    echo
+    echo "$(sed 's/^s[0-9]*: //' "$work/s$seed.txt")"
+    echo
+    "$tool" "$work/s$seed/s$seed.csv.gz" "$size" 20000
+  done
+} > "$result"
+cat "$result"
