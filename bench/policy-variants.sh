@@ -2,11 +2,11 @@
 # Where the serving policy (arc-adaptive) loses on the random families of
 # bench/policy.sh: at a few of its worst points, each variant its copies
 # try held from the start against the policy itself, and per window of
-# 20,000 requests the policy's hit ratio and MRU target beside the best
-# held variant's (crates/sim/examples/variants.rs). Two causes show:
-# choosing late (the policy's windows match a variant's until its copies
-# first choose) and a low state after a switch (the policy runs the best
-# variant and hits far less than that variant held from the start).
+# 20,000 requests the policy's hit ratio and the variant it runs beside
+# the best held variant's (crates/sim/examples/variants.rs). Two causes
+# show: choosing late (the policy's windows match a variant's until its
+# copies first choose) and a low state after a switch (the policy runs the
+# best variant and hits far less than that variant held from the start).
 #
 # Usage: bench/policy-variants.sh   (about a minute; CPU only)
 # Writes bench/results/policy-variants.md.
@@ -19,12 +19,12 @@ header=$(bench_header)
 work=$(mktemp -d /tmp/arcache-policy-variants.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 (cd "$here" && cargo build --release -q -p arcache-sim --example variants)
-tool=$here/target/release/examples/variants
+tool=${CARGO_TARGET_DIR:-$here/target}/release/examples/variants
 
 # seed, cache blocks, why it is here
 points=(
   "21010 7272 the family of seeds 21000's worst point"
-  "13016 7258 the family of seeds 13000's second worst"
+  "13016 7258 the family of seeds 13000's worst"
   "1031 16581 the first family's worst"
   "9004 25952 the family of seeds 9000's worst"
 )
@@ -35,12 +35,18 @@ points=(
   for p in "${points[@]}"; do
     read -r seed size why <<<"$p"
     python3 "$here/traces/tools/random_family.py" "$work/s$seed" "$seed" 1 > "$work/s$seed.txt"
+    # The size must be one bench/policy.sh replays this trace at.
+    grep -Eq "^s$seed ([0-9]+,)*$size(,|\$)" "$work/s$seed/sizes.txt" ||
+      { echo "bench: $size is not one of s$seed's sizes: $(cat "$work/s$seed/sizes.txt")" >&2; exit 1; }
+    desc=$(sed 's/^s[0-9]*: //' "$work/s$seed.txt")
     echo
     echo "## s$seed at $size blocks ($why)"
     echo
-    echo "$(sed 's/^s[0-9]*: //' "$work/s$seed.txt")"
+    echo "$desc"
     echo
     "$tool" "$work/s$seed/s$seed.csv.gz" "$size" 20000
   done
-} > "$result"
+} > "$work/result.md"
+# Only a whole result replaces the published one.
+mv "$work/result.md" "$result"
 cat "$result"

@@ -213,12 +213,20 @@ impl AdaptiveArc {
         crate::select::VARIANTS.iter().map(|v| (v.fraction, v.fill_mfu)).collect()
     }
 
-    /// Runs variant `i` of [`AdaptiveArc::variants`] throughout, as its
-    /// copy does: for comparing the real cache with what the variant it
-    /// chose does from the start (`examples/variants.rs`).
+    /// Runs variant `i` of [`AdaptiveArc::variants`] throughout, at full
+    /// size (its copy replays a sample in a scaled cache): for comparing
+    /// the real cache with what the variant it chose does from the start
+    /// (`examples/variants.rs`).
     #[doc(hidden)]
     pub fn holding(cfg: ZfsArcConfig, i: usize) -> Option<Self> {
         crate::select::VARIANTS.get(i).map(|&v| Self::with_variant(cfg, v))
+    }
+
+    /// Which of [`AdaptiveArc::variants`] this cache runs now (None: a
+    /// cache holding one variant, with no copies).
+    #[doc(hidden)]
+    pub fn chosen_variant(&self) -> Option<usize> {
+        self.selector.as_ref().map(|s| s.chosen_index())
     }
 
     /// The scans of [`Policy::scan_tail`] and, with `reused_only`,

@@ -161,6 +161,11 @@ impl Selector {
         VARIANTS[self.best]
     }
 
+    /// The index in [`VARIANTS`] of the variant the real cache runs now.
+    pub(crate) fn chosen_index(&self) -> usize {
+        self.best
+    }
+
     pub(crate) fn set_min_prefetch_ns(&mut self, ns: u64) {
         for c in &mut self.copies {
             c.set_min_prefetch_ns(ns);

@@ -1,24 +1,29 @@
 //! Developer tool: where the serving policy loses at one point of a trace.
-//! Replays the trace through `arc-adaptive` and through each variant its
-//! copies try, held from the start, and prints each one's hit ratio; then,
-//! per window of requests, the hit ratio of `arc-adaptive` (with its MRU
-//! target) beside the best held variant's. A cache that chose a variant
-//! and hits far less than that variant held from the start is in a state
-//! the choice alone does not explain (docs/architecture.md).
+//! Replays the trace through `arc-adaptive` (in 4 KiB blocks, a cache of
+//! fixed size, as `examples/tune.rs` runs it; not `default`, which counts
+//! bytes and grows from `zfs_arc_min`) and through each variant its copies
+//! try, held from the start at full size, and prints each one's hit ratio;
+//! then, per window of block accesses (requests, for traces of 4 KiB
+//! reads), the hit ratio of `arc-adaptive` and the variant it runs at the
+//! window's end beside the best held variant's. A cache that runs a
+//! variant and hits far less than that variant held from the start is in
+//! a state the choice alone does not explain (docs/architecture.md).
 //!
-//! Usage: variants TRACE CACHE_BLOCKS [WINDOW]   (WINDOW: 10000 requests)
+//! Usage: variants TRACE CACHE_BLOCKS [WINDOW]   (WINDOW: 10000 accesses)
 
 use arc_policy::{AdaptiveArc, Policy, ZfsArcConfig};
 use arcache_sim::{expand, has_timestamps, read_trace, respace, step, BlockAccess, DEFAULT_SPACING_US};
 
-/// Hits per window of `window` requests, and the MRU target (`pd` as a
-/// fraction) at each window's end.
-fn windows(p: &mut dyn Policy, acc: &[BlockAccess], window: usize) -> Vec<(u64, f64)> {
+/// Hits per window of accesses, and the variant run at each window's end
+/// (None when the cache holds one throughout).
+type Windows = Vec<(u64, Option<usize>)>;
+
+fn windows(p: &mut AdaptiveArc, acc: &[BlockAccess], window: usize) -> Windows {
     let mut evicted = Vec::new();
     acc.chunks(window)
         .map(|w| {
-            let hits = w.iter().map(|a| u64::from(step(p, a, &mut evicted))).sum();
-            (hits, p.stats().pd as f64 / (1u64 << 32) as f64)
+            let hits = w.iter().map(|a| u64::from(step(p as &mut dyn Policy, a, &mut evicted))).sum();
+            (hits, p.chosen_variant())
         })
         .collect()
 }
@@ -40,14 +45,23 @@ fn main() {
     let acc = expand(&reqs, 4096, false);
     let size: u64 = args[2].parse().expect("CACHE_BLOCKS");
     let window: usize = args.get(3).map_or(10_000, |w| w.parse().expect("WINDOW"));
+    if window == 0 {
+        eprintln!("variants: WINDOW must be at least 1");
+        std::process::exit(2);
+    }
+    let variants = AdaptiveArc::variants();
+    let name = |i: usize| {
+        let (fraction, fill) = variants[i];
+        format!("{i} ({:.0} % MRU{})", fraction * 100.0, if fill { ", fill_mfu" } else { "" })
+    };
 
     let adaptive = windows(&mut AdaptiveArc::new(ZfsArcConfig::fixed(size)), &acc, window);
-    let total = |w: &[(u64, f64)]| w.iter().map(|x| x.0).sum::<u64>();
+    let total = |w: &Windows| w.iter().map(|x| x.0).sum::<u64>();
     println!("| policy | MRU target | fill_mfu | hit % |");
     println!("|---|---:|---|---:|");
     println!("| arc-adaptive | (chosen) | (chosen) | {:.2} |", pct(total(&adaptive), acc.len()));
-    let mut best: Option<(usize, Vec<(u64, f64)>)> = None;
-    for (i, (fraction, fill)) in AdaptiveArc::variants().into_iter().enumerate() {
+    let mut best: Option<(usize, Windows)> = None;
+    for (i, &(fraction, fill)) in variants.iter().enumerate() {
         let mut held = AdaptiveArc::holding(ZfsArcConfig::fixed(size), i).expect("variant");
         let w = windows(&mut held, &acc, window);
         println!(
@@ -61,10 +75,11 @@ fn main() {
     }
     let Some((bi, bw)) = best else { return };
     println!();
-    println!("| requests | arc-adaptive hit % | its MRU target | variant {bi} held, hit % |");
-    println!("|---:|---:|---:|---:|");
-    for (k, ((a, pd), (b, _))) in adaptive.iter().zip(&bw).enumerate() {
+    println!("| accesses | arc-adaptive hit % | the variant it runs at the window's end | variant {bi} held, hit % |");
+    println!("|---:|---:|---|---:|");
+    for (k, ((a, chosen), (b, _))) in adaptive.iter().zip(&bw).enumerate() {
         let n = window.min(acc.len() - k * window);
-        println!("| {} | {:.1} | {:.0} % | {:.1} |", k * window + n, pct(*a, n), pd * 100.0, pct(*b, n));
+        let chosen = chosen.map_or_else(|| "-".to_string(), name);
+        println!("| {} | {:.1} | {chosen} | {:.1} |", k * window + n, pct(*a, n), pct(*b, n));
     }
 }
