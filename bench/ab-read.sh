@@ -73,9 +73,13 @@ case $job in
     [ "${AB_DIRECT:-1}" = 1 ] && serve_extra+=(--direct) ;;
   *) echo "bench: AB_JOB is arc-hit, l2-hit or cold-miss" >&2; exit 2 ;;
 esac
+# A failed fio run stops the script: going on would read the JSON of the
+# run before it as this one's.
 fio_nbd() {
+  rm -f "$work/fio.json"
   timeout $((secs + 120)) fio --name=ab --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" \
-    --output-format=json --output="$work/fio.json" "$@" >/dev/null 2>&1 || echo "fio failed" >&2
+    --output-format=json --output="$work/fio.json" "$@" >/dev/null 2>&1 ||
+    { echo "bench: fio failed ($*)" >&2; exit 1; }
 }
 stat_of() { "$1" stat --json --control "$work/ctl.sock"; }
 # The block device holding the work directory (the L2 file, the file
@@ -114,6 +118,10 @@ for _ in $(seq "$rounds"); do
     # allocate; that is the cost of asking, not of holding records.
     rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$arc/status")
     before=$(stat_of "$bin")
+    if [ "$job" = cold-miss ]; then
+      cached=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["hash_elements"])' "$before")
+      [ "$cached" = 0 ] || { echo "bench: the cold-miss server cached $cached records before its timed job" >&2; exit 1; }
+    fi
     # The server's CPU time (user + system, clock ticks) around the timed job.
     cpu0=$(awk '{print $14 + $15}' "/proc/$arc/stat")
     disk0=$(disk_stats)
@@ -194,5 +202,7 @@ for n, spec in enumerate(sys.argv[2:], 1):
           f"| {statistics.median(float(x[7]) for x in r):.1f} "
           f"| {dev(r)} |")
 PY
-} > "$result"
+} > "$work/result.md"
+# Only a whole result replaces a published one.
+mv "$work/result.md" "$result"
 cat "$result"

@@ -102,5 +102,7 @@ for i, b in enumerate(sys.argv[2:], 1):
     hits = [int(r[3]) for r in mine]
     print(f"| {i} | `{b}` | {' / '.join(f'{x:,}' for x in iops)} | {statistics.median(iops):,.0f} | {statistics.median(hits):,.0f} |")
 PY
-} > "$result"
+} > "$work/result.md"
+# Only a whole result replaces a published one.
+mv "$work/result.md" "$result"
 cat "$result"
