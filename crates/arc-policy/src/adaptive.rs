@@ -222,6 +222,23 @@ impl AdaptiveArc {
         crate::select::VARIANTS.get(i).map(|&v| Self::with_variant(cfg, v))
     }
 
+    /// Makes a cache made by [`AdaptiveArc::holding`] run variant `i` from
+    /// now on, as a switch of the serving policy would (its MRU target and
+    /// whether MFU takes in what leaves MRU unused): for measuring what a
+    /// switch costs against holding the variant from the start
+    /// (`examples/variants.rs`). False, and nothing changes, for a cache
+    /// whose copies choose, or an `i` out of range.
+    #[doc(hidden)]
+    pub fn hold(&mut self, i: usize) -> bool {
+        let Some(v) = crate::select::VARIANTS.get(i) else { return false };
+        if self.selector.is_some() {
+            return false;
+        }
+        self.p = v.fraction * self.c as f64;
+        self.fill_mfu = v.fill_mfu;
+        true
+    }
+
     /// Which of [`AdaptiveArc::variants`] this cache runs now (None: a
     /// cache holding one variant, with no copies).
     #[doc(hidden)]

@@ -9,7 +9,11 @@
 //! variant and hits far less than that variant held from the start is in
 //! a state the choice alone does not explain (docs/architecture.md).
 //!
-//! Usage: variants TRACE CACHE_BLOCKS [WINDOW]   (WINDOW: 10000 accesses)
+//! Given schedules `A@N,B`, it also replays variant A held until N
+//! accesses and B from then on: what a switch from A to B costs against
+//! holding B from the start.
+//!
+//! Usage: variants TRACE CACHE_BLOCKS [WINDOW [A@N,B ...]]   (WINDOW: 10000 accesses)
 
 use arc_policy::{AdaptiveArc, Policy, ZfsArcConfig};
 use arcache_sim::{expand, has_timestamps, read_trace, respace, step, BlockAccess, DEFAULT_SPACING_US};
@@ -26,6 +30,27 @@ fn windows(p: &mut AdaptiveArc, acc: &[BlockAccess], window: usize) -> Windows {
             (hits, p.chosen_variant())
         })
         .collect()
+}
+
+/// Hits of variant `a` held for the first `n` accesses, then `b`.
+fn switched(acc: &[BlockAccess], size: u64, a: usize, n: usize, b: usize) -> u64 {
+    let mut p = AdaptiveArc::holding(ZfsArcConfig::fixed(size), a).expect("variant");
+    let mut evicted = Vec::new();
+    let mut hits = 0;
+    for (k, x) in acc.iter().enumerate() {
+        if k == n {
+            assert!(p.hold(b), "variant {b}");
+        }
+        hits += u64::from(step(&mut p as &mut dyn Policy, x, &mut evicted));
+    }
+    hits
+}
+
+/// `A@N,B` as (A, N, B).
+fn schedule(s: &str) -> Option<(usize, usize, usize)> {
+    let (first, b) = s.split_once(',')?;
+    let (a, n) = first.split_once('@')?;
+    Some((a.parse().ok()?, n.parse().ok()?, b.parse().ok()?))
 }
 
 fn pct(hits: u64, n: usize) -> f64 {
@@ -71,6 +96,26 @@ fn main() {
         );
         if best.as_ref().is_none_or(|(_, b)| total(&w) > total(b)) {
             best = Some((i, w));
+        }
+    }
+    let schedules: Vec<(usize, usize, usize)> = args[4.min(args.len())..]
+        .iter()
+        .map(|s| schedule(s).filter(|&(a, _, b)| a.max(b) < variants.len()).expect("a schedule is A@N,B"))
+        .collect();
+    if !schedules.is_empty() {
+        println!();
+        println!("| schedule | hit % | the second variant held from the start, hit % |");
+        println!("|---|---:|---:|");
+        for (a, n, b) in schedules {
+            let hits = switched(&acc, size, a, n, b);
+            let held = switched(&acc, size, b, 0, b);
+            println!(
+                "| {} until {n} accesses, then {} | {:.2} | {:.2} |",
+                name(a),
+                name(b),
+                pct(hits, acc.len()),
+                pct(held, acc.len())
+            );
         }
     }
     let Some((bi, bw)) = best else { return };
