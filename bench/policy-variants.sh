@@ -7,6 +7,9 @@
 # show: choosing late (the policy's windows match a variant's until its
 # copies first choose) and a low state after a switch (the policy runs the
 # best variant and hits far less than that variant held from the start).
+# At each point a few schedules too: one variant held until some access,
+# then another, against the second held from the start: what a switch
+# costs.
 #
 # Usage: bench/policy-variants.sh   (about a minute; CPU only)
 # Writes bench/results/policy-variants.md.
@@ -21,6 +24,14 @@ trap 'rm -rf "$work"' EXIT
 (cd "$here" && cargo build --release -q -p arcache-sim --example variants)
 tool=${CARGO_TARGET_DIR:-$here/target}/release/examples/variants
 
+# Each seed's schedules (A@N,B: variant A until N accesses, then B); the
+# first is near the policy's own path where it switches.
+declare -A schedules=(
+  [21010]="1@45000,5 3@20000,5 3@45000,5 4@45000,5"
+  [13016]="5@30000,0 1@45000,0 4@45000,0"
+  [1031]="1@110000,4 1@60000,4"
+  [9004]="1@90000,8 1@60000,8"
+)
 # seed, cache blocks, why it is here
 points=(
   "21010 7272 the family of seeds 21000's worst point"
@@ -31,7 +42,7 @@ points=(
 {
   echo "$header"
   echo
-  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused) held from the start; then arc-adaptive per window of 20,000 requests beside the best held variant."
+  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused) held from the start; then schedules (one variant held until some access, then another, as a switch of the policy makes it) against the second variant held from the start; then arc-adaptive per window of 20,000 accesses beside the best held variant."
   for p in "${points[@]}"; do
     read -r seed size why <<<"$p"
     python3 "$here/traces/tools/random_family.py" "$work/s$seed" "$seed" 1 > "$work/s$seed.txt"
@@ -44,7 +55,8 @@ points=(
     echo
     echo "$desc"
     echo
-    "$tool" "$work/s$seed/s$seed.csv.gz" "$size" 20000
+    # shellcheck disable=SC2086 # one word per schedule
+    "$tool" "$work/s$seed/s$seed.csv.gz" "$size" 20000 ${schedules[$seed]}
   done
 } > "$work/result.md"
 # Only a whole result replaces the published one.
