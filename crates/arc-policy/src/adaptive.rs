@@ -230,12 +230,11 @@ impl AdaptiveArc {
     /// whose copies choose, or an `i` out of range.
     #[doc(hidden)]
     pub fn hold(&mut self, i: usize) -> bool {
-        let Some(v) = crate::select::VARIANTS.get(i) else { return false };
+        let Some(&v) = crate::select::VARIANTS.get(i) else { return false };
         if self.selector.is_some() {
             return false;
         }
-        self.p = v.fraction * self.c as f64;
-        self.fill_mfu = v.fill_mfu;
+        self.run_variant(v);
         true
     }
 
@@ -320,17 +319,21 @@ impl AdaptiveArc {
 
     /// The MRU target as the selector wants it now.
     fn follow_selector(&mut self) {
-        if let Some(sel) = &self.selector {
-            // A new record needs a few inserts' time in MRU to show it is
-            // read again; a tenth of a cache of a few dozen records gives
-            // it one or two (measured: msr_hm0_sample at 19 blocks, -1.58
-            // pp below max(LRU, ARC) with no floor, -0.28 with 16 records;
-            // caches of a thousand records and more never reach the floor).
-            let floor = MIN_MRU_RECORDS * self.resident() as f64 / self.entries().max(1) as f64;
-            let variant = sel.variant();
-            self.p = (variant.fraction * self.c as f64).max(floor).min(self.c as f64);
-            self.fill_mfu = variant.fill_mfu;
+        if let Some(variant) = self.selector.as_ref().map(|sel| sel.variant()) {
+            self.run_variant(variant);
         }
+    }
+
+    /// Sets MRU's target and `fill_mfu` as `variant` has them.
+    fn run_variant(&mut self, variant: Variant) {
+        // A new record needs a few inserts' time in MRU to show it is
+        // read again; a tenth of a cache of a few dozen records gives
+        // it one or two (measured: msr_hm0_sample at 19 blocks, -1.58
+        // pp below max(LRU, ARC) with no floor, -0.28 with 16 records;
+        // caches of a thousand records and more never reach the floor).
+        let floor = MIN_MRU_RECORDS * self.resident() as f64 / self.entries().max(1) as f64;
+        self.p = (variant.fraction * self.c as f64).max(floor).min(self.c as f64);
+        self.fill_mfu = variant.fill_mfu;
     }
 
     fn entries(&self) -> usize {

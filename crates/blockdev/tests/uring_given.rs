@@ -21,17 +21,6 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// handed back whole (`None`: lent from the ring's buffer).
 type Got = (Vec<u8>, Option<usize>);
 
-fn read(
-    ring: &Uring,
-    fd: i32,
-    at: u64,
-    need: usize,
-    skip: usize,
-    into: Option<Box<[MaybeUninit<u8>]>>,
-) -> Got {
-    try_read(ring, fd, at, need, skip, into).expect("the read succeeds")
-}
-
 /// The read's bytes, or its error as text.
 fn try_read(
     ring: &Uring,
@@ -82,13 +71,13 @@ fn a_given_buffer_that_fits_is_read_into_and_handed_back_and_one_that_does_not_i
     let given = old_bytes(16384);
     let at = given.as_ptr() as usize;
     assert!(at.is_multiple_of(4096), "the allocator placed a 16 KiB buffer off a page boundary");
-    assert_eq!(read(&ring, fd, 65536, 16384, 0, Some(given)), (want(65536, 16384), Some(at)));
+    assert_eq!(try_read(&ring, fd, 65536, 16384, 0, Some(given)), Ok((want(65536, 16384), Some(at))));
 
     // Not the read's length, or a read not wanted whole: the ring's buffer.
-    assert_eq!(read(&ring, fd, 8192, 16384, 0, Some(old_bytes(8192))), (want(8192, 16384), None));
+    assert_eq!(try_read(&ring, fd, 8192, 16384, 0, Some(old_bytes(8192))), Ok((want(8192, 16384), None)));
     assert_eq!(
-        read(&ring, fd, 8192, 16384, 512, Some(old_bytes(16384))),
-        (want(8192 + 512, 16384 - 512), None)
+        try_read(&ring, fd, 8192, 16384, 512, Some(old_bytes(16384))),
+        Ok((want(8192 + 512, 16384 - 512), None))
     );
 }
 
@@ -118,7 +107,7 @@ fn a_read_into_a_given_buffer_that_fails_is_an_error_not_the_buffers_old_bytes()
     let given = old_bytes(16384);
     let at = given.as_ptr() as usize;
     let want = data[4096..4096 + 16384].to_vec();
-    assert_eq!(read(&ring, fd, 4096, 16384, 0, Some(given)), (want, Some(at)));
+    assert_eq!(try_read(&ring, fd, 4096, 16384, 0, Some(given)), Ok((want, Some(at))));
 
     // Reads submitted around the ring's failure: each is answered, with
     // the file's bytes (it finished first) or as failed by the ring. (On a

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use arc_policy::by_name;
-use arcache_sim::{expand, has_timestamps, read_trace, replay, respace, BlockAccess, DEFAULT_SPACING_US};
+use arcache_sim::{read_accesses, replay, BlockAccess};
 
 fn hits(name: &str, size: u64, acc: &[BlockAccess]) -> u64 {
     let mut p = by_name(name, size).expect("policy");
@@ -24,11 +24,7 @@ fn hits(name: &str, size: u64, acc: &[BlockAccess]) -> u64 {
 }
 
 fn load(path: &Path) -> Vec<BlockAccess> {
-    let mut reqs = read_trace(path).expect("trace");
-    if !has_timestamps(&reqs) {
-        respace(&mut reqs, DEFAULT_SPACING_US);
-    }
-    expand(&reqs, 4096, false)
+    read_accesses(path, 4096, false).expect("trace")
 }
 
 /// One trace of a set: its label, file and cache sizes.

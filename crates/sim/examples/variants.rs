@@ -16,7 +16,7 @@
 //! Usage: variants TRACE CACHE_BLOCKS [WINDOW [A@N,B ...]]   (WINDOW: 10000 accesses)
 
 use arc_policy::{AdaptiveArc, Policy, ZfsArcConfig};
-use arcache_sim::{expand, has_timestamps, read_trace, respace, step, BlockAccess, DEFAULT_SPACING_US};
+use arcache_sim::{read_accesses, step, BlockAccess};
 
 /// Hits per window of accesses, and the variant run at each window's end
 /// (None when the cache holds one throughout).
@@ -60,14 +60,10 @@ fn pct(hits: u64, n: usize) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
-        eprintln!("usage: variants TRACE CACHE_BLOCKS [WINDOW]");
+        eprintln!("usage: variants TRACE CACHE_BLOCKS [WINDOW [A@N,B ...]]");
         std::process::exit(2);
     }
-    let mut reqs = read_trace(std::path::Path::new(&args[1])).expect("trace");
-    if !has_timestamps(&reqs) {
-        respace(&mut reqs, DEFAULT_SPACING_US);
-    }
-    let acc = expand(&reqs, 4096, false);
+    let acc = read_accesses(std::path::Path::new(&args[1]), 4096, false).expect("trace");
     let size: u64 = args[2].parse().expect("CACHE_BLOCKS");
     let window: usize = args.get(3).map_or(10_000, |w| w.parse().expect("WINDOW"));
     if window == 0 {
@@ -86,9 +82,12 @@ fn main() {
     println!("|---|---:|---|---:|");
     println!("| arc-adaptive | (chosen) | (chosen) | {:.2} |", pct(total(&adaptive), acc.len()));
     let mut best: Option<(usize, Windows)> = None;
+    // Each variant's hits held from the start, for the schedules below.
+    let mut held_hits = Vec::with_capacity(variants.len());
     for (i, &(fraction, fill)) in variants.iter().enumerate() {
         let mut held = AdaptiveArc::holding(ZfsArcConfig::fixed(size), i).expect("variant");
         let w = windows(&mut held, &acc, window);
+        held_hits.push(total(&w));
         println!(
             "| variant {i} held | {:.0} % | {fill} | {:.2} |",
             fraction * 100.0,
@@ -108,7 +107,7 @@ fn main() {
         println!("|---|---:|---:|");
         for (a, n, b) in schedules {
             let hits = switched(&acc, size, a, n, b);
-            let held = switched(&acc, size, b, 0, b);
+            let held = held_hits[b];
             println!(
                 "| {} until {n} accesses, then {} | {:.2} | {:.2} |",
                 name(a),

@@ -35,6 +35,21 @@ pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> V
 /// MFU debounce (62,500 requests) and nothing would ever be promoted.
 pub const DEFAULT_SPACING_US: u64 = 1000;
 
+/// The block accesses of the trace at `path` as the simulator replays it
+/// by default: a trace with no time of its own gets requests
+/// [`DEFAULT_SPACING_US`] apart.
+pub fn read_accesses(
+    path: &std::path::Path,
+    block_size: u64,
+    reads_only: bool,
+) -> Result<Vec<BlockAccess>, TraceError> {
+    let mut requests = read_trace(path)?;
+    if !has_timestamps(&requests) {
+        respace(&mut requests, DEFAULT_SPACING_US);
+    }
+    Ok(expand(&requests, block_size, reads_only))
+}
+
 /// False when the trace carries no time of its own: every timestamp is
 /// its request's index, as `.lis` traces are read and as the ARC paper's
 /// and w106's CSV forms are written.

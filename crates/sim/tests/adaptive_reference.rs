@@ -20,7 +20,7 @@ mod common;
 use std::path::Path;
 
 use arc_policy::by_name;
-use arcache_sim::{expand, has_timestamps, read_trace, replay, respace, DEFAULT_SPACING_US};
+use arcache_sim::{read_accesses, replay};
 use common::{extended_dir, shipped_dir};
 
 fn check(dir: &Path, trace: &str, mode: &str, pinned: Option<[u64; 4]>) {
@@ -29,11 +29,7 @@ fn check(dir: &Path, trace: &str, mode: &str, pinned: Option<[u64; 4]>) {
             .unwrap();
     let t = &refs["traces"][trace];
     let m = &t["modes"][mode];
-    let mut reqs = read_trace(&dir.join(t["csv"].as_str().unwrap())).unwrap();
-    if !has_timestamps(&reqs) {
-        respace(&mut reqs, DEFAULT_SPACING_US);
-    }
-    let accesses = expand(&reqs, 4096, mode.ends_with("-r"));
+    let accesses = read_accesses(&dir.join(t["csv"].as_str().unwrap()), 4096, mode.ends_with("-r")).unwrap();
     let mut got = Vec::new();
     for size in m["sizes_blocks"].as_array().unwrap() {
         let size = size.as_u64().unwrap();
