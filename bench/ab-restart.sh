@@ -104,5 +104,5 @@ for i, b in enumerate(sys.argv[2:], 1):
 PY
 } > "$work/result.md"
 # Only a whole result replaces a published one.
-mv "$work/result.md" "$result"
+bench_publish "$work/result.md" "$result"
 cat "$result"

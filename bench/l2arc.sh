@@ -177,7 +177,10 @@ echo "== header RAM per L2 record at 5 million records"
 (cd "$here" && cargo test --release --quiet -p arcache-l2 --test ring_model hdr_bytes -- --nocapture 2>/dev/null \
   | grep "bytes" > "$out/l2arc-hdr.txt") || true
 
-python3 - "$out" "$result" "$plot" "$header" <<'PY'
+# The summary and the plot are made in the work directory and published
+# together once both are whole: a run that fails leaves bench/results/ as
+# it was, not a new summary beside an old plot.
+python3 - "$out" "$work/l2arc-summary.md" "$work/l2arc-thread-scaling.png" "$header" <<'PY'
 import json, os, sys
 out, result, plot, header = sys.argv[1:]
 def job(name):
@@ -265,5 +268,6 @@ for ax, t, y in [(ax1, "4K random read, 1 GiB region: IOPS", "IOPS"), (ax2, "Ave
 ax2.set_yscale("log"); ax1.legend()
 fig.tight_layout()
 fig.savefig(plot, dpi=110)
-print("plot:", plot)
 PY
+bench_publish "$work/l2arc-summary.md" "$result" "$work/l2arc-thread-scaling.png" "$plot"
+echo "plot: $plot"

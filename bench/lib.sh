@@ -54,6 +54,30 @@ bench_results() {
   echo "$dir/$1"
 }
 
+# bench_publish FILE DEST [FILE DEST]...: puts each finished result FILE
+# (built in the work directory) at its DEST, a path from bench_results,
+# whole: a result file is written whole or not at all, so a run that fails
+# before this leaves every DEST as it was. Each FILE is copied beside its
+# DEST under a temporary name, and only once every copy is made are they
+# renamed over their DESTs: a plain `mv` from a work directory on another
+# file system removes DEST and writes it anew in place, so a run stopped
+# mid-copy would leave half a result there. Call it once the FILEs hold
+# everything; it fails (the temporary copies removed, the DESTs as they
+# were unless a rename, after every copy, fails) if a copy or rename does.
+# A run killed mid-copy can leave a .DEST.partial.PID beside DEST, never
+# half a DEST.
+bench_publish() {
+  local args=("$@") tmps=() i
+  [ $(($# % 2)) = 0 ] && [ $# -gt 0 ] || { echo "bench_publish FILE DEST [FILE DEST]..." >&2; return 2; }
+  for ((i = 0; i < $#; i += 2)); do
+    tmps+=("$(dirname "${args[i + 1]}")/.$(basename "${args[i + 1]}").partial.$$")
+    cp "${args[i]}" "${tmps[-1]}" || { rm -f "${tmps[@]}"; return 1; }
+  done
+  for ((i = 0; i < $#; i += 2)); do
+    mv -f "${tmps[i / 2]}" "${args[i + 1]}" || { rm -f "${tmps[@]}"; return 1; }
+  done
+}
+
 # bench_ab_results NAME: bench_results for an A/B script. A named A/B
 # (AB_NAME set) records one comparison, so a result file of that name that
 # exists is not replaced unless AB_OVERWRITE=1: a name reused by mistake

@@ -63,7 +63,9 @@ while read -r name csv sizes; do
   grep -h "no timestamps" "$work/$name.err" >> "$work/clock" || true
 done < "$work/runs"
 
-python3 - "$dir" "$work/sim.jsonl" "$header" "$work/clock" > "$result" <<'EOF'
+# The result is built in pieces in $work/result.md and published whole at
+# the end: a run that fails on the way leaves bench/results/ as it was.
+python3 - "$dir" "$work/sim.jsonl" "$header" "$work/clock" > "$work/result.md" <<'EOF'
 import json, os, sys
 d, runs, header, clock = sys.argv[1:5]
 refs = json.load(open(os.path.join(d, "reference_hit_ratios.json")))
@@ -141,7 +143,7 @@ for set in tuned held-out fresh; do
         | sed "s/^{/{\"trace\":\"$name\",/" >> "$work/$set.jsonl"
     fi
   done < "$work/$set/sizes.txt"
-  python3 - "$work/$set.jsonl" "$lcs" "$set" >> "$result" <<'EOF'
+  python3 - "$work/$set.jsonl" "$lcs" "$set" >> "$work/result.md" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 names, pts = [], {}
@@ -187,7 +189,7 @@ family() {
   while read -r name sizes; do
     sim_lines "$name" "$work/$1/$name.csv.gz" "$sizes" "$work/$1.jsonl"
   done < "$3"
-  python3 - "$work/$1.jsonl" "$work/$1.txt" "$family_seeds" "$2" "$4" "$first" >> "$result" <<'EOF'
+  python3 - "$work/$1.jsonl" "$work/$1.txt" "$family_seeds" "$2" "$4" "$first" >> "$work/result.md" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 desc = dict(l.strip().split(": ", 1) for l in open(sys.argv[2]) if ": " in l)
@@ -258,4 +260,5 @@ family family-17000 200000 "$work/family-17000/sizes.txt" \
 # `arcache sim` while judging them: nothing was tuned on them.
 family family-21000 200000 "$work/family-21000/sizes.txt" \
   "Another random family (seeds 21000 onwards, drawn after every change to the policy so far)" 21000
+bench_publish "$work/result.md" "$result"
 cat "$result"

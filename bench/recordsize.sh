@@ -91,5 +91,7 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
   for rs in 16K 128K 1M; do
     echo "| $rs | ${reads[$rs]} | $(ratio "${reads[$rs]}" "${reads[16K]}") | ${writes[$rs]} | $(ratio "${writes[$rs]}" "${writes[16K]}") | ${amp[$rs]}x | ${hdr[$rs]} | ${warm_mib[$rs]} | ${hot_mib[$rs]} |"
   done
-} > "$result"
+} > "$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

@@ -413,5 +413,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "The origin alone: $origin_py IOPS from bench/s3tool.py (16 threads of plain ranged GETs), $origin_curl from curl (16 GETs at once); the table's figure is the faster."
     echo "arcache's warm-up: the object read whole with nbdcopy, then $random_warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
   fi
-} >"$result"
+} >"$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

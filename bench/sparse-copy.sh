@@ -51,5 +51,7 @@ dense=$(copy_secs "$work/dense.img")
   echo "| 1 GiB, 64 MiB of data, block status used | $sparse | $(python3 -c "print(f'{$sparse / $dense:.2f}x')") |"
   echo "| the same image, nbdcopy --no-extents | $sparse_all | $(python3 -c "print(f'{$sparse_all / $dense:.2f}x')") |"
   echo "| 1 GiB dense | $dense | 1.00x |"
-} > "$result"
+} > "$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"
