@@ -8,6 +8,9 @@ use std::sync::Arc;
 use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, L2Miss, SharedBytes, HEADER_RESERVED};
 use blockdev::{AlignedBuf, BlockDev, FileDev, FileDevOptions, MemDev};
 
+mod common;
+use common::OldBuffers;
+
 /// The server's allocator, which places buffers of whole pages on page
 /// boundaries: reads of runs of such records then go straight into each
 /// record's buffer.
@@ -150,22 +153,6 @@ fn a_bad_copy_read_in_place_is_caught_and_only_it_is_dropped() {
     }
     assert!(l2.lookup(1).is_none(), "the bad copy stays indexed");
     assert_eq!(l2.stats.l2_cksum_bad.load(Relaxed), 1);
-}
-
-/// Hands out buffers of old bytes, as the engine's buffers of evicted
-/// records are, and remembers where each one lies.
-#[derive(Default)]
-struct OldBuffers {
-    handed: std::sync::Mutex<Vec<usize>>,
-}
-
-impl arcache_l2::BufSource for OldBuffers {
-    fn uninit(&self, len: usize) -> Box<[std::mem::MaybeUninit<u8>]> {
-        let mut b = Box::new_uninit_slice(len);
-        b.fill(std::mem::MaybeUninit::new(0xee));
-        self.handed.lock().unwrap().push(b.as_ptr() as usize);
-        b
-    }
 }
 
 #[test]

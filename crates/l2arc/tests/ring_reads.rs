@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use arcache_l2::{BlobFlags, FeedItem, L2Arc, L2Device, L2Miss, HEADER_RESERVED};
 use blockdev::{FileDev, FileDevOptions};
 
+mod common;
+use common::OldBuffers;
+
 const RECORDS: u64 = 64;
 const LEN: usize = 16 << 10;
 
@@ -100,28 +103,6 @@ fn a_failed_ring_is_not_blamed_on_the_device() {
 /// boundaries (as the cache's buffers of evicted records are).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Hands out buffers of old bytes and remembers where each one lies, and
-/// counts the copies asked of it apart.
-#[derive(Default)]
-struct OldBuffers {
-    handed: std::sync::Mutex<Vec<usize>>,
-    copies: std::sync::atomic::AtomicUsize,
-}
-
-impl arcache_l2::BufSource for OldBuffers {
-    fn uninit(&self, len: usize) -> Box<[std::mem::MaybeUninit<u8>]> {
-        let mut b = Box::new_uninit_slice(len);
-        b.fill(std::mem::MaybeUninit::new(0xee));
-        self.handed.lock().unwrap().push(b.as_ptr() as usize);
-        b
-    }
-
-    fn copy_of(&self, data: &[u8]) -> Box<[u8]> {
-        self.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        data.into()
-    }
-}
 
 /// Raw records of whole pages, read whole through the ring, are read
 /// straight into buffers the source hands out (no copy out of the ring's
