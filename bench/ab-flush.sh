@@ -82,4 +82,6 @@ PY
   echo "| arm | IOPS | FLUSHes, log commits, log IO per commit |"
   echo "|---|---|---|"
   cat "$work/runs.md"
-} | tee "$result"
+} | tee "$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"

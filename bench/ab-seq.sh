@@ -191,5 +191,7 @@ if peer:
     print()
     print(f"rclone cat per round (MB/s): {' / '.join(map(str, peer))}; median {st.median(peer):.0f}.")
 PY
-} >"$result"
+} >"$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

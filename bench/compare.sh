@@ -78,7 +78,7 @@ nbdcopy "nbd+unix:///?socket=$work/front.sock" null: >/dev/null 2>&1 || true
 run_fio "front-warm-4k-qd16" "nbd+unix:///?socket=$work/front.sock" randread 4k 16 --size="$ws"
 "$bin" stat --json --control "$work/front.ctl" > "$out/front-stat.json"
 
-python3 - "$out" "$result" "$header" "$size_mib" "$secs" <<'PY'
+python3 - "$out" "$work/result.md" "$header" "$size_mib" "$secs" <<'PY'
 import json, sys, os
 out, result, header, size_mib, secs = sys.argv[1:]
 def r(name):
@@ -112,3 +112,5 @@ with open(result, "w") as f:
     f.write(text + "\n")
 print(f"\nratio_4k_qd16={ratios['4k-qd16']:.3f} (target >= 0.9)")
 PY
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"

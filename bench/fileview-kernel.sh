@@ -116,5 +116,7 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
   echo "- keep_cache: a repeated cat $(ratio "${t[no-keep-cache-cat]}" "${t[default-cat]}") (--no-keep-cache vs default)"
   echo "- readdirplus: find -ls after dropping dentries $(ratio "${t[no-readdirplus-find-cold]}" "${t[default-find-cold]}") (--no-readdirplus vs default)"
   echo "- entry/attribute lifetimes: find -ls again $(ratio "${t[revalidate-0-find-again]}" "${t[default-find-again]}") (--revalidate 0 vs 1); --revalidate 60 vs 1: $(ratio "${t[revalidate-60-find-again]}" "${t[default-find-again]}")"
-} >"$result"
+} >"$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

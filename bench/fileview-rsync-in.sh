@@ -176,5 +176,7 @@ print(f"Medians: the view warm {src / warm:.2f}x the source, restarted {src / re
       f"one that checks or opens every file on the source, as the view does after a restart, "
       f"at most {src / check:.2f}x.")
 PY
-} >"$result"
+} >"$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

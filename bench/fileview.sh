@@ -310,5 +310,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo "Warm columns: one server that has done every pass once and read every data file (the warm-up row)."
   echo "After restart: arcache stopped (SIGTERM) and started again on the same L2 file before each pass; the pass starts once the L2 rebuild (restoring the index of what the L2 holds) has ended. Every file is checked against the source (one lstat) before its restored records are used."
   echo "rsync-in: \`rsync -a\` of one directory of the small-file tree (333 files at full size) to a new directory beside it, inside the mount (reads there, writes through to the source); the copy is removed after each pass. The warm column's server had done it once before."
-} >"$result"
+} >"$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

@@ -116,7 +116,7 @@ print(sys.argv[2], sys.argv[3], round(j['iops']), round(j['lat_ns']['mean'] / 10
   done
 done
 
-python3 - "$work/rounds.jsonl" "$work/raw.txt" "$header" "$secs" >"$result" <<'PY'
+python3 - "$work/rounds.jsonl" "$work/raw.txt" "$header" "$secs" >"$work/result.md" <<'PY'
 import json, statistics as st, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 raw = [l.split() for l in open(sys.argv[2])]
@@ -155,4 +155,6 @@ else:
     out[-1] += " The connection thread or the machine is short of CPU: the job is bound by CPU."
 print("\n".join(out))
 PY
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"
 cat "$result"

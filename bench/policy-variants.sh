@@ -60,5 +60,5 @@ points=(
   done
 } > "$work/result.md"
 # Only a whole result replaces the published one.
-mv "$work/result.md" "$result"
+bench_publish "$work/result.md" "$result"
 cat "$result"

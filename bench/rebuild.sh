@@ -21,12 +21,18 @@ RUNS=${2:-3}
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 OUT=$(bench_results "rebuild-${MILLIONS}M.txt")
-exec > >(tee "$OUT") 2>&1
-bench_header "$MILLIONS" "$RUNS"
 DIR=${BENCH_DIR:-/var/tmp/arcache-rebuild}
+rm -rf "$DIR"; mkdir -p "$DIR"
+# Everything the run prints goes to the terminal and to $DIR/result.txt,
+# which is published as $OUT once the run has ended well: only a whole
+# result replaces a published one. Fds 3 and 4 keep the terminal's
+# stdout and stderr for the end.
+exec 3>&1 4>&2
+exec > >(tee "$DIR/result.txt") 2>&1
+tee_pid=$!
+bench_header "$MILLIONS" "$RUNS"
 BIN=target/release/arcache
 cargo build --release -q
-rm -rf "$DIR"; mkdir -p "$DIR"
 RECORDS=$((MILLIONS * 1000 * 1000))
 truncate -s $((RECORDS * 4096)) "$DIR/backing.img"
 URI="nbd+unix:///?socket=$DIR/nbd.sock"
@@ -98,3 +104,7 @@ python3 -c "print(f'start to rebuilt      {$t_done - $t0:.3f} s ({$n / ($t_done 
 kill -TERM $PID; wait $PID
 grep -h "rebuild done" "$DIR/serve.log" | tail -1
 done
+# tee has written all the run printed once its input is closed and it has exited.
+exec >&3 2>&4 3>&- 4>&-
+wait "$tee_pid"
+bench_publish "$DIR/result.txt" "$OUT"

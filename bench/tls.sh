@@ -67,4 +67,6 @@ p, u, t = map(int, sys.argv[1:])
 for name, v in [("plain, unix socket", p), ("TLS, unix socket", u), ("TLS, TCP loopback", t)]:
     print(f"| {name} | {v:,} | {v / p:.2f}x |")
 PY
-} | tee "$result"
+} | tee "$work/result.txt"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.txt" "$result"

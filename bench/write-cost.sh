@@ -70,4 +70,6 @@ mean = [sum(v) / len(v) for v in
 print(f"\nmean write IOPS: not persistent {mean[0]:,.0f}, persistent {mean[1]:,.0f}; "
       f"persistent / not persistent = {mean[1] / mean[0]:.2f}x")
 PY
-} | tee "$result"
+} | tee "$work/result.md"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.md" "$result"

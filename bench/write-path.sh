@@ -131,4 +131,6 @@ s = json.load(open(sys.argv[1]))
 print(f"  (write run: {s['txg_syncs']} txgs wrote {s['txg_sync_bytes']>>20} MiB, "
       f"throttle delays {s['throttle_delays']}, waits {s['throttle_waits']})")
 PY
-} | tee "$result"
+} | tee "$work/result.txt"
+# Only a whole result replaces a published one.
+bench_publish "$work/result.txt" "$result"
