@@ -16,7 +16,6 @@
 #   Name binaries of other commits by their commit (/var/tmp/arcache-4a45d3c).
 # Writes bench/results/ab-restart.md, or ab-restart-$AB_NAME.md when AB_NAME
 # is set (an existing named result is kept unless AB_OVERWRITE=1).
-# shellcheck source=bench/lib.sh
 set -euo pipefail
 secs=${1:?seconds}; rounds=${2:?rounds}; shift 2
 [ $# -ge 1 ] || { echo "usage: $0 SECONDS ROUNDS BINARY..." >&2; exit 2; }
@@ -24,6 +23,7 @@ for t in fio nbdkit nbdcopy python3; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing" >&2; exit 2; }
 done
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 result=$(bench_ab_results "ab-restart${AB_NAME:+-$AB_NAME}.md") || exit 2
 header=$(bench_header "$secs" "$rounds" "${@@Q}")

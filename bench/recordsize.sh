@@ -79,6 +79,13 @@ for rs in 16K 128K 1M; do
 done
 
 ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
+# The ratios are worked out first: a failed $(...) in echo's arguments
+# would not stop the script under set -e.
+declare -A read_vs write_vs
+for rs in 16K 128K 1M; do
+  read_vs[$rs]=$(ratio "${reads[$rs]}" "${reads[16K]}")
+  write_vs[$rs]=$(ratio "${writes[$rs]}" "${writes[16K]}")
+done
 {
   echo "$header"
   echo
@@ -89,7 +96,7 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
   echo "| recordsize | 4K random read IOPS | vs 16K | 4K random write IOPS | vs 16K | backing bytes per byte asked, 512 cold 4K reads | ARC header bytes per record | ARC data MiB after a whole read (compressed) | after the 4K jobs (hot records plain) |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for rs in 16K 128K 1M; do
-    echo "| $rs | ${reads[$rs]} | $(ratio "${reads[$rs]}" "${reads[16K]}") | ${writes[$rs]} | $(ratio "${writes[$rs]}" "${writes[16K]}") | ${amp[$rs]}x | ${hdr[$rs]} | ${warm_mib[$rs]} | ${hot_mib[$rs]} |"
+    echo "| $rs | ${reads[$rs]} | ${read_vs[$rs]} | ${writes[$rs]} | ${write_vs[$rs]} | ${amp[$rs]}x | ${hdr[$rs]} | ${warm_mib[$rs]} | ${hot_mib[$rs]} |"
   done
 } > "$work/result.md"
 # Only a whole result replaces a published one.

@@ -352,6 +352,33 @@ nbd_ceiling=$(fio_job memory randread --ioengine=nbd --uri="nbd+unix:///?socket=
 fi
 
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}x' if b else 'n/a')" "$1" "$2"; }
+# The figures worked out from others are worked out first, one to a line:
+# a failed $(...) in echo's arguments, or in any but the last assignment
+# of a line, would not stop the script under set -e.
+if want random; then
+  warm_vs_sb=$(ratio "$arc_warm" "$sb_warm")
+  warm_vs_origin=$(ratio "$arc_warm" "$origin")
+  restart_vs_sb=$(ratio "$arc_restart" "$sb_restart")
+  ceiling_vs_origin=$(ratio "$l2_ceiling" "$origin")
+  warm_vs_ceiling=$(ratio "$arc_warm" "$l2_ceiling")
+  ceiling4_vs_origin=$(ratio "$l2_ceiling4" "$origin")
+fi
+if want seq; then
+  seq_cold_mbps=$(mbps "$seq_cold")
+  seq_again_mbps=$(mbps "$seq_again")
+  rclone_mbps=$(mbps "$rclone_s")
+  rclone_pipe_mbps=$(mbps "$rclone_pipe_s")
+  curl_mbps=$(mbps "$curl_s")
+  curl32_mbps=$(mbps "${curl32[0]}")
+  seq_cold_vs_rclone=$(ratio "$seq_cold_mbps" "$rclone_mbps")
+fi
+if want write; then
+  w_vs_sb=$(ratio "$arc_w" "$sb_w")
+fi
+if want rbd; then
+  rbd_warm_vs_direct=$(ratio "$rbd_warm" "$rbd_direct")
+  nbd_ceiling_vs_direct=$(ratio "$nbd_ceiling" "$rbd_direct")
+fi
 {
   echo "$header"
   echo
@@ -361,16 +388,16 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo "| job | arcache | s3backer | origin alone / rclone | arcache vs s3backer | arcache vs origin |"
   echo "|---|---:|---:|---:|---:|---:|"
   if want random; then
-    echo "| 4K random reads QD16, 1 GiB object, warm (IOPS) | $arc_warm | $sb_warm | $origin | $(ratio "$arc_warm" "$sb_warm") | $(ratio "$arc_warm" "$origin") |"
-    echo "| the same, first 10 s after a restart (IOPS) | $arc_restart | $sb_restart | | $(ratio "$arc_restart" "$sb_restart") | |"
-    echo "| the L2 device's ceiling for the warm job (IOPS; see below) | $l2_ceiling | | $origin | | $(ratio "$l2_ceiling" "$origin") |"
+    echo "| 4K random reads QD16, 1 GiB object, warm (IOPS) | $arc_warm | $sb_warm | $origin | $warm_vs_sb | $warm_vs_origin |"
+    echo "| the same, first 10 s after a restart (IOPS) | $arc_restart | $sb_restart | | $restart_vs_sb | |"
+    echo "| the L2 device's ceiling for the warm job (IOPS; see below) | $l2_ceiling | | $origin | | $ceiling_vs_origin |"
   fi
   if want seq; then
-    echo "| 2 GiB object read sequentially, cold (MB/s) | $(mbps "$seq_cold") | n/a | $(mbps "$rclone_s") (rclone cat) | | $(ratio "$(mbps "$seq_cold")" "$(mbps "$rclone_s")") |"
-    echo "| the same object again, same server (MB/s) | $(mbps "$seq_again") | n/a | | | |"
+    echo "| 2 GiB object read sequentially, cold (MB/s) | $seq_cold_mbps | n/a | $rclone_mbps (rclone cat) | | $seq_cold_vs_rclone |"
+    echo "| the same object again, same server (MB/s) | $seq_again_mbps | n/a | | | |"
   fi
   if want write; then
-    echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $(ratio "$arc_w" "$sb_w") | |"
+    echo "| 4K random writes QD16, fsync after each (IOPS) | $arc_w | $sb_w | | $w_vs_sb | |"
   fi
   fi
   if want rbd; then
@@ -380,8 +407,8 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| server | IOPS | vs RBD direct |"
     echo "|---|---:|---:|"
     echo "| RBD direct (fio's rbd engine) | $rbd_direct | 1.00x |"
-    echo "| arcache over rbd:rbd/bench, warm | $rbd_warm | $(ratio "$rbd_warm" "$rbd_direct") |"
-    echo "| nbdkit memory plugin (the image's bytes in RAM, no cache; this host's NBD ceiling for the job) | $nbd_ceiling | $(ratio "$nbd_ceiling" "$rbd_direct") |"
+    echo "| arcache over rbd:rbd/bench, warm | $rbd_warm | $rbd_warm_vs_direct |"
+    echo "| nbdkit memory plugin (the image's bytes in RAM, no cache; this host's NBD ceiling for the job) | $nbd_ceiling | $nbd_ceiling_vs_direct |"
   fi
   if want seq; then
     echo
@@ -391,12 +418,12 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo
     echo "| reader | MB/s | GETs | Ceph daemons | reader | its client |"
     echo "|---|---:|---:|---:|---:|---:|"
-    echo "| rclone cat (one streaming GET) | $(mbps "$rclone_s") | 1 | $rclone_ceph | $rclone_cpu | |"
-    echo "| rclone cat piped to dd (its bytes handed to one more process) | $(mbps "$rclone_pipe_s") | 1 | $rclone_pipe_ceph | $rclone_pipe_cpu | |"
-    echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $(mbps "$curl_s") | $curl_gets | $curl_ceph | $curl_cpu | |"
-    echo "| curl, ranged GETs of 32 MiB, 4 at once, bytes dropped | $(mbps "${curl32[0]}") | ${curl32[1]} | ${curl32[2]} | ${curl32[3]} | |"
-    echo "| arcache, cold, read by nbdcopy | $(mbps "$seq_cold") | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
-    echo "| arcache, the same again (from RAM and L2; no GETs) | $(mbps "$seq_again") | | | $again_cpu | $again_nbdcopy_cpu |"
+    echo "| rclone cat (one streaming GET) | $rclone_mbps | 1 | $rclone_ceph | $rclone_cpu | |"
+    echo "| rclone cat piped to dd (its bytes handed to one more process) | $rclone_pipe_mbps | 1 | $rclone_pipe_ceph | $rclone_pipe_cpu | |"
+    echo "| curl, ranged GETs of 8 MiB, 8 at once, bytes dropped | $curl_mbps | $curl_gets | $curl_ceph | $curl_cpu | |"
+    echo "| curl, ranged GETs of 32 MiB, 4 at once, bytes dropped | $curl32_mbps | ${curl32[1]} | ${curl32[2]} | ${curl32[3]} | |"
+    echo "| arcache, cold, read by nbdcopy | $seq_cold_mbps | $seq_gets | $arc_ceph | $arc_cpu | $nbdcopy_cpu |"
+    echo "| arcache, the same again (from RAM and L2; no GETs) | $seq_again_mbps | | | $again_cpu | $again_nbdcopy_cpu |"
     echo
     echo "GETs under way at once during arcache's cold pass (connections receiving, sampled every 0.2 s): $inflight on average; curl above keeps 8 (or 4) under way by construction."
     echo
@@ -409,7 +436,7 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
   echo
   echo "Parts run: $parts."
   if want random; then
-    echo "The L2 device's ceiling: in the timed warm job $l2_per_read L2 reads per client read (the rest from RAM), ${l2_read_kib} KiB each on average; the L2 file read directly at that size (fio, O_DIRECT, io_uring, QD16, random) gives $l2_raw IOPS, so no cache with this ARC over this device serves more than $l2_raw / $l2_per_read = $l2_ceiling IOPS ($(ratio "$l2_ceiling" "$origin") the origin); arcache reached $(ratio "$arc_warm" "$l2_ceiling") of it. A cache reading only the 4 KiB each request wants from the same device: $l2_raw4 IOPS raw, at most $l2_ceiling4 ($(ratio "$l2_ceiling4" "$origin") the origin)."
+    echo "The L2 device's ceiling: in the timed warm job $l2_per_read L2 reads per client read (the rest from RAM), ${l2_read_kib} KiB each on average; the L2 file read directly at that size (fio, O_DIRECT, io_uring, QD16, random) gives $l2_raw IOPS, so no cache with this ARC over this device serves more than $l2_raw / $l2_per_read = $l2_ceiling IOPS ($ceiling_vs_origin the origin); arcache reached $warm_vs_ceiling of it. A cache reading only the 4 KiB each request wants from the same device: $l2_raw4 IOPS raw, at most $l2_ceiling4 ($ceiling4_vs_origin the origin)."
     echo "The origin alone: $origin_py IOPS from bench/s3tool.py (16 threads of plain ranged GETs), $origin_curl from curl (16 GETs at once); the table's figure is the faster."
     echo "arcache's warm-up: the object read whole with nbdcopy, then $random_warm_runs run(s) of the job until L2 held 900 MiB or stopped growing; L2 hits counted by then: $l2hits. s3backer's: the file read whole, then one run of the job. s3backer cannot read a plain object (it stores a disk as its own block objects), so it has no sequential figure; its random reads are of a copy of the 1 GiB object written through it."
   fi
