@@ -21,8 +21,13 @@ RUNS=${2:-3}
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 OUT=$(bench_results "rebuild-${MILLIONS}M.txt")
-DIR=${BENCH_DIR:-/var/tmp/arcache-rebuild}
+# Its own directory under $BENCH_DIR (a parent, as for every script of
+# bench/lib.sh), emptied first: never $BENCH_DIR itself.
+DIR=${BENCH_DIR:-/var/tmp}/arcache-rebuild
 rm -rf "$DIR"; mkdir -p "$DIR"
+PID=
+# A run that fails leaves no server behind.
+trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; true' EXIT
 # Everything the run prints goes to the terminal and to $DIR/result.txt,
 # which is published as $OUT once the run has ended well: only a whole
 # result replaces a published one. Fds 3 and 4 keep the terminal's
@@ -59,7 +64,7 @@ while :; do
 done
 echo "records on L2: $n"
 [ "$n" -gt 0 ] || { echo "nothing reached L2; see $DIR/serve.log" >&2; kill "$PID"; exit 1; }
-kill -TERM $PID; wait $PID
+kill -TERM $PID; wait $PID; PID=
 "$BIN" l2 dump "$DIR/l2.img" | tail -3
 
 for run in $(seq "$RUNS"); do
@@ -101,7 +106,7 @@ grep -q "rebuild done" "$DIR/serve.log" || { echo "no 'rebuild done' in $DIR/ser
 t_done=$(date +%s.%N)
 echo "server up (sockets answering) after $(python3 -c "print(f'{$t_up - $t0:.2f}')") s"
 python3 -c "print(f'start to rebuilt      {$t_done - $t0:.3f} s ({$n / ($t_done - $t0):,.0f} records/s from process start)')"
-kill -TERM $PID; wait $PID
+kill -TERM $PID; wait $PID; PID=
 grep -h "rebuild done" "$DIR/serve.log" | tail -1
 done
 # tee has written all the run printed once its input is closed and it has exited.
