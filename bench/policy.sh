@@ -17,8 +17,9 @@
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then five more families (seeds 5000,
-# 9000, 13000, 17000 and 21000 onwards), so no one family's draw decides.
+# from how well it does once it has; then six more families (seeds 5000,
+# 9000, 13000, 17000, 21000 and 25000 onwards), so no one family's draw
+# decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -245,20 +246,27 @@ family family-9000 200000 "$work/family-9000/sizes.txt" \
 # gate, the default variant), and first looked at then, once, with
 # crates/sim/examples/tune.rs: nothing was tuned on them.
 family family-13000 200000 "$work/family-13000/sizes.txt" \
-  "Another random family (seeds 13000 onwards, drawn after every change to the policy so far)" 13000
+  "Another random family (seeds 13000 onwards, drawn before the change of f005958, which was judged on it)" 13000
 # Seeds 17000 on were drawn on 2026-12-06 (a later session), before four
 # experiments that changed nothing (the target moved by ghost hits before
 # the first choice, MFU's frequency spent in one pass before it, a shorter
 # first window, a change-point early test), and looked at only with
 # tune.rs while judging them: nothing was tuned on them.
 family family-17000 200000 "$work/family-17000/sizes.txt" \
-  "Another random family (seeds 17000 onwards, drawn after every change to the policy so far)" 17000
+  "Another random family (seeds 17000 onwards, drawn before the change of f005958, which was judged on it)" 17000
 # Seeds 21000 on were drawn on 2026-12-06 (a third session), before three
 # experiments that changed nothing (denser copies, a reset of MFU's
 # frequencies when the real cache lags the copy of its own variant, another
 # variant before the first choice), and looked at only with tune.rs and
 # `arcache sim` while judging them: nothing was tuned on them.
 family family-21000 200000 "$work/family-21000/sizes.txt" \
-  "Another random family (seeds 21000 onwards, drawn after every change to the policy so far)" 21000
+  "Another random family (seeds 21000 onwards, drawn before the change of f005958, which was judged on it)" 21000
+# Seeds 25000 on were drawn on 2026-12-07 after f005958 (a ghost evicted
+# before the last switch of variant comes back into MRU), which was chosen
+# on the reference suite and the six families above, and looked at once
+# with tune.rs, beside the policy before that change: nothing was tuned
+# on them.
+family family-25000 200000 "$work/family-25000/sizes.txt" \
+  "Another random family (seeds 25000 onwards, drawn after every change to the policy so far)" 25000
 bench_publish "$work/result.md" "$result"
 cat "$result"

@@ -15,7 +15,11 @@
 //!   end that was hit since its last pass goes round again one step
 //!   lower, so a block read often outlives a burst of blocks read twice.
 //! - A ghost hit (the key was evicted recently) enters MFU directly, the
-//!   ghost-based admission of both ARC and S3-FIFO.
+//!   ghost-based admission of both ARC and S3-FIFO; except a ghost evicted
+//!   before the copies last switched variant, which enters MRU as a plain
+//!   miss: it tells what the old variant lost, and through MFU's head it
+//!   kept MFU from settling into what the new variant holds (see
+//!   `evicted_before_switch`).
 //! - `p` is not moved by ghost hits: on loops and skewed reads ARC's ghost
 //!   rule pulls MRU up to most of the cache and the frequent blocks go
 //!   (measured with ARC's own rule: a 1.5 pp lower mean on the reference
