@@ -16,7 +16,8 @@
 //!   lower, so a block read often outlives a burst of blocks read twice.
 //! - A ghost hit (the key was evicted recently) enters MFU directly, the
 //!   ghost-based admission of both ARC and S3-FIFO; except a ghost evicted
-//!   before the copies last switched variant, which enters MRU as a plain
+//!   before the cache last switched variant (as its copies chose), which
+//!   enters MRU as a plain
 //!   miss: it tells what the old variant lost, and through MFU's head it
 //!   kept MFU from settling into what the new variant holds (see
 //!   `evicted_before_switch`).
@@ -46,7 +47,7 @@
 //! that drift a little at a time (synthetic.py's `drift`) up to 1.6 pp.
 //! Mostly the time before the first choice: the same random mixtures five
 //! times as long leave 2 of 120 points more than 1 pp below LRU and
-//! textbook ARC's better, against 7.
+//! textbook ARC's better, against 6.
 //! - A re-access counts as re-use (OpenZFS's MRU to MFU debounce) only
 //!   `min_promote_ns` after the last counted one or once enough other
 //!   blocks entered the cache since: the small reads of one record come
@@ -80,7 +81,7 @@ pub(crate) struct Entry {
     size: u64,
     last_access_ns: u64,
     /// `inserts` when `last_access_ns` was set (wrapping); for a ghost,
-    /// when it was evicted.
+    /// `evictions` before it was evicted.
     last_insert: u32,
     state: State,
     /// Re-uses since the entry last passed its list's eviction end, at most 3.
@@ -121,6 +122,9 @@ impl Filed<State> for Entry {
     fn set_list(&mut self, list: State) {
         self.state = list;
     }
+    fn marked(&self) -> bool {
+        is_meta(self.key)
+    }
 }
 
 /// The fewest records MRU's target leaves room for, whatever the fraction.
@@ -143,7 +147,8 @@ struct Honor {
     /// MRU's end held only young prefetches this pass (see `step`): not
     /// walked again, and MFU gives only what it can spare.
     mru_blocked: bool,
-    meta_rotated: u32,
+    /// Metadata entries moved round again this pass, per list ([MRU, MFU]).
+    meta_rotated: [u32; 2],
     /// Records this pass moved from MRU into MFU's room (`fill_mfu`).
     filled: u32,
 }
@@ -192,9 +197,14 @@ pub struct AdaptiveArc {
     ghost_hit_bytes: [u64; 2],
     /// The variant run now (its `fill_mfu` decides evictions).
     running: Variant,
-    /// Inserts since `running` became the variant run (saturating): ghosts
-    /// evicted before then are not admitted to MFU (see `insert`).
+    /// Evictions since `running` became the variant run (saturating;
+    /// `u32::MAX`: it never changed): ghosts evicted before then are not
+    /// admitted to MFU (see `insert`).
     since_switch: u32,
+    /// Evictions so far (wrapping): a ghost's `last_insert` is this count
+    /// when it was evicted. Not `inserts`, which an eviction by
+    /// `set_limits` right after a switch shares with the last one before.
+    evictions: u32,
 }
 
 impl AdaptiveArc {
@@ -283,6 +293,7 @@ impl AdaptiveArc {
             p: cfg.c_min as f64 * variant.fraction,
             running: variant,
             since_switch: u32::MAX,
+            evictions: 0,
             cfg,
             now_ns: 0,
             q: Filing::new(),
@@ -354,11 +365,11 @@ impl AdaptiveArc {
     /// turning over faster than the new variant's own records recur and
     /// the cache stays far below that variant held from the start (s21010
     /// at 7,272 blocks: 10 % MRU until 45,000 accesses, then 1 % with
-    /// `fill_mfu`, hit 49.5 % against 70.8 % held; 65.6 % with such ghosts
+    /// `fill_mfu`, hit 49.5 % against 70.8 % held; 66.1 % with such ghosts
     /// read as plain misses; bench/results/policy-variants.md). A ghost
     /// evicted under the new variant still goes to MFU.
     fn evicted_before_switch(&self, e: &Entry) -> bool {
-        self.since_switch != u32::MAX && self.inserts.wrapping_sub(e.last_insert) >= self.since_switch
+        self.since_switch != u32::MAX && self.evictions.wrapping_sub(e.last_insert) > self.since_switch
     }
 
     fn entries(&self) -> usize {
@@ -399,25 +410,34 @@ impl AdaptiveArc {
         }
         let mut cur = self.q.lists[from as usize].tail();
         let protect_meta = honor.meta && self.meta_protected();
+        let len = self.q.lists[from as usize].len();
+        if protect_meta && len > 0 && self.q.marked[from as usize] == len as u64 {
+            // All this list holds is metadata below its share: the other
+            // list gives first, and only when neither can does metadata go
+            // (`evict`). Known without a walk: a walk that found only
+            // metadata would come again with every insert (an MFU above
+            // its share holding nothing else: seed 001's with MRU at 95 %).
+            return None;
+        }
         // Each entry of the list is moved at most once per pass.
-        let rotations = self.q.lists[from as usize].len() as u32;
+        let rotations = len as u32;
         let mut skipped = 0u32;
         while let Some(idx) = cur {
             let e = self.q.slab.get(idx);
             if protect_meta && is_meta(e.key) {
-                if honor.meta_rotated >= rotations {
-                    // All this list can give is metadata below its share:
-                    // the other list gives first, and only when neither
-                    // can does metadata go (`evict`). Taking it here lost
-                    // seed 001's metadata whenever MFU's target was small
-                    // (a variant with MRU at 95 %): MFU held little beside
-                    // it, and metadata re-used went there.
+                if honor.meta_rotated[from as usize] >= rotations {
+                    // What this list's end holds is metadata below its
+                    // share (and young prefetches passed over): as above.
+                    // Taking it here lost seed 001's metadata whenever
+                    // MFU's target was small (a variant with MRU at 95 %):
+                    // MFU held little beside it, and metadata re-used
+                    // went there.
                     return None;
                 }
                 // Below its share, metadata goes round again (a re-used
                 // entry to MFU, as below): moved, not passed over in
                 // place, so the next eviction does not walk it again.
-                honor.meta_rotated += 1;
+                honor.meta_rotated[from as usize] += 1;
                 cur = self.q.slab.prev_of(idx);
                 if !self.unlink_or_promote(idx, from) {
                     self.q.push(idx, from);
@@ -473,7 +493,9 @@ impl AdaptiveArc {
             self.meta_size -= size;
         }
         let ghost = if from == State::Mru { State::MruGhost } else { State::MfuGhost };
-        self.q.slab.get_mut(idx).last_insert = self.inserts;
+        self.q.slab.get_mut(idx).last_insert = self.evictions;
+        self.evictions = self.evictions.wrapping_add(1);
+        self.since_switch = self.since_switch.saturating_add(1);
         self.q.push(idx, ghost);
         Some(size)
     }
@@ -516,7 +538,8 @@ impl AdaptiveArc {
             return;
         }
         self.adapt_meta();
-        let mut honor = Honor { prefetch: true, meta: true, mru_blocked: false, meta_rotated: 0, filled: 0 };
+        let mut honor =
+            Honor { prefetch: true, meta: true, mru_blocked: false, meta_rotated: [0; 2], filled: 0 };
         while self.resident() > self.c {
             let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
             let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
@@ -688,7 +711,6 @@ impl Policy for AdaptiveArc {
             self.meta_size += size;
         }
         self.inserts = self.inserts.wrapping_add(1);
-        self.since_switch = self.since_switch.saturating_add(1);
         self.grow(size);
         self.evict(evicted);
         self.trim_ghosts();
@@ -769,7 +791,9 @@ impl Policy for AdaptiveArc {
         for state in [State::Mru, State::Mfu, State::MruGhost, State::MfuGhost] {
             let list = &self.q.lists[state as usize];
             let mut sum = 0;
+            let mut meta = 0;
             for (idx, e) in self.q.slab.iter(list) {
+                meta += u64::from(is_meta(e.key));
                 if e.state != state || self.q.index.get(&e.key) != Some(&idx) || e.freq > 3 {
                     return Err(format!("entry {} misfiled on {state:?}", e.key));
                 }
@@ -789,6 +813,12 @@ impl Policy for AdaptiveArc {
                 return Err(format!(
                     "{state:?} size {} but entries sum to {sum}",
                     self.q.sizes[state as usize]
+                ));
+            }
+            if meta != self.q.marked[state as usize] {
+                return Err(format!(
+                    "{state:?} counts {} metadata entries, holds {meta}",
+                    self.q.marked[state as usize]
                 ));
             }
             listed += list.len();
@@ -1025,6 +1055,23 @@ mod tests {
         insert_demand(&mut held, 0..200);
         assert!(matches!(reread(&mut held, 1, 2000), Lookup::GhostHit(ListKind::Mru)));
         assert_eq!(state_of(&held, 1), Some(State::Mfu));
+        held.validate().unwrap();
+        a.validate().unwrap();
+    }
+
+    /// A ghost evicted by a smaller limit right after a switch, before any
+    /// insert, was evicted under the new variant: it comes back into MFU.
+    #[test]
+    fn a_ghost_a_new_limit_evicts_right_after_a_switch_comes_back_into_mfu() {
+        let mut a =
+            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.1, fill_mfu: false });
+        insert_demand(&mut a, 0..200);
+        a.run_variant(Variant { fraction: 0.3, fill_mfu: false });
+        a.set_limits(50, 50, &mut Vec::new());
+        let ghost = (100..200).find(|&k| state_of(&a, k) == Some(State::MruGhost));
+        let ghost = ghost.expect("the new limit evicted a record of 100..200");
+        assert!(matches!(reread(&mut a, ghost, 2000), Lookup::GhostHit(ListKind::Mru)));
+        assert_eq!(state_of(&a, ghost), Some(State::Mfu));
         a.validate().unwrap();
     }
 
@@ -1045,9 +1092,16 @@ mod tests {
         }
         insert_demand_at(&mut a, 1000..1100, 2 * second);
         assert_eq!(a.stats().mfu_size, 20, "the metadata went to MFU: {:?}", a.stats());
-        insert_demand_at(&mut a, 2000..3000, 3 * second);
+        for &k in &meta {
+            assert!(reread(&mut a, k, 3 * second).is_hit());
+        }
+        insert_demand_at(&mut a, 2000..3000, 4 * second);
         let kept = meta.iter().filter(|&&k| a.contains(k)).count();
         assert_eq!(kept, 20, "{:?}", a.stats());
+        // MFU above its share and all metadata: no eviction walked it (each
+        // walk moves an entry round, spending its frequency).
+        let freq = |k: &Key| a.q.index.get(k).map(|&i| a.q.slab.get(i).freq);
+        assert!(meta.iter().all(|k| freq(k) == Some(1)), "{:?}", meta.iter().map(freq).collect::<Vec<_>>());
         a.validate().unwrap();
     }
 

@@ -14,6 +14,11 @@ pub(crate) trait Filed<K> {
     fn size(&self) -> u64;
     fn list(&self) -> K;
     fn set_list(&mut self, list: K);
+    /// Counted per list in [`Filing::marked`] (arc-adaptive: metadata), so
+    /// a policy knows a list holds nothing else without walking it.
+    fn marked(&self) -> bool {
+        false
+    }
 }
 
 pub(crate) struct Filing<T, const N: usize> {
@@ -21,11 +26,19 @@ pub(crate) struct Filing<T, const N: usize> {
     pub(crate) index: FxHashMap<Key, u32>,
     pub(crate) lists: [List; N],
     pub(crate) sizes: [u64; N],
+    /// Entries of each list whose [`Filed::marked`] is true.
+    pub(crate) marked: [u64; N],
 }
 
 impl<T, const N: usize> Filing<T, N> {
     pub(crate) fn new() -> Self {
-        Filing { slab: Slab::new(), index: FxHashMap::default(), lists: [List::default(); N], sizes: [0; N] }
+        Filing {
+            slab: Slab::new(),
+            index: FxHashMap::default(),
+            lists: [List::default(); N],
+            sizes: [0; N],
+            marked: [0; N],
+        }
     }
 
     /// Takes entry `idx` off its list; it stays in the slab and the index.
@@ -34,9 +47,10 @@ impl<T, const N: usize> Filing<T, N> {
         T: Filed<K>,
     {
         let e = self.slab.get(idx);
-        let (at, size) = (e.list().into(), e.size());
+        let (at, size, marked) = (e.list().into(), e.size(), e.marked());
         self.slab.unlink(&mut self.lists[at], idx);
         self.sizes[at] -= size;
+        self.marked[at] -= u64::from(marked);
     }
 
     /// Files entry `idx` at the head of list `to`.
@@ -46,9 +60,10 @@ impl<T, const N: usize> Filing<T, N> {
     {
         let e = self.slab.get_mut(idx);
         e.set_list(to);
-        let size = e.size();
+        let (size, marked) = (e.size(), e.marked());
         self.slab.push_head(&mut self.lists[to.into()], idx);
         self.sizes[to.into()] += size;
+        self.marked[to.into()] += u64::from(marked);
     }
 
     /// Forgets entry `idx` entirely.

@@ -4,9 +4,9 @@
 //! 1 percentage point of the better of libCacheSim's LRU and ARC (issue
 //! 20's bar for the `4k` points; traces/reference_hit_ratios.json). One
 //! point misses it and is held to what it does: the read-only `4k-r`
-//! cloudphysics_io at 52,500 blocks (-1.70 pp: no variant reaches ARC's
+//! cloudphysics_io at 52,500 blocks (-1.80 pp: no variant reaches ARC's
 //! 22.5 % there; -1.32 pp with the same ten variants and no early switch,
-//! measured, so the early switch costs it 0.4 pp). The ten variants moved
+//! measured at -1.70, so the early switch costs it 0.4 pp). The ten variants moved
 //! other pinned points too, within the bar: P3 at 10,234 blocks and
 //! tencent_cbs_sample at 3,482 lost the most (-1.21 and -0.93 pp).
 //! Holding back switches toward recency once the copies have chosen
@@ -15,8 +15,10 @@
 //! the bar (-0.81 pp, was -0.25), at 26,921 and 67,302 it gained 17,000 and
 //! 57,000 hits. Reading a ghost evicted before a switch as a plain miss
 //! (arc-policy's adaptive.rs, `evicted_before_switch`) cost the `4k-r`
-//! point at 52,500 blocks 0.1 pp more (-1.80) and gave cloudphysics_io
-//! `4k` at 67,302 blocks 17,000 hits.
+//! point at 52,500 blocks 0.1 pp more (-1.70 to -1.80), cloudphysics_io
+//! `4k` at 13,460 blocks 0.03 pp (-0.84) and P3 at 5,117 blocks 3,848 hits
+//! (0.63 pp, still above the better of LRU and ARC), and gave
+//! cloudphysics_io `4k` at 67,302 blocks 17,000 hits.
 
 mod common;
 
