@@ -110,9 +110,11 @@ uri="nbd+unix:///s?socket=$work/nbd.sock"
 for round in $(seq "$rounds"); do
   peer=0
   if [ "$origin" = s3 ]; then
-    c0=$(ceph_ticks) t0=$(now)
+    c0=$(ceph_ticks)
+    t0=$(now)
     "${rc[@]}" rclone cat ceph:bench/seq.img >/dev/null 2>>"$work/rclone.log"
-    t1=$(now) c1=$(ceph_ticks)
+    t1=$(now)
+    c1=$(ceph_ticks)
     peer=$(python3 -c "import sys; print(f'{2048/(float(sys.argv[2])-float(sys.argv[1])):.0f}')" "$t0" "$t1")
     printf 'rclone\t%s\t%s\t%s\n' "$round" "$peer" "$(((c1 - c0)))" >>"$work/runs.tsv"
   fi
@@ -127,9 +129,13 @@ for round in $(seq "$rounds"); do
     wait_sock "$work/nbd.sock"
     line=
     for p in cold warm; do
-      a0=$(ticks "$arc") c0=$(ceph_ticks) t0=$(now)
+      a0=$(ticks "$arc")
+      c0=$(ceph_ticks)
+      t0=$(now)
       "${on_client[@]}" nbdcopy "$uri" null:
-      t1=$(now) a1=$(ticks "$arc") c1=$(ceph_ticks)
+      t1=$(now)
+      a1=$(ticks "$arc")
+      c1=$(ceph_ticks)
       line+=$'\t'$(pass "$t0" "$t1" $((a1 - a0)) $((c1 - c0)))
       # What the feed had put on L2 by the end of the cold pass: the warm
       # pass reads the rest from the origin again.

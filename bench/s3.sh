@@ -233,14 +233,16 @@ timed_cpu() {
 }
 c0=$(ceph_ticks)
 rclone_s=$(timed_cpu "${rc[@]}" rclone cat ceph:bench/seq.img)
-rclone_cpu=$(cat "$work/cpu") rclone_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+rclone_cpu=$(cat "$work/cpu")
+rclone_ceph=$(secs_of $(($(ceph_ticks) - c0)))
 # The same bytes handed on to a second process through a pipe, as an NBD
 # server hands them to its client: what one more copy between processes
 # costs on two cores the Ceph daemons share (the reader's CPU is rclone's
 # and dd's).
 c0=$(ceph_ticks)
 rclone_pipe_s=$(timed_cpu bash -c '"$@" | dd of=/dev/null bs=256k status=none' _ "${rc[@]}" rclone cat ceph:bench/seq.img)
-rclone_pipe_cpu=$(cat "$work/cpu") rclone_pipe_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+rclone_pipe_cpu=$(cat "$work/cpu")
+rclone_pipe_ceph=$(secs_of $(($(ceph_ticks) - c0)))
 # A bare client sending the GETs arcache's stream sends (the object's read
 # unit, 8 MiB, eight at once: its prefetch threads) and keeping nothing:
 # what reading in those GETs costs on this host, without a cache's work.
@@ -263,7 +265,8 @@ curl_run() {
   ranges_cfg "$1" >"$work/ranges.cfg"
   c0=$(ceph_ticks)
   curl_s=$(timed_cpu bash -c "curl -s --no-progress-meter --parallel --parallel-max $2 -K '$work/ranges.cfg' >'$work/codes'")
-  curl_cpu=$(cat "$work/cpu") curl_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+  curl_cpu=$(cat "$work/cpu")
+  curl_ceph=$(secs_of $(($(ceph_ticks) - c0)))
   curl_gets=$(wc -l <"$work/codes")
   [ "$(grep -cx 206 "$work/codes")" = "$curl_gets" ] || { echo "bench: a ranged GET of curl failed: $(sort "$work/codes" | uniq -c)" >&2; exit 1; }
 }
@@ -294,18 +297,22 @@ while True:
 PY
 }
 serve --export "s=s3://bench/seq.img" --l2 "$work/l2s.img:3G"
-c0=$(ceph_ticks) a0=$(pid_ticks "$serve_pid")
+c0=$(ceph_ticks)
+a0=$(pid_ticks "$serve_pid")
 sleep 1000 & sampling_until=$!
 gets_in_flight "$sampling_until" & sampler=$!; pids+=("$sampling_until" "$sampler")
 seq_cold=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
 kill "$sampling_until"; wait "$sampler" 2>/dev/null || true
-nbdcopy_cpu=$(cat "$work/cpu") arc_ceph=$(secs_of $(($(ceph_ticks) - c0))) arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
+nbdcopy_cpu=$(cat "$work/cpu")
+arc_ceph=$(secs_of $(($(ceph_ticks) - c0)))
+arc_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 inflight=$(python3 -c "import sys; v=[int(x) for x in open(sys.argv[1]) if x.strip()]; print(f'{sum(v)/len(v):.1f}' if v else 'n/a')" "$work/inflight")
 seq_gets=$(stat_field backing_reads)
 seq_hwm=$(awk '/^VmHWM:/ {printf "%d", $2 / 1024}' "/proc/$serve_pid/status")
 a0=$(pid_ticks "$serve_pid")
 seq_again=$(timed_cpu nbdcopy "nbd+unix:///s?socket=$work/nbd.sock" null:)
-again_nbdcopy_cpu=$(cat "$work/cpu") again_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
+again_nbdcopy_cpu=$(cat "$work/cpu")
+again_cpu=$(secs_of $(($(pid_ticks "$serve_pid") - a0)))
 "$bin" stat --json --control "$work/ctl.sock" >"$work/stat-seq.json"
 stop_serve
 fi
