@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use arc_policy::by_name;
-use arcache_sim::{read_accesses, replay, BlockAccess};
+use arcache_sim::{on_threads, read_accesses, replay, BlockAccess};
 
 fn hits(name: &str, size: u64, acc: &[BlockAccess]) -> u64 {
     let mut p = by_name(name, size).expect("policy");
@@ -140,23 +140,7 @@ fn main() {
     }
     let base_path = std::env::var("TUNE_BASELINE").ok();
     let base = Mutex::new(read_baseline(base_path.as_deref()));
-    let next = Mutex::new(0usize);
-    let points = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().expect("lock");
-                    *n += 1;
-                    *n - 1
-                };
-                let Some(job) = jobs.get(i) else { break };
-                let got = run(job, &base);
-                points.lock().expect("lock").extend(got);
-            });
-        }
-    });
-    let points = points.into_inner().expect("lock");
+    let points = on_threads(&jobs, 2, |job| run(job, &base));
     if let Some(p) = base_path {
         let b = base.into_inner().expect("lock");
         let text: String = b.iter().map(|((l, s), (x, y))| format!("{l} {s} {x} {y}\n")).collect();

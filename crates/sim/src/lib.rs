@@ -1,10 +1,12 @@
 //! Block traces and their replay through the policy core, without any IO.
 
+mod fidelity;
 mod l2;
 mod trace;
 
 pub use arc_policy::mrc::{log_sizes, lru_mrc, sampled_mrc, sampled_mrc_with, MrcPoint};
 pub use arc_policy::replay::{step, BlockAccess};
+pub use fidelity::{fidelity, Fidelity};
 pub use l2::{replay_l2, L2SimResult};
 pub use trace::{parse_csv, parse_lis, parse_oracle_general, read_trace, TraceError, TraceRequest};
 
@@ -88,6 +90,25 @@ pub fn replay(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[BlockAcces
         hits,
         hit_ratio: if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
     }
+}
+
+/// Runs `f` on every item of `items` on `threads` threads, each taking
+/// the next item when it is done (traces differ in length by a hundred
+/// times), and gathers what they return, in no set order.
+pub fn on_threads<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> Vec<R> + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                while let Some(item) = items.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    let got = f(item);
+                    out.lock().unwrap_or_else(|e| e.into_inner()).extend(got);
+                }
+            });
+        }
+    });
+    out.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The one-pass miss-ratio curves against full replays at the same sizes,
-//! on real traces: LRU exactly, the ARCs within one percentage point (the
-//! issue's bound), with the default sample minimum.
+//! on real traces: LRU exactly, the ARCs (arc-adaptive too) within one
+//! percentage point (the bound), with the default sample minimum.
 
 mod common;
 
@@ -25,7 +25,7 @@ fn check(path: &Path) {
             assert_eq!(p.hit_ratio, full.hit_ratio, "{name}: LRU at {} blocks", p.cache_blocks);
         }
     }
-    for policy in ["arc", "arc-paper"] {
+    for policy in ["arc", "arc-paper", "arc-adaptive"] {
         let curve = sampled_mrc(policy, &acc, &sizes, SAMPLE_MIN).unwrap();
         for p in curve.iter().filter(|p| p.cache_blocks > SAMPLE_MIN / 2) {
             let full = replay(by_name(policy, p.cache_blocks).unwrap().as_mut(), p.cache_blocks, &acc);

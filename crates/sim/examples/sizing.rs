@@ -1,0 +1,100 @@
+//! Developer tool: how far the server's live estimates are from the truth
+//! (`arcache_sim::fidelity`) at every reference point, for arc-adaptive
+//! (the default policy) and OpenZFS's ARC (`arc`, the policy the live
+//! sizing was first checked with): the policy curve of `arcache summary`
+//! (one record in 64 sampled by hash, replayed through a miniature of the
+//! policy at 1/64 of each size) and `hit_ratio_if_arc_doubled` (hits plus
+//! ghost hits) against a full replay at twice the size.
+//!
+//! Usage: sizing REFERENCE_DIR [RATE]   (RATE: one record in RATE, 64)
+//!
+//! Prints a markdown table, one row per point (hit ratios in %, errors in
+//! percentage points), then per policy and estimate the mean and worst
+//! absolute errors.
+
+use std::path::{Path, PathBuf};
+
+use arcache_sim::{fidelity, on_threads, read_accesses, Fidelity};
+
+const POLICIES: [&str; 2] = ["arc-adaptive", "arc"];
+
+struct Point {
+    label: String,
+    size: u64,
+    /// Per policy of `POLICIES`.
+    got: Vec<Fidelity>,
+}
+
+fn jobs(dir: &Path) -> Vec<(String, PathBuf, Vec<u64>)> {
+    let text = std::fs::read_to_string(dir.join("reference_hit_ratios.json")).expect("refs");
+    let refs: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let traces = refs["traces"].as_object().expect("traces");
+    traces
+        .iter()
+        .map(|(name, t)| {
+            let sizes = t["modes"]["4k"]["sizes_blocks"].as_array().expect("sizes");
+            let path = dir.join(t["csv"].as_str().expect("csv"));
+            (name.clone(), path, sizes.iter().filter_map(|v| v.as_u64()).collect())
+        })
+        .filter(|(_, path, _)| path.exists())
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = Path::new(args.get(1).expect("usage: sizing REFERENCE_DIR [RATE]"));
+    let rate: u64 = args.get(2).map_or(64, |r| r.parse().expect("RATE"));
+    let work = jobs(dir);
+    let mut points = on_threads(&work, 2, |(label, path, sizes)| {
+        let acc = read_accesses(path, 4096, false).expect("trace");
+        let at = |size: u64| -> Vec<Fidelity> {
+            POLICIES.iter().map(|p| fidelity(p, size, rate, &acc).expect("policy")).collect()
+        };
+        sizes.iter().map(|&size| Point { label: label.clone(), size, got: at(size) }).collect()
+    });
+    points.sort_by(|a, b| (&a.label, a.size).cmp(&(&b.label, b.size)));
+    table(&points);
+    for (i, name) in POLICIES.iter().enumerate() {
+        let sampled: Vec<f64> = points.iter().map(|p| p.got[i].sampled_error()).collect();
+        let ghosts: Vec<f64> = points.iter().map(|p| p.got[i].ghost_error()).collect();
+        println!("- {name}, policy curve (one record in {rate} sampled): {}", errors(&points, &sampled));
+        println!("- {name}, ghost estimate of twice the size: {}", errors(&points, &ghosts));
+    }
+}
+
+fn table(points: &[Point]) {
+    let heads: Vec<String> = POLICIES
+        .iter()
+        .map(|p| format!("{p} full | sampled | error | at 2x | ghost estimate | error"))
+        .collect();
+    println!("| trace | cache blocks | {} |", heads.join(" | "));
+    println!("|---|---:|{}", "---:|".repeat(6 * POLICIES.len()));
+    for p in points {
+        let cols: Vec<String> = p
+            .got
+            .iter()
+            .map(|g| {
+                format!(
+                    "{:.2} | {:.2} | {:+.2} | {:.2} | {:.2} | {:+.2}",
+                    g.full,
+                    g.sampled,
+                    g.sampled_error(),
+                    g.doubled,
+                    g.ghost_estimate,
+                    g.ghost_error()
+                )
+            })
+            .collect();
+        println!("| {} | {} | {} |", p.label, p.size, cols.join(" | "));
+    }
+    println!();
+}
+
+/// Mean and worst absolute error, and how many points are over 3 pp.
+fn errors(points: &[Point], errs: &[f64]) -> String {
+    let mean = errs.iter().map(|e| e.abs()).sum::<f64>() / errs.len().max(1) as f64;
+    let worst = points.iter().zip(errs).max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()));
+    let worst = worst.map_or(String::new(), |(p, e)| format!("{e:+.2} pp ({} {})", p.label, p.size));
+    let over = errs.iter().filter(|e| e.abs() > 3.0).count();
+    format!("mean |error| {mean:.2} pp, worst {worst}, {over} of {} points over 3 pp", errs.len())
+}
