@@ -24,7 +24,7 @@ tool=${CARGO_TARGET_DIR:-$here/target}/release/examples/sizing
 {
   echo "$header"
   echo
-  echo "Each reference point (4k mode, reads and writes) replayed in full and as the live sizing replays it: one 4 KiB block in 64 sampled by hash, through a policy of 1/64 the size (crates/sim/examples/sizing.rs). Hit ratios in %; error = sampled - full, in percentage points. Then the other live estimate, \`hit_ratio_if_arc_doubled\` (hits plus MRU and MFU ghost hits, as the server computes it from arcstats), against a full replay at twice the size ("at 2x"). The server also keeps only the last 65,536 sampled reads for this curve (about 4.2 M block reads), which every trace of the suite fits in but w106 (5.3 M), replayed here whole."
+  echo "Each reference point (4k mode, reads and writes) replayed in full and as the live sizing replays it: one 4 KiB block in 64 sampled by hash, through a policy of 1/64 the size (crates/sim/examples/sizing.rs). Hit ratios in %; error = sampled - full, in percentage points. Then the other live estimate, \`hit_ratio_if_arc_doubled\` (hits plus MRU and MFU ghost hits, as the server computes it from arcstats), against a full replay at twice the size (\"at 2x\"). The server also keeps only the last 65,536 sampled reads for this curve (about 4.2 M block reads), which every trace of the suite fits in but w106 (5.3 M), replayed here whole."
   echo
   "$tool" "$dir" 64
 } > "$work/result.md"
