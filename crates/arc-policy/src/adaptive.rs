@@ -1105,6 +1105,46 @@ mod tests {
         a.validate().unwrap();
     }
 
+    /// Each list's metadata goes round at most once per pass, counted per
+    /// list: MRU's many rotations in a pass do not use up a small MFU's, so
+    /// MFU still gives the data behind its metadata and no metadata below
+    /// its share goes while data is left.
+    #[test]
+    fn metadata_rotations_are_counted_per_list() {
+        use crate::key::view::{self, Kind};
+        let mut a =
+            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.01, fill_mfu: false });
+        let meta: Vec<Key> = (0..12).map(|o| view::make(Kind::Attr, o, 0)).collect();
+        let second = 1_000_000_000;
+        // Re-used entries reach MFU when they pass MRU's end: two metadata
+        // entries first (MFU's eviction end), eight data behind them.
+        let mfu: Vec<Key> = meta[..2].iter().copied().chain(5000..5008).collect();
+        for pass in 0..2 {
+            for &k in &mfu {
+                reread(&mut a, k, pass * second);
+            }
+        }
+        for &k in &meta[2..] {
+            reread(&mut a, k, 2 * second);
+        }
+        insert_demand_at(&mut a, 0..81, 2 * second);
+        // That pass sent the ten to MFU and the other metadata round MRU
+        // again; five more data behind it: MRU from its end is data, ten
+        // metadata entries, five data.
+        insert_demand_at(&mut a, 81..86, 2 * second);
+        assert_eq!((a.stats().mfu_size, a.stats().mru_size), (10, 90), "{:?}", a.stats());
+        // Metadata (12) is below its share of the smaller cache (15).
+        a.meta = (0.9 * (1u64 << 32) as f64) as u64;
+        // One pass frees 85: MRU rotates its ten and gives its eighty, then
+        // MFU must rotate its two (a shared count, at ten, would say MFU's
+        // end is all metadata already walked, and metadata would go).
+        a.set_limits(15, 15, &mut Vec::new());
+        let kept = meta.iter().filter(|&&k| a.contains(k)).count();
+        assert_eq!(kept, 12, "{:?}", a.stats());
+        assert_eq!(a.stats().mru_size + a.stats().mfu_size, 15, "{:?}", a.stats());
+        a.validate().unwrap();
+    }
+
     /// A record a prefetch brought leaves MRU as a ghost even with room in
     /// MFU, whether its demand read came or not.
     #[test]
