@@ -80,7 +80,8 @@ for round in $(seq "$rounds"); do
       --rw=randread --bs=4k --size=1G --iodepth=16 --runtime="$secs" --time_based --randseed="$round" \
       --output-format=json --output="$work/fio.json" >/dev/null 2>&1 || { echo "bench: fio failed on $bin" >&2; exit 1; }
     iops=$(python3 -c "import json; print(round(json.load(open('$work/fio.json'))['jobs'][0]['read']['iops']))")
-    printf '%s\t%s\t%s\t%s\n' "$round" "$bin" "$iops" "$(stat_of "$bin" l2_hits)" | tee -a "$work/runs.tsv" >&2
+    hits=$(stat_of "$bin" l2_hits)
+    printf '%s\t%s\t%s\t%s\n' "$round" "$bin" "$iops" "$hits" | tee -a "$work/runs.tsv" >&2
     stop
   done
 done

@@ -33,8 +33,6 @@ header=$(bench_header "$size_mib" "$secs")
 img="$work/disk.img"
 head -c $((size_mib << 20)) /dev/urandom > "$img"
 
-wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
-
 # Peer: nbdkit memory, filled with the same bytes.
 nbdkit --foreground -U "$work/mem.sock" memory "${size_mib}M" & pids+=($!)
 wait_sock "$work/mem.sock"

@@ -152,7 +152,8 @@ done
 {
   echo "$header"
   echo
-  echo "bench/fileview.sh's slow source holding its small-file tree ($small files of 1-8 KB in 300 directories); \`rsync -a\` of the first directory ($(ls "$ram/d000" | wc -l) files) to a new directory beside it; kernel caches dropped before every pass; seconds, one figure per round:"
+  nfiles=$(ls "$ram/d000" | wc -l)
+  echo "bench/fileview.sh's slow source holding its small-file tree ($small files of 1-8 KB in 300 directories); \`rsync -a\` of the first directory ($nfiles files) to a new directory beside it; kernel caches dropped before every pass; seconds, one figure per round:"
   echo
   echo "| pass | seconds |"
   echo "|---|---|"

@@ -268,6 +268,8 @@ unset 'mounts[-1]'
 rm -rf "$ram"
 
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}x' if b else 'n/a')" "$1" "$2"; }
+# Each ratio is taken on its own line: a failed one then stops the run
+# (set -e), where inside echo's arguments it would print an empty figure.
 {
   echo "$header"
   echo
@@ -284,16 +286,26 @@ ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); pri
     echo "| $p | ${t[source-$p]} | ${t[arc-cold-$p]} | ${t[arc-warm-$p]} | ${t[arc-restart-$p]} | ${t[rclone-cold-$p]} | ${t[rclone-warm-$p]} | ${t[bindfs-$p]} |"
   done
   echo
-  echo "The floor for a pass after a restart: one lstat of every file of the small-file tree on the source, 32 at once, names known in advance, caches dropped: ${t[source-lstat-floor]} s, so a view that checks every file after a restart can make rsync at most $(ratio "${t[source-rsync]}" "${t[source-lstat-floor]}") and find at most $(ratio "${t[source-find]}" "${t[source-lstat-floor]}") faster than the source's cold pass (more only by trusting restored attributes unchecked)."
+  floor_rsync=$(ratio "${t[source-rsync]}" "${t[source-lstat-floor]}")
+  floor_find=$(ratio "${t[source-find]}" "${t[source-lstat-floor]}")
+  echo "The floor for a pass after a restart: one lstat of every file of the small-file tree on the source, 32 at once, names known in advance, caches dropped: ${t[source-lstat-floor]} s, so a view that checks every file after a restart can make rsync at most $floor_rsync and find at most $floor_find faster than the source's cold pass (more only by trusting restored attributes unchecked)."
   echo
   echo "Speed-ups of arcache (time of the other / arcache's):"
   echo
   echo "| pass | warm vs source cold | warm vs rclone warm | warm vs bindfs over RAM | after restart vs source cold |"
   echo "|---|---:|---:|---:|---:|"
   for p in rsync find rsync-in; do
-    echo "| $p | $(ratio "${t[source-$p]}" "${t[arc-warm-$p]}") | $(ratio "${t[rclone-warm-$p]}" "${t[arc-warm-$p]}") | $(ratio "${t[bindfs-$p]}" "${t[arc-warm-$p]}") | $(ratio "${t[source-$p]}" "${t[arc-restart-$p]}") |"
+    vs_source=$(ratio "${t[source-$p]}" "${t[arc-warm-$p]}")
+    vs_rclone=$(ratio "${t[rclone-warm-$p]}" "${t[arc-warm-$p]}")
+    vs_bindfs=$(ratio "${t[bindfs-$p]}" "${t[arc-warm-$p]}")
+    restart_vs_source=$(ratio "${t[source-$p]}" "${t[arc-restart-$p]}")
+    echo "| $p | $vs_source | $vs_rclone | $vs_bindfs | $restart_vs_source |"
   done
-  echo "| cp (MB/s) | $(ratio "${t[arc-warm-cp]}" "${t[source-cp]}") | $(ratio "${t[arc-warm-cp]}" "${t[rclone-warm-cp]}") | $(ratio "${t[arc-warm-cp]}" "${t[bindfs-cp]}") | $(ratio "${t[arc-restart-cp]}" "${t[source-cp]}") |"
+  vs_source=$(ratio "${t[arc-warm-cp]}" "${t[source-cp]}")
+  vs_rclone=$(ratio "${t[arc-warm-cp]}" "${t[rclone-warm-cp]}")
+  vs_bindfs=$(ratio "${t[arc-warm-cp]}" "${t[bindfs-cp]}")
+  restart_vs_source=$(ratio "${t[arc-restart-cp]}" "${t[source-cp]}")
+  echo "| cp (MB/s) | $vs_source | $vs_rclone | $vs_bindfs | $restart_vs_source |"
   echo
   echo "arcache's demand metadata hit ratio (demand_metadata_hits / (hits + misses) over the pass):"
   echo

@@ -15,7 +15,7 @@
 #           and a thread-scaling sweep (queue depth 1..64) written as a PNG.
 #
 # Usage: bench/l2arc.sh [SECONDS_PER_RANDOM_JOB]   (default 20; about 25 minutes)
-# Needs fio, nbdkit, libnbd-bin, python3. Writes bench/results/l2arc-summary.md
+# Needs fio, nbdkit, libnbd-bin, python3 with matplotlib. Writes bench/results/l2arc-summary.md
 # (commit and date on its first line) and bench/results/l2arc-thread-scaling.png;
 # fio's JSON and the server's log go to bench/out/l2arc-*.
 set -euo pipefail
@@ -24,7 +24,8 @@ secs=${1:-20}
 for t in fio nbdkit nbdcopy python3; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing (apt-get install fio nbdkit libnbd-bin)" >&2; exit 2; }
 done
-python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib >/dev/null
+# Checked before the run, not found missing at its end when the plot is drawn.
+python3 -c 'import matplotlib' 2>/dev/null || { echo "bench: the Python package matplotlib is missing (pip install matplotlib, or apt-get install python3-matplotlib)" >&2; exit 2; }
 cargo build --release --quiet --manifest-path "$here/Cargo.toml"
 bin="$here/target/release/arcache"
 out="$here/bench/out"; mkdir -p "$out"
@@ -33,15 +34,13 @@ out="$here/bench/out"; mkdir -p "$out"
 result=$(bench_results l2arc-summary.md)
 plot=$(bench_results l2arc-thread-scaling.png)
 header=$(bench_header "$secs")
-work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/arcache-l2bench.XXXXXX")
-pids=(); cgroups=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+bench_start arcache-l2bench
+cgroups=()
+cleanup_all() {
+  bench_cleanup
   for c in "${cgroups[@]}"; do rmdir "$c" 2>/dev/null || true; done
-  rm -rf "$work"
 }
-trap cleanup EXIT
+trap cleanup_all EXIT
 
 cgroot=/sys/fs/cgroup/memory
 make_cgroup() { # name -> path or empty
@@ -61,7 +60,6 @@ in_cgroup() { # cgroup-path command...  (runs in the background, pid appended)
     "$@" & pids+=($!)
   fi
 }
-wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 
 echo "== preparing a 2 GiB origin image and the raw-disk reference"
 rm -f "$out"/l2arc-*.json "$out/l2arc-failed.txt"
@@ -155,7 +153,9 @@ for qd in 1 2 4 8 16 32 64; do
   rand_job "scale-origin-qd$qd" "$origin" "$qd" 5
 done
 for cg in "$cg_arc" "$cg_kit"; do
-  [ -n "$cg" ] && echo "$cg peak memory: $(cat "$cg/memory.max_usage_in_bytes")" || true
+  [ -n "$cg" ] || continue
+  peak=$(cat "$cg/memory.max_usage_in_bytes")
+  echo "$cg peak memory: $peak"
 done > "$out/l2arc-memory.txt"
 
 echo "== warm restart: 4K random reads at QD16 in the first 10 s after a restart"
@@ -165,7 +165,9 @@ kill -TERM "$arc_pid"; wait "$arc_pid" 2>/dev/null || true
 rm -f "$work/arc.sock"
 restart_t0=$(date +%s.%N)
 start_arcache
-echo "arcache answering $(python3 -c "print(f'{$(date +%s.%N) - $restart_t0:.2f}')") s after start" > "$out/l2arc-restart.txt"
+restart_t1=$(date +%s.%N)
+restart_s=$(python3 -c "print(f'{$restart_t1 - $restart_t0:.2f}')")
+echo "arcache answering $restart_s s after start" > "$out/l2arc-restart.txt"
 rand_job arcache-restart "$arc" 16 10
 "$bin" stat --json --control "$work/arc.ctl" > "$out/l2arc-arcache-restart-stat.json"
 kill -TERM "$kit_pid"; wait "$kit_pid" 2>/dev/null || true

@@ -22,7 +22,7 @@ wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done;
 # when tracked files differ from it, result files aside, since the scripts
 # write those themselves), when it ran (UTC) and on how many cores.
 bench_header() {
-  local root commit
+  local root commit name when cores
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   commit=$(git -C "$root" rev-parse --short HEAD)
   # A file rewritten with the same bytes (cargo fmt, a checkout) has new
@@ -30,7 +30,13 @@ bench_header() {
   # is refreshed.
   git -C "$root" update-index -q --refresh >/dev/null 2>&1 || true
   git -C "$root" diff --quiet HEAD -- . ':(exclude)bench/results' || commit="$commit-dirty"
-  echo "# bench/$(basename "$0")${*:+ $*} at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
+  # These on their own lines, each checked: most callers run this inside
+  # $(...), where set -e does not reach, and an empty field would go into
+  # a result.
+  name=$(basename "$0") || return 1
+  when=$(date -u '+%Y-%m-%d %H:%M UTC') || return 1
+  cores=$(nproc) || return 1
+  echo "# bench/$name${*:+ $*} at commit $commit, $when, $cores cores"
 }
 
 # bench_arms ARM...: one line per A/B arm naming the commit its binary was

@@ -104,7 +104,8 @@ PY
 for _ in $(seq 12000); do grep -q "rebuild done" "$DIR/serve.log" && break; sleep 0.005; done
 grep -q "rebuild done" "$DIR/serve.log" || { echo "no 'rebuild done' in $DIR/serve.log" >&2; kill "$PID"; exit 1; }
 t_done=$(date +%s.%N)
-echo "server up (sockets answering) after $(python3 -c "print(f'{$t_up - $t0:.2f}')") s"
+up_s=$(python3 -c "print(f'{$t_up - $t0:.2f}')")
+echo "server up (sockets answering) after $up_s s"
 python3 -c "print(f'start to rebuilt      {$t_done - $t0:.3f} s ({$n / ($t_done - $t0):,.0f} records/s from process start)')"
 kill -TERM $PID; wait $PID; PID=
 grep -h "rebuild done" "$DIR/serve.log" | tail -1

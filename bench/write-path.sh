@@ -59,7 +59,8 @@ field() { # json rw field
 randsync() { # label uri
   fio_json rs "$2" "$work/rs.json" --rw=randwrite --bs=4k --size=512M --iodepth=16 --fsync=1 \
     --time_based --runtime="$secs" --randseed=7
-  local iops; iops=$(field "$work/rs.json" write iops)
+  # `|| return 1`: called inside $(...), where set -e does not reach.
+  local iops; iops=$(field "$work/rs.json" write iops) || return 1
   printf '%-44s %8s IOPS\n' "$1" "$iops" >&2
   echo "$iops"
 }
@@ -68,8 +69,10 @@ seqwrite() { # uri -> MB/s
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(round(j["write"]["io_bytes"]/(j["job_runtime"]/1000)/1e6))' "$work/sw.json"
 }
 seqread() { # uri -> MB/s
+  local bw
   fio_json sr "$1" "$work/sr.json" --rw=read --bs=1M --size=512M --iodepth=1
-  echo $(( $(field "$work/sr.json" read bw_bytes) / 1000000 ))
+  bw=$(field "$work/sr.json" read bw_bytes) || return 1
+  echo $(( bw / 1000000 ))
 }
 
 echo "== 1. 4K random writes, QD16, FLUSH after each write ($secs s each)" >&2
@@ -99,6 +102,20 @@ for i in 1 2 3; do a_r+=("$(seqread "$arc")"); done
 stop_arcache
 
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/max(float(sys.argv[2]),1):.2f}x')" "$1" "$2"; }
+# The rows take each ratio on its own line: a failed one stops the run
+# (set -e, pipefail) instead of printing an empty figure, as it would
+# inside printf's arguments.
+iops_row() { # label iops: the figure, then vs write-through and vs origin
+  local vs_w vs_o
+  vs_w=$(ratio "$2" "$w_iops")
+  vs_o=$(ratio "$2" "$o_iops")
+  printf '  %-44s %8s IOPS  %8s %18s\n' "$1" "$2" "$vs_w" "$vs_o"
+}
+mbs_row() { # label without-cache with-cache: MB/s, then with / without
+  local r
+  r=$(ratio "$3" "$2")
+  printf '  %-38s %13s MB/s %13s MB/s %8s\n' "$1" "$2" "$3" "$r"
+}
 {
   echo "$header"
   echo "origin: nbdkit memory + delay (rdelay=4ms wdelay=4ms) + rate (2400M); arcache --arc-max 256M, log 1 GiB file on local disk"
@@ -106,11 +123,12 @@ ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/max(float(sys.argv
   echo "4K random writes, QD16, FLUSH after each write (fio --fsync=1)"
   printf '  %-44s %8s       %8s %18s\n' "" "" "vs write-through" "vs origin"
   printf '  %-44s %8s IOPS  %8s %18s\n' "origin alone" "$o_iops" "" "1.00x"
-  printf '  %-44s %8s IOPS  %8s %18s\n' "arcache write-through (sync=always, no log)" "$w_iops" "1.00x" "$(ratio "$w_iops" "$o_iops")"
-  printf '  %-44s %8s IOPS  %8s %18s\n' "arcache, no log (FLUSH writes in place)" "$n_iops" "$(ratio "$n_iops" "$w_iops")" "$(ratio "$n_iops" "$o_iops")"
-  printf '  %-44s %8s IOPS  %8s %18s\n' "arcache, log, sync=standard" "$l_iops" "$(ratio "$l_iops" "$w_iops")" "$(ratio "$l_iops" "$o_iops")"
-  printf '  %-44s %8s IOPS  %8s %18s\n' "arcache, log, sync=always" "$a_iops" "$(ratio "$a_iops" "$w_iops")" "$(ratio "$a_iops" "$o_iops")"
-  printf '  %-44s %8s IOPS  %8s %18s\n' "arcache, sync=disabled (ceiling, unsafe)" "$d_iops" "$(ratio "$d_iops" "$w_iops")" "$(ratio "$d_iops" "$o_iops")"
+  vs_o=$(ratio "$w_iops" "$o_iops")
+  printf '  %-44s %8s IOPS  %8s %18s\n' "arcache write-through (sync=always, no log)" "$w_iops" "1.00x" "$vs_o"
+  iops_row "arcache, no log (FLUSH writes in place)" "$n_iops"
+  iops_row "arcache, log, sync=standard" "$l_iops"
+  iops_row "arcache, log, sync=always" "$a_iops"
+  iops_row "arcache, sync=disabled (ceiling, unsafe)" "$d_iops"
   python3 - "$work/stat-log.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -120,10 +138,10 @@ PY
   echo
   echo "Seed 002's sequence: 512 MiB (2x ARC) of 1 MiB writes at QD1 with a final fsync, then reads"
   printf '  %-38s %18s %18s %8s\n' "" "without cache" "with cache" "ratio"
-  printf '  %-38s %13s MB/s %13s MB/s %8s\n' "1. write" "$o_w" "$a_w" "$(ratio "$a_w" "$o_w")"
-  printf '  %-38s %13s MB/s %13s MB/s %8s\n' "2. read after restart (cache dropped)" "$o_r1" "$a_r1" "$(ratio "$a_r1" "$o_r1")"
+  mbs_row "1. write" "$o_w" "$a_w"
+  mbs_row "2. read after restart (cache dropped)" "$o_r1" "$a_r1"
   for i in 0 1 2; do
-    printf '  %-38s %13s MB/s %13s MB/s %8s\n' "3. read again, start $((i+1)) of 3" "${o_r[$i]}" "${a_r[$i]}" "$(ratio "${a_r[$i]}" "${o_r[$i]}")"
+    mbs_row "3. read again, start $((i+1)) of 3" "${o_r[$i]}" "${a_r[$i]}"
   done
   python3 - "$work/stat-seq.json" <<'PY'
 import json, sys
