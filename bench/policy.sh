@@ -104,10 +104,11 @@ for (t, c), v in points.items():
 out.append("")
 out.append("Mean over the points:")
 out.append("")
-out.append("| policy | mean hit ratio (%) |")
-out.append("|---|---:|")
+out.append("| policy | mean hit ratio (%) | points more than 1 pp below max(lru, arc-paper) |")
+out.append("|---|---:|---:|")
+below = lambda p: sum(1 for v in points.values() if v[p] - max(v["lru"], v["arc-paper"]) < -1.0)
 for p in sorted(cols, key=lambda p: -sum(v[p] for v in points.values())):
-    out.append(f"| {p} | {sum(v[p] for v in points.values()) / len(points):.2f} |")
+    out.append(f"| {p} | {sum(v[p] for v in points.values()) / len(points):.2f} | {below(p)} |")
 serving = [p for p in names if p.startswith("default") or p == "arc-adaptive"]
 for s in serving:
     out.append("")
@@ -210,9 +211,12 @@ out = ["", "## " + title, "",
        "sizes at 2, 10 and 30 % of the 200,000-read traces' unique blocks. lru, arc-paper and s3fifo give "
        "libCacheSim's hit counts exactly (crates/sim/tests/libcachesim_reference.rs).", "",
        f"| policy | mean, all {len(pts)} points | mean, the {len(moving)} points of traces with a moving hot set "
-       f"| mean, the other {len(still)} |", "|---|---:|---:|---:|"]
+       f"| mean, the other {len(still)} | points more than 1 pp below max(lru, arc-paper) |",
+       "|---|---:|---:|---:|---:|"]
+below_max = lambda p: sum(1 for v in pts.values() if v[p] - max(v["lru"], v["arc-paper"]) < -1.0)
 for p in sorted(names, key=lambda p: -mean(p, list(pts))):
-    out.append(f"| {p} | {mean(p, list(pts)):.2f} | {mean(p, moving):.2f} | {mean(p, still):.2f} |")
+    out.append(f"| {p} | {mean(p, list(pts)):.2f} | {mean(p, moving):.2f} | {mean(p, still):.2f} "
+               f"| {below_max(p)} |")
 s = next(p for p in ("default:arc-adaptive", "arc-adaptive") if p in names)
 gap = sorted((v[s] - max(v["lru"], v["arc-paper"]), t, c) for (t, c), v in pts.items())
 below = [g for g in gap if g[0] < -1.0]
