@@ -43,13 +43,15 @@ cleanup_all() {
 trap cleanup_all EXIT
 
 cgroot=/sys/fs/cgroup/memory
+# Called as $(make_cgroup ...), a subshell: the caller records the path in
+# `cgroups` for the cleanup.
 make_cgroup() { # name -> path or empty
   local cg="$cgroot/arcache-bench-$1-$$"
   if [ -w "$cgroot" ] && mkdir "$cg" 2>/dev/null && echo 512M > "$cg/memory.limit_in_bytes"; then
     # Throttle rather than kill: nbdkit's cache filter fills the page cache
     # with dirty pages of its cache file faster than writeback frees them.
     echo 1 > "$cg/memory.oom_control" 2>/dev/null || true
-    cgroups+=("$cg"); echo "$cg"
+    echo "$cg"
   fi
 }
 in_cgroup() { # cgroup-path command...  (runs in the background, pid appended)
@@ -77,6 +79,7 @@ wait_sock "$work/origin.sock"
 origin="nbd+unix:///?socket=$work/origin.sock"
 
 cg_arc=$(make_cgroup arcache || true)
+[ -z "$cg_arc" ] || cgroups+=("$cg_arc")
 start_arcache() {
   in_cgroup "$cg_arc" "$bin" serve --export "$origin" --listen "unix:$work/arc.sock" \
     --control "$work/arc.ctl" --arc-max 256M --l2 "$work/l2.img:4G" >>"$out/l2arc-arcache.log" 2>&1
@@ -88,6 +91,7 @@ start_arcache
 arc="nbd+unix:///?socket=$work/arc.sock"
 
 cg_kit=$(make_cgroup nbdkit || true)
+[ -z "$cg_kit" ] || cgroups+=("$cg_kit")
 mkdir -p "$work/kitcache"
 start_kit() {
   in_cgroup "$cg_kit" env TMPDIR="$work/kitcache" nbdkit --foreground -U "$work/kit.sock" --filter=cache \

@@ -51,26 +51,29 @@ arc="nbd+unix:///?socket=$work/nbd.sock"
 
 fio_json() { # name uri json-out fio-args...
   local name=$1 uri=$2 json=$3; shift 3
-  fio --name="$name" --ioengine=nbd --uri="$uri" --output-format=json --output="$json" "$@" >/dev/null 2>&1
+  # A failed fio must not leave the JSON of an earlier job to be read.
+  rm -f "$json"
+  fio --name="$name" --ioengine=nbd --uri="$uri" --output-format=json --output="$json" "$@" >/dev/null 2>&1 ||
+    { echo "bench: fio $name failed against $uri" >&2; return 1; }
 }
 field() { # json rw field
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0][sys.argv[2]]; print(round(j[sys.argv[3]]))' "$@"
 }
 randsync() { # label uri
   fio_json rs "$2" "$work/rs.json" --rw=randwrite --bs=4k --size=512M --iodepth=16 --fsync=1 \
-    --time_based --runtime="$secs" --randseed=7
+    --time_based --runtime="$secs" --randseed=7 || return 1
   # `|| return 1`: called inside $(...), where set -e does not reach.
   local iops; iops=$(field "$work/rs.json" write iops) || return 1
   printf '%-44s %8s IOPS\n' "$1" "$iops" >&2
   echo "$iops"
 }
 seqwrite() { # uri -> MB/s
-  fio_json sw "$1" "$work/sw.json" --rw=write --bs=1M --size=512M --iodepth=1 --end_fsync=1
+  fio_json sw "$1" "$work/sw.json" --rw=write --bs=1M --size=512M --iodepth=1 --end_fsync=1 || return 1
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(round(j["write"]["io_bytes"]/(j["job_runtime"]/1000)/1e6))' "$work/sw.json"
 }
 seqread() { # uri -> MB/s
   local bw
-  fio_json sr "$1" "$work/sr.json" --rw=read --bs=1M --size=512M --iodepth=1
+  fio_json sr "$1" "$work/sr.json" --rw=read --bs=1M --size=512M --iodepth=1 || return 1
   bw=$(field "$work/sr.json" read bw_bytes) || return 1
   echo $(( bw / 1000000 ))
 }
