@@ -11,7 +11,9 @@
 # use move by a few.
 #
 # Usage: bench/heap.sh RUNS COMMIT...   (e.g. bench/heap.sh 3 4a45d3c HEAD;
-# each build a few minutes, each run seconds; needs gdb, nbdcopy, git)
+# each build a few minutes, each run seconds; needs gdb, nbdcopy, git).
+# Builds go to $HEAP_TARGET_DIR (default $BENCH_DIR/arcache-heap-target),
+# kept for the next run.
 # Writes bench/results/heap${HEAP_NAME:+-$HEAP_NAME}.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +27,13 @@ done
 result=$(bench_results "heap${HEAP_NAME:+-$HEAP_NAME}.md")
 header=$(bench_header "$runs" "$@")
 bench_start arcache-heap
+# A build that fails leaves its worktree registered: removed at exit.
+wt="$work/wt"
+heap_cleanup() {
+  git -C "$here" worktree remove --force "$wt" 2>/dev/null || true
+  bench_cleanup
+}
+trap heap_cleanup EXIT
 target=${HEAP_TARGET_DIR:-${BENCH_DIR:-/var/tmp}/arcache-heap-target}
 recordsize=16384
 data=$((256 << 20))
@@ -32,9 +41,8 @@ head -c "$data" /dev/urandom > "$work/disk.img"
 
 # build COMMIT: prints the path of arcache built from COMMIT with the system allocator.
 build() {
-  local wt="$work/wt" sha
+  local sha
   sha=$(git -C "$here" rev-parse --short "$1")
-  git -C "$here" worktree prune
   git -C "$here" worktree add -q --detach "$wt" "$sha" >&2
   sed -i '/^#\[global_allocator\]/,+1d' "$wt/crates/arcache/src/main.rs"
   ! grep -q global_allocator "$wt/crates/arcache/src/main.rs" || { echo "bench: $sha keeps its allocator" >&2; exit 1; }
@@ -57,16 +65,19 @@ measure() {
   nbdcopy "nbd+unix:///?socket=$work/nbd.sock" null:
   rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$srv/status")
   # malloc_stats() writes to the server's stderr, which is $log.
-  gdb -p "$srv" -batch -ex 'call (void)malloc_stats()' >/dev/null 2>&1
+  timeout 60 gdb -p "$srv" -batch -ex 'call (void)malloc_stats()' >"$work/gdb.log" 2>&1 ||
+    { echo "bench: gdb could not call malloc_stats in $bin" >&2; cat "$work/gdb.log" >&2; exit 1; }
   for _ in $(seq 50); do grep -q "^Total" "$log" && break; sleep 0.1; done
-  inuse=$(grep -A2 "^Total" "$log" | awk '/in use bytes/ {print $NF}')
-  [ -n "$inuse" ] || { echo "bench: no malloc_stats from $bin" >&2; cat "$log" >&2; exit 1; }
+  inuse=$(grep -A2 "^Total" "$log" | awk '/in use bytes/ {print $NF}') || true
+  [ -n "$inuse" ] || { echo "bench: no malloc_stats from $bin" >&2; cat "$log" "$work/gdb.log" >&2; exit 1; }
   # Every record cached, none evicted: the job measures holding, not churn.
   "$bin" stat --control "$work/ctl.sock" --json | python3 -c '
 import json, sys
-d = json.load(sys.stdin)
-ghosts = d.get("mru_ghost_size", 0) + d.get("mfu_ghost_size", 0)
-assert d.get("evict_skip", 0) == 0 and d.get("deleted", 0) == 0 and ghosts == 0, "the server evicted"'
+d, records, data = json.load(sys.stdin), int(sys.argv[1]), int(sys.argv[2])
+ghosts = d["mru_ghost_size"] + d["mfu_ghost_size"]
+assert d["deleted"] == 0 and ghosts == 0, "the server evicted"
+assert d["hash_elements"] == records and d["data_size"] >= data, f"not every record cached: {d}"' \
+    "$((data / recordsize))" "$data"
   kill -INT "$srv"; wait "$srv" || true
   echo "$inuse $((rss_kb * 1024))"
 }
@@ -81,6 +92,10 @@ assert d.get("evict_skip", 0) == 0 and d.get("deleted", 0) == 0 and ghosts == 0,
 } > "$work/result.md"
 bins=()
 for c in "$@"; do
+  # The same commit named twice would share a row.
+  for b in "${bins[@]}"; do
+    [ "${b##*/arcache-}" != "$(git -C "$here" rev-parse --short "$c")" ] || { echo "bench: $c named twice" >&2; exit 2; }
+  done
   build "$c" > "$work/built"
   bins+=("$(cat "$work/built")")
 done

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# How faithful the live sizing's policy curve is (`arcache summary`, and
-# `policy_curve` in `arcache stat --json`): the server samples one record
-# in 64 by hash and replays the sample through a miniature of the policy
-# it runs, at 1/64 of each size. At every reference point of the suite,
-# crates/sim/examples/sizing.rs replays the trace in full and sampled that
-# way, for arc-adaptive (the default policy) and OpenZFS's ARC (`arc`, the
-# policy the live sizing served before it), and reports the sample's error.
+# How faithful the live sizing's two estimates are (`arcache summary`, and
+# `sizing` in `arcache stat --json`): the policy curve (one record in 64
+# sampled by hash, the demand reads of the sample replayed through a
+# miniature of the policy the server runs at 1/64 of each size, by the
+# server's own code, arc_policy::live) and `hit_ratio_if_arc_doubled`
+# (hits plus ghost hits over demand reads). At every reference point of the
+# suite, crates/sim/examples/sizing.rs replays the trace in full as the
+# server's cache would see it (reads counted, writes stored without
+# counting) and the estimates beside it, for arc-adaptive (the default
+# policy) and OpenZFS's ARC (`arc`, the policy the live sizing served
+# before it). arcache_sim::fidelity says what the model leaves out.
 #
 # Usage: bench/sizing.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
-# repository's traces/, which has 6 of the 10 traces; under a minute)
+# repository's traces/, which has 5 of the 10 traces; a minute or two)
 # Writes bench/results/sizing.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,9 +28,9 @@ tool=${CARGO_TARGET_DIR:-$here/target}/release/examples/sizing
 {
   echo "$header"
   echo
-  echo "Each reference point (4k mode, reads and writes) replayed in full and as the live sizing replays it: one 4 KiB block in 64 sampled by hash, through a policy of 1/64 the size (crates/sim/examples/sizing.rs). Hit ratios in %; error = sampled - full, in percentage points. Then the other live estimate, \`hit_ratio_if_arc_doubled\` (hits plus MRU and MFU ghost hits, as the server computes it from arcstats), against a full replay at twice the size (\"at 2x\"). The server also keeps only the last 65,536 sampled reads for this curve (about 4.2 M block reads), which every trace of the suite fits in but w106 (5.3 M), replayed here whole."
+  echo "Each reference point (4 KiB blocks) replayed in full as the server's cache would see it (a read looked up and counted, a write stored without a lookup and not counted) and as the live sizing estimates it: the demand reads of one block in 64 (by the server's hash) replayed through the policy at 1/64 of the size, by arc_policy::live, the server's own code. Hit ratios of reads in %; error = estimate - full replay, in percentage points. Then the other live estimate, \`hit_ratio_if_arc_doubled\` (hits plus MRU and MFU ghost hits, over reads), against a full replay at twice the size (\"at 2x\"). The live curve replays only the last 65,536 sampled reads (about 4.2 M reads), as the server does: of these traces only w106 (5.3 M) is longer. Not modelled (crates/sim/src/fidelity.rs): a cache that grows from zfs_arc_min, 16K records, prefetches. The server gives no sizing advice below about 10,000 reads, so the errors are also given over the traces with more."
   echo
-  "$tool" "$dir" 64
+  "$tool" "$dir"
 } > "$work/result.md"
 bench_publish "$work/result.md" "$result"
 cat "$result"

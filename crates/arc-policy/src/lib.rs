@@ -13,6 +13,7 @@
 mod adaptive;
 mod blocks;
 mod filed;
+pub mod live;
 mod lru;
 pub mod mrc;
 mod paper;

@@ -53,18 +53,33 @@ impl Fenwick {
 
 /// Exact LRU hit ratios for every size in `sizes`.
 pub fn lru_mrc(accesses: &[BlockAccess], sizes: &[u64]) -> Vec<MrcPoint> {
-    let n = accesses.len();
-    let mut fw = Fenwick::new(n);
+    lru_mrc_counting(accesses, |_| true, sizes)
+}
+
+/// [`lru_mrc`] counting only the accesses `counted(i)` says (reads, where
+/// writes store their blocks without counting as hits or misses): every
+/// access makes its block the most recent.
+pub fn lru_mrc_counting(
+    accesses: &[BlockAccess],
+    counted: impl Fn(usize) -> bool,
+    sizes: &[u64],
+) -> Vec<MrcPoint> {
+    let mut fw = Fenwick::new(accesses.len());
     let mut last: FxHashMap<u64, usize> = FxHashMap::default();
-    // hist[d] = accesses whose reuse distance is d (distinct blocks between).
+    // hist[d] = counted accesses whose reuse distance is d (distinct blocks between).
     let mut hist: Vec<u64> = Vec::new();
+    let mut n = 0usize;
     for (t, a) in accesses.iter().enumerate() {
+        let count = counted(t);
+        n += usize::from(count);
         if let Some(p) = last.insert(a.key, t) {
-            let d = (fw.prefix(t) - fw.prefix(p + 1)) as usize;
-            if hist.len() <= d {
-                hist.resize(d + 1, 0);
+            if count {
+                let d = (fw.prefix(t) - fw.prefix(p + 1)) as usize;
+                if hist.len() <= d {
+                    hist.resize(d + 1, 0);
+                }
+                hist[d] += 1;
             }
-            hist[d] += 1;
             fw.add(p, -1);
         }
         fw.add(t, 1);

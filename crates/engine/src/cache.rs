@@ -484,6 +484,7 @@ impl Cache {
     /// between [`Cache::begin_write`] and [`Cache::end_write`]: those already
     /// dropped any L2 copy and keep the feed off the record meanwhile.
     pub(crate) fn insert_written(&self, key: Key, rec: RecordData) {
+        self.sampler.observe_write(key);
         let gone = {
             let mut s = self.state.lock();
             self.insert_locked(&mut s, key, rec, false)
@@ -1036,6 +1037,22 @@ mod eviction_tests {
         cache.set_limits(16 << 10, 16 << 10);
         assert!(cache.stats().evicted >= 120, "too few evictions to tell: {}", cache.stats().evicted);
         assert_eq!(cache.counted_under_lock.load(Relaxed), 0, "evicted records counted under the ARC lock");
+    }
+
+    /// What clients write is cached, and the live sizing sees it: reads
+    /// of records just written are hits in its curves.
+    #[test]
+    fn the_live_sizing_sees_written_records() {
+        let cfg = CacheConfig { arc_min: 32 << 20, arc_max: 64 << 20, min_prefetch_ms: 0, compress: false };
+        let cache = Cache::new(cfg);
+        for _ in 0..4 {
+            for k in 0..20_000u64 {
+                cache.insert_written(k, record(k));
+                cache.observe(std::iter::once(k));
+            }
+        }
+        let v = cache.sizing(&[1_000]);
+        assert!(v.curve[0].1 > 0.95, "{v:?}");
     }
 
     /// The same for the file view's inserts and its tables' growth

@@ -1,31 +1,28 @@
 //! Live sizing: a spatially hashed sample (SHARDS) of the records clients
-//! read, kept as a window of the most recent sampled accesses with their
-//! times, from which miss-ratio curves of the live workload (LRU's, exact
-//! on the sample, and the serving policy's, by replaying the sample's
-//! latest part through a miniature of it) and the size of its active data
-//! set are estimated on demand. Costs one hash per record read and a short
-//! lock for one in `1 / SAMPLE_EVERY` of them.
+//! read and write, kept as a window of the most recent sampled accesses
+//! with their times, from which miss-ratio curves of the live workload
+//! (LRU's, exact on the sample, and the serving policy's, by replaying the
+//! sample's latest part through a miniature of it; both of reads, writes
+//! storing records as the cache does) and the size of its active data set
+//! are estimated on demand (`arc_policy::live`). Costs one hash per record
+//! read or written and a short lock for one in `1 / SAMPLE_EVERY` of them.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
-use arc_policy::mrc::{lru_mrc, sampled_mrc};
+use arc_policy::live::{self, Sample};
 use arc_policy::replay::BlockAccess;
 use arcache_sync::Mutex;
 
 /// One record in this many is sampled.
-pub const SAMPLE_EVERY: u64 = 64;
-/// Sampled accesses kept: with one in 64 sampled, the last ~16 M reads.
+pub const SAMPLE_EVERY: u64 = live::SAMPLE_EVERY;
+/// Sampled accesses kept: with one in 64 sampled, the last ~16 M reads and writes.
 const WINDOW: usize = 1 << 18;
-/// The latest sampled accesses the policy's curve replays: a miniature
-/// replay per size costs far more than LRU's one pass, and `stat` may be
-/// asked every second.
-const POLICY_WINDOW: usize = 1 << 16;
 /// How long a policy curve is reused before it is replayed again.
 const POLICY_CURVE_TTL_SECS: u64 = 10;
 
 pub struct Sampler {
-    window: Mutex<VecDeque<BlockAccess>>,
+    window: Mutex<VecDeque<Sample>>,
     started: Instant,
     policy_curve: Mutex<Option<PolicyCurve>>,
 }
@@ -52,13 +49,6 @@ pub struct SizingView {
     pub policy_curve: Vec<(u64, f64)>,
 }
 
-fn spread(key: u64) -> u64 {
-    let mut x = key ^ 0x6A09_E667_F3BC_C909;
-    x = (x ^ (x >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-    x = (x ^ (x >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
-    x ^ (x >> 33)
-}
-
 impl Default for Sampler {
     fn default() -> Self {
         Sampler {
@@ -72,7 +62,16 @@ impl Default for Sampler {
 impl Sampler {
     /// Notes a demand read of record `key`.
     pub fn observe(&self, key: u64) {
-        if !spread(key).is_multiple_of(SAMPLE_EVERY) {
+        self.note(key, false);
+    }
+
+    /// Notes a client's write of record `key`, which the cache stores.
+    pub fn observe_write(&self, key: u64) {
+        self.note(key, true);
+    }
+
+    fn note(&self, key: u64, write: bool) {
+        if !live::sampled(key) {
             return;
         }
         // The policy's time rules (promotion debounce, prefetch lifetime)
@@ -82,45 +81,34 @@ impl Sampler {
         if w.len() == WINDOW {
             w.pop_front();
         }
-        w.push_back(BlockAccess { key, now_ns });
+        w.push_back(Sample { access: BlockAccess { key, now_ns }, write });
     }
 
     /// The estimate for caches of `sizes` records, the policy's curve for
     /// `policy` (a name `arc_policy::by_name` knows; none for another).
     pub fn view(&self, sizes: &[u64], policy: &'static str) -> SizingView {
-        let accesses: Vec<BlockAccess> = self.window.lock().iter().copied().collect();
-        let scaled: Vec<u64> = sizes.iter().map(|s| (s / SAMPLE_EVERY).max(1)).collect();
-        let curve = lru_mrc(&accesses, &scaled);
-        let active = accesses.iter().map(|a| a.key).collect::<HashSet<_>>().len() as u64 * SAMPLE_EVERY;
+        let samples: Vec<Sample> = self.window.lock().iter().copied().collect();
+        let reads = || samples.iter().filter(|s| !s.write);
+        let active = reads().map(|s| s.access.key).collect::<HashSet<_>>().len() as u64 * SAMPLE_EVERY;
         SizingView {
             sample_rate: 1.0 / SAMPLE_EVERY as f64,
-            window_reads: accesses.len() as u64 * SAMPLE_EVERY,
+            window_reads: reads().count() as u64 * SAMPLE_EVERY,
             active_records: active,
-            curve: sizes.iter().zip(curve).map(|(&s, p)| (s, p.hit_ratio)).collect(),
-            policy_curve: self.policy_curve(&accesses, sizes, &scaled, policy),
+            curve: live::lru_curve(&samples, sizes),
+            policy_curve: self.policy_curve(&samples, sizes, policy),
         }
     }
 
-    fn policy_curve(
-        &self,
-        accesses: &[BlockAccess],
-        sizes: &[u64],
-        scaled: &[u64],
-        policy: &'static str,
-    ) -> Vec<(u64, f64)> {
+    fn policy_curve(&self, samples: &[Sample], sizes: &[u64], policy: &'static str) -> Vec<(u64, f64)> {
         let mut last = self.policy_curve.lock();
         if let Some(l) = last.as_ref() {
             if l.policy == policy && l.sizes == sizes && l.at.elapsed().as_secs() < POLICY_CURVE_TTL_SECS {
                 return l.curve.clone();
             }
         }
-        let recent = &accesses[accesses.len().saturating_sub(POLICY_WINDOW)..];
-        // Every sampled access replayed (no second sampling): the sample
-        // is already one in SAMPLE_EVERY.
-        let Some(points) = sampled_mrc(policy, recent, scaled, u64::MAX) else {
+        let Some(curve) = live::policy_curve(policy, samples, sizes) else {
             return Vec::new();
         };
-        let curve: Vec<(u64, f64)> = sizes.iter().zip(points).map(|(&s, p)| (s, p.hit_ratio)).collect();
         *last = Some(PolicyCurve { at: Instant::now(), policy, sizes: sizes.to_vec(), curve: curve.clone() });
         curve
     }
@@ -146,6 +134,24 @@ mod tests {
         assert!(v.curve[0].1 < 0.05 && v.curve[1].1 > 0.8, "{:?}", v.curve);
         assert!(v.policy_curve[1].1 > 0.8, "{:?}", v.policy_curve);
         assert!(s.view(&[10_000], "no-such-policy").policy_curve.is_empty());
+    }
+
+    /// Each record read right after a client wrote it: the cache holds what
+    /// was written, so every read hits at any size; a sample of the reads
+    /// alone would see a loop of 20,000 records and no hit at 10,000.
+    #[test]
+    fn reads_of_records_just_written_hit_in_both_curves() {
+        let s = Sampler::default();
+        for _ in 0..10 {
+            for k in 0..20_000u64 {
+                s.observe_write(k);
+                s.observe(k);
+            }
+        }
+        let v = s.view(&[10_000], "arc-adaptive");
+        assert!(v.curve[0].1 > 0.95 && v.policy_curve[0].1 > 0.95, "{v:?}");
+        let rel = v.window_reads as f64 / 200_000.0;
+        assert!((0.8..1.2).contains(&rel), "writes counted as reads: {}", v.window_reads);
     }
 
     /// A loop a tenth larger than the cache: LRU hits nothing, the serving

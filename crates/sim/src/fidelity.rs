@@ -1,24 +1,36 @@
 //! How close the server's live estimates come to the truth at one cache
-//! size: the sampled policy curve (`policy_curve` in `arcache stat
-//! --json`: one record in `rate` sampled by hash, replayed through the
-//! policy at `1 / rate` of the size) and `hit_ratio_if_arc_doubled` (hits
-//! plus ghost hits, from arcstats) against full replays.
+//! size, on a block trace: the policy curve (`policy_curve` in `arcache
+//! stat --json`, computed by [`arc_policy::live`], the server's own code,
+//! from the reads and writes of sampled records) and `hit_ratio_if_arc_doubled`
+//! (demand hits plus ghost hits over demand reads, from arcstats) against
+//! full replays of the trace as the server's cache would see it.
+//!
+//! As the server does: a read is looked up and inserted on a miss, and
+//! counts; a write stores its record without a lookup (`insert` on a
+//! record resident or not: no re-use, no ghost hit) and does not count.
+//! What this does not model: the server's cache
+//! grows from `zfs_arc_min` while this one is full size from the start;
+//! records of `--recordsize` (16K by default) rather than the trace's
+//! 4 KiB blocks; prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the
+//! server counts too; sizes in bytes with a header per record.
 
-use arc_policy::by_name;
+use arc_policy::{by_name, live};
 
-use crate::{replay, sampled_mrc, BlockAccess};
+use crate::RwAccess;
 
-/// Hit ratios in %.
+/// Hit ratios of demand reads, in %.
 #[derive(Debug, Clone, Copy)]
 pub struct Fidelity {
     /// A full replay at the size.
     pub full: f64,
-    /// The sampled miniature's estimate of `full`.
+    /// The live policy curve's estimate of `full`.
     pub sampled: f64,
     /// A full replay at twice the size.
     pub doubled: f64,
     /// The ghost lists' estimate of `doubled`.
     pub ghost_estimate: f64,
+    /// Demand reads replayed.
+    pub reads: u64,
 }
 
 impl Fidelity {
@@ -31,21 +43,23 @@ impl Fidelity {
     }
 }
 
-/// The full hit ratio and the ghost estimate of twice `size`, in %.
-fn replayed(policy: &str, size: u64, acc: &[BlockAccess]) -> Option<(f64, f64)> {
+/// A full replay at `size`: the reads' hit ratio and the ghost estimate of
+/// twice `size` (in %), and the reads.
+fn replayed(policy: &str, size: u64, acc: &[RwAccess]) -> Option<(f64, f64, u64)> {
     let mut p = by_name(policy, size)?;
-    let r = replay(p.as_mut(), size, acc);
+    let (reads, hits) = live::replay(p.as_mut(), acc);
     let st = p.stats();
-    let with_ghosts = (r.hits + st.mru_ghost_hits + st.mfu_ghost_hits).min(r.requests);
-    Some((r.hit_ratio * 100.0, with_ghosts as f64 / r.requests.max(1) as f64 * 100.0))
+    let with_ghosts = (hits + st.mru_ghost_hits + st.mfu_ghost_hits).min(reads);
+    let pct = |n: u64| n as f64 / reads.max(1) as f64 * 100.0;
+    Some((pct(hits), pct(with_ghosts), reads))
 }
 
-/// The estimates of `policy` (a name `by_name` knows) at `size` blocks,
-/// one block in `rate` sampled; None for an unknown policy.
-pub fn fidelity(policy: &str, size: u64, rate: u64, acc: &[BlockAccess]) -> Option<Fidelity> {
-    let (full, ghost_estimate) = replayed(policy, size, acc)?;
-    let (doubled, _) = replayed(policy, 2 * size, acc)?;
-    // `sampled_mrc` samples `min_blocks / size` of the keys: one in `rate`.
-    let sampled = sampled_mrc(policy, acc, &[size], (size / rate.max(1)).max(1))?[0].hit_ratio * 100.0;
-    Some(Fidelity { full, sampled, doubled, ghost_estimate })
+/// The estimates of `policy` (a name `by_name` knows) at `size` blocks;
+/// None for an unknown policy.
+pub fn fidelity(policy: &str, size: u64, acc: &[RwAccess]) -> Option<Fidelity> {
+    let (full, ghost_estimate, reads) = replayed(policy, size, acc)?;
+    let (doubled, _, _) = replayed(policy, 2 * size, acc)?;
+    let sample: Vec<RwAccess> = acc.iter().filter(|a| live::sampled(a.access.key)).copied().collect();
+    let sampled = live::policy_curve(policy, &sample, &[size])?[0].1 * 100.0;
+    Some(Fidelity { full, sampled, doubled, ghost_estimate, reads })
 }

@@ -18,17 +18,33 @@ use serde::Serialize;
 /// block as `(volume << 40) | block`, as the reference tools do.
 pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> Vec<BlockAccess> {
     let mut out = Vec::with_capacity(requests.len() * 2);
-    for r in requests {
-        if (reads_only && r.write) || r.len == 0 {
-            continue;
+    for_each_block(requests, block_size, |a, write| {
+        if !(reads_only && write) {
+            out.push(a);
         }
+    });
+    out
+}
+
+/// [`expand`], each access marked with whether it writes.
+pub fn expand_rw(requests: &[TraceRequest], block_size: u64) -> Vec<RwAccess> {
+    let mut out = Vec::with_capacity(requests.len() * 2);
+    for_each_block(requests, block_size, |access, write| out.push(RwAccess { access, write }));
+    out
+}
+
+/// A block access of a trace and whether it writes: what the server's live
+/// sizing samples.
+pub type RwAccess = arc_policy::live::Sample;
+
+fn for_each_block(requests: &[TraceRequest], block_size: u64, mut f: impl FnMut(BlockAccess, bool)) {
+    for r in requests.iter().filter(|r| r.len > 0) {
         let first = r.offset / block_size;
         let last = (r.offset + r.len - 1) / block_size;
         for b in first..=last {
-            out.push(BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) });
+            f(BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) }, r.write);
         }
     }
-    out
 }
 
 /// The clock for traces that have none, in µs between requests: about
@@ -45,11 +61,20 @@ pub fn read_accesses(
     block_size: u64,
     reads_only: bool,
 ) -> Result<Vec<BlockAccess>, TraceError> {
+    Ok(expand(&timed_requests(path)?, block_size, reads_only))
+}
+
+/// [`read_accesses`] with reads and writes told apart.
+pub fn read_rw_accesses(path: &std::path::Path, block_size: u64) -> Result<Vec<RwAccess>, TraceError> {
+    Ok(expand_rw(&timed_requests(path)?, block_size))
+}
+
+fn timed_requests(path: &std::path::Path) -> Result<Vec<TraceRequest>, TraceError> {
     let mut requests = read_trace(path)?;
     if !has_timestamps(&requests) {
         respace(&mut requests, DEFAULT_SPACING_US);
     }
-    Ok(expand(&requests, block_size, reads_only))
+    Ok(requests)
 }
 
 /// False when the trace carries no time of its own: every timestamp is

@@ -1,19 +1,18 @@
-//! The server's live estimates (`arcache summary`: the policy curve from a
-//! one-in-64 sample, and the ghost lists' estimate for an ARC twice as
-//! large) are as close to full replays for its default policy,
-//! arc-adaptive, as for OpenZFS's ARC, the policy they served before: on
-//! every reference point of the shipped traces, the mean absolute error of
-//! each is at most half a percentage point above ARC's. Both are several
-//! points off at small caches, where a one-in-64 sample holds a few dozen
-//! records (bench/results/sizing.md has every point of the full suite).
+//! A model of the server's live estimates (`arcache_sim::fidelity`: the
+//! policy curve by the server's own code in `arc_policy::live`, from the
+//! reads and writes of one record in 64; the ghost lists' estimate for an
+//! ARC twice as large; writes stored without counting, as the server's
+//! cache does) against full replays, on every reference point of the shipped
+//! traces: for the default policy, arc-adaptive, each estimate's mean
+//! absolute error is at most half a percentage point above that of
+//! OpenZFS's ARC, the policy the estimates served before, and below a
+//! bound of its own. bench/results/sizing.md has every point of the full
+//! suite.
 
 mod common;
 
-use arcache_sim::{fidelity, read_accesses, Fidelity};
+use arcache_sim::{fidelity, read_rw_accesses, Fidelity};
 use common::shipped_dir;
-
-/// The server's sampling rate (`arcache_engine::sizing::SAMPLE_EVERY`).
-const RATE: u64 = 64;
 
 /// Every reference point of the shipped traces: (adaptive, arc).
 fn points() -> Vec<(Fidelity, Fidelity)> {
@@ -26,14 +25,20 @@ fn points() -> Vec<(Fidelity, Fidelity)> {
         if !path.exists() {
             continue;
         }
-        let acc = read_accesses(&path, 4096, false).unwrap();
+        let acc = read_rw_accesses(&path, 4096).unwrap();
         for size in t["modes"]["4k"]["sizes_blocks"].as_array().unwrap().iter().filter_map(|v| v.as_u64()) {
-            let got = |p| fidelity(p, size, RATE, &acc).unwrap();
+            let got = |p| fidelity(p, size, &acc).unwrap();
             out.push((got("arc-adaptive"), got("arc")));
         }
     }
     out
 }
+
+/// Bounds of arc-adaptive's own mean errors on these 20 points (1.33 and
+/// 1.72 pp at 2026-12-07, arc's 1.34 and 1.37; the curve's was 2.14 while
+/// the sample left writes out).
+const SAMPLED_BOUND: f64 = 2.0;
+const GHOST_BOUND: f64 = 2.5;
 
 fn mean_abs(v: impl Iterator<Item = f64>) -> f64 {
     let all: Vec<f64> = v.map(f64::abs).collect();
@@ -50,16 +55,10 @@ fn the_live_estimates_of_the_default_policy_are_as_close_as_arcs() {
     );
     let ghosts =
         (mean_abs(pts.iter().map(|p| p.0.ghost_error())), mean_abs(pts.iter().map(|p| p.1.ghost_error())));
-    assert!(
-        sampled.0 <= sampled.1 + 0.5,
-        "policy curve: arc-adaptive off by {:.2} pp on average, arc by {:.2}",
-        sampled.0,
-        sampled.1
+    let msg = format!(
+        "mean |error|, arc-adaptive / arc: policy curve {:.2} / {:.2} pp, ghost estimate {:.2} / {:.2} pp",
+        sampled.0, sampled.1, ghosts.0, ghosts.1
     );
-    assert!(
-        ghosts.0 <= ghosts.1 + 0.5,
-        "ghost estimate of twice the size: arc-adaptive off by {:.2} pp on average, arc by {:.2}",
-        ghosts.0,
-        ghosts.1
-    );
+    assert!(sampled.0 <= sampled.1 + 0.5 && sampled.0 <= SAMPLED_BOUND, "{msg}");
+    assert!(ghosts.0 <= ghosts.1 + 0.5 && ghosts.0 <= GHOST_BOUND, "{msg}");
 }

@@ -1,0 +1,97 @@
+//! The live sizing's sample and its curves: which records the server
+//! samples, and how the sample becomes estimated hit ratios, LRU's and
+//! those of the policy it runs. Pure, so the server (arcache-engine's
+//! `Sampler`) and the simulator's check of it (`arcache_sim::fidelity`)
+//! run the same code.
+//!
+//! Writes are sampled too: a record a client wrote is cached, and a read
+//! of it soon after hits. A sample of reads alone misses every such hit
+//! (cloudphysics_io at 67,302 blocks: a curve 11 pp low; with writes,
+//! within 0.1; bench/results/sizing.md).
+
+use crate::mrc::{lru_mrc_counting, MrcPoint};
+use crate::replay::{step, BlockAccess};
+use crate::{by_name, Access, Policy};
+
+/// One record in this many is sampled.
+pub const SAMPLE_EVERY: u64 = 64;
+/// The latest samples the policy's curve replays: a miniature replay per
+/// size costs far more than LRU's one pass, and `stat` may be asked every
+/// second.
+pub const POLICY_WINDOW: usize = 1 << 16;
+
+/// A sampled access: a demand read (counted) or a write (stores its
+/// record, not counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub access: BlockAccess,
+    pub write: bool,
+}
+
+fn spread(key: u64) -> u64 {
+    let mut x = key ^ 0x6A09_E667_F3BC_C909;
+    x = (x ^ (x >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    x = (x ^ (x >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    x ^ (x >> 33)
+}
+
+/// Whether record `key` is in the sample (spatial: by hash, so every
+/// access of a sampled record is).
+pub fn sampled(key: u64) -> bool {
+    spread(key).is_multiple_of(SAMPLE_EVERY)
+}
+
+/// A cache of `size` records in the sample's scale.
+pub fn scaled(size: u64) -> u64 {
+    (size / SAMPLE_EVERY).max(1)
+}
+
+/// LRU's hit ratio of the reads of `samples` at each of `sizes` records
+/// (exact on the sample).
+pub fn lru_curve(samples: &[Sample], sizes: &[u64]) -> Vec<(u64, f64)> {
+    let accesses: Vec<BlockAccess> = samples.iter().map(|s| s.access).collect();
+    let small: Vec<u64> = sizes.iter().map(|&s| scaled(s)).collect();
+    let points = lru_mrc_counting(&accesses, |i| !samples[i].write, &small);
+    sizes.iter().zip(points).map(|(&s, p)| (s, p.hit_ratio)).collect()
+}
+
+/// The estimated hit ratio of `policy` (a name [`by_name`] knows; None for
+/// another) at each of `sizes` records, from `samples` (oldest first): the
+/// last [`POLICY_WINDOW`] of them replayed through the policy at the
+/// [`scaled`] sizes, a read looked up (and stored on a miss) and counted,
+/// a write stored (as the server's cache stores a written record: no
+/// lookup, not a re-use) and not counted.
+pub fn policy_curve(policy: &str, samples: &[Sample], sizes: &[u64]) -> Option<Vec<(u64, f64)>> {
+    by_name(policy, 1)?;
+    let recent = &samples[samples.len().saturating_sub(POLICY_WINDOW)..];
+    let one = |size: u64| -> Option<MrcPoint> {
+        let mut p = by_name(policy, scaled(size))?;
+        let (reads, hits) = replay(p.as_mut(), recent);
+        let hit_ratio = if reads == 0 { 0.0 } else { hits as f64 / reads as f64 };
+        Some(MrcPoint { cache_blocks: size, hit_ratio })
+    };
+    // A few sizes (`arcache stat` asks for six): a thread each.
+    let points: Vec<Option<MrcPoint>> = std::thread::scope(|s| {
+        let workers: Vec<_> = sizes.iter().map(|&size| s.spawn(move || one(size))).collect();
+        workers.into_iter().map(|w| w.join().ok().flatten()).collect()
+    });
+    points.into_iter().map(|p| p.map(|p| (p.cache_blocks, p.hit_ratio))).collect()
+}
+
+/// Replays `samples` through `policy` as the server's cache sees them: a
+/// read looked up, stored on a miss and counted; a write stored (no lookup,
+/// not a re-use) and not counted. Returns (reads, read hits).
+pub fn replay(policy: &mut dyn Policy, samples: &[Sample]) -> (u64, u64) {
+    let (mut reads, mut hits) = (0u64, 0u64);
+    let mut evicted = Vec::new();
+    for s in samples {
+        if s.write {
+            policy.insert(s.access.key, 1, Access::demand(s.access.now_ns), &mut evicted);
+            evicted.clear();
+        } else {
+            reads += 1;
+            hits += u64::from(step(policy, &s.access, &mut evicted));
+        }
+    }
+    (reads, hits)
+}
