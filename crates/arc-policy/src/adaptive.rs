@@ -659,7 +659,10 @@ impl Policy for AdaptiveArc {
 
     fn insert(&mut self, key: Key, size: u64, access: Access, evicted: &mut Vec<Key>) {
         self.now_ns = self.now_ns.max(access.now_ns);
-        if self.pending.take() == Some(key) {
+        // Only the insert of the key looked up last: an insert of another
+        // between (a write, a concurrent read's) leaves it for its own.
+        if self.pending == Some(key) {
+            self.pending = None;
             let c = self.c;
             if let Some(sel) = &mut self.selector {
                 sel.feed(key, size, access, c);
@@ -1103,6 +1106,26 @@ mod tests {
         let freq = |k: &Key| a.q.index.get(k).map(|&i| a.q.slab.get(i).freq);
         assert!(meta.iter().all(|k| freq(k) == Some(1)), "{:?}", meta.iter().map(freq).collect::<Vec<_>>());
         a.validate().unwrap();
+    }
+
+    /// The server looks records up and inserts them from many threads: an
+    /// insert of another key (a write's, an earlier miss's) between a miss
+    /// and its insert no longer drops the miss from the copies. One slot:
+    /// of two misses looked up before either is inserted, only the later
+    /// reaches them.
+    #[test]
+    fn a_miss_inserted_after_another_still_feeds_the_copies() {
+        let mut a = AdaptiveArc::new(ZfsArcConfig::fixed(1000));
+        let t = Access::demand(0);
+        assert!(!a.lookup(1, t).is_hit() && !a.lookup(2, t).is_hit());
+        a.insert(3, 1, t, &mut Vec::new());
+        a.insert(2, 1, t, &mut Vec::new());
+        a.insert(1, 1, t, &mut Vec::new());
+        let sel = a.selector.as_ref().expect("a serving cache has copies");
+        assert!(!sel.copy_holds(1) && sel.copy_holds(2) && !sel.copy_holds(3));
+        assert!(!a.lookup(4, t).is_hit());
+        a.insert(4, 1, t, &mut Vec::new());
+        assert!(a.selector.as_ref().unwrap().copy_holds(4));
     }
 
     /// Each list's metadata goes round at most once per pass, counted per

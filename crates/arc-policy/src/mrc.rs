@@ -156,8 +156,14 @@ pub fn sampled_mrc_with(
         }
         MrcPoint { cache_blocks: c, hit_ratio: ratio(hits, requests) }
     };
+    per_size(sizes, one)
+}
+
+/// `one(size)` for every size of `sizes`, in order, on as many threads as
+/// there are cores (at most one a size); None if one of them panicked.
+pub(crate) fn per_size<T: Send>(sizes: &[u64], one: impl Fn(u64) -> T + Sync) -> Option<Vec<T>> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sizes.len()).max(1);
-    let mut out: Vec<Option<MrcPoint>> = vec![None; sizes.len()];
+    let mut out: Vec<Option<T>> = (0..sizes.len()).map(|_| None).collect();
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|w| {

@@ -156,6 +156,12 @@ impl Selector {
         }
     }
 
+    /// Whether the copy of the default variant holds `key` (tests).
+    #[cfg(test)]
+    pub(crate) fn copy_holds(&self, key: Key) -> bool {
+        self.copies[DEFAULT].contains(key)
+    }
+
     /// The variant the real cache should run now.
     pub(crate) fn variant(&self) -> Variant {
         VARIANTS[self.best]

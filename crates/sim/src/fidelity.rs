@@ -7,7 +7,7 @@
 //!
 //! As the server does: a read is looked up and inserted on a miss, and
 //! counts; a write stores its record without a lookup (`insert` on a
-//! record resident or not: no re-use, no ghost hit) and does not count.
+//! record resident or not: no hit or ghost hit counted) and does not count.
 //! What this does not model: the server's cache
 //! grows from `zfs_arc_min` while this one is full size from the start;
 //! records of `--recordsize` (16K by default) rather than the trace's
