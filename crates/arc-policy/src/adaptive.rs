@@ -62,6 +62,8 @@
 //! Memory: an entry is the size of [`crate::ZfsArc`]'s (a test checks it);
 //! the copies add a bounded amount, see [`crate::select`].
 
+use std::collections::VecDeque;
+
 use crate::filed::{Filed, Filing};
 use crate::select::{Selector, Variant, DEFAULT, VARIANTS};
 use crate::zfs::ZfsArcConfig;
@@ -127,6 +129,11 @@ impl Filed<State> for Entry {
     }
 }
 
+/// Misses waiting for their insert that the copies will still be fed:
+/// more than the server has reads in flight to its backing stores at once
+/// (its 32 workers).
+const MAX_PENDING: usize = 64;
+
 /// The fewest records MRU's target leaves room for, whatever the fraction.
 const MIN_MRU_RECORDS: f64 = 16.0;
 
@@ -181,9 +188,11 @@ pub struct AdaptiveArc {
     /// Entries inserted so far (wrapping): a second clock that counts
     /// what passed through the cache rather than time.
     inserts: u32,
-    /// The key of the last non-hit lookup: its insert replays it in the
-    /// copies, where its size is known.
-    pending: Option<Key>,
+    /// Keys of the latest non-hit lookups, oldest first, at most
+    /// [`MAX_PENDING`]: each one's insert replays it in the copies, where
+    /// its size is known. More than one: the server looks records up and
+    /// inserts them from many threads, so misses overlap.
+    pending: VecDeque<Key>,
     /// Resident bytes of metadata (the file view's attributes, listings,
     /// symlinks, xattrs; volumes have none).
     meta_size: u64,
@@ -300,7 +309,7 @@ impl AdaptiveArc {
             stats: PolicyStats::default(),
             selector: None,
             inserts: 0,
-            pending: None,
+            pending: VecDeque::with_capacity(MAX_PENDING),
             meta_size: 0,
             meta: ONE / 4,
             meta_balance: META_BALANCE_DEFAULT,
@@ -357,6 +366,19 @@ impl AdaptiveArc {
             self.running = variant;
             self.since_switch = 0;
         }
+    }
+
+    /// Remembers a non-hit lookup of `key` until its insert; the oldest
+    /// is forgotten when [`MAX_PENDING`] are waiting (a miss never
+    /// inserted: a failed read).
+    fn note_pending(&mut self, key: Key) {
+        if self.pending.contains(&key) {
+            return;
+        }
+        if self.pending.len() == MAX_PENDING {
+            self.pending.pop_front();
+        }
+        self.pending.push_back(key);
     }
 
     /// Whether ghost `e` was evicted before the variant run now was
@@ -588,14 +610,14 @@ impl Policy for AdaptiveArc {
         self.now_ns = self.now_ns.max(access.now_ns);
         let Some(&idx) = self.q.index.get(&key) else {
             self.stats.misses += 1;
-            self.pending = Some(key);
+            self.note_pending(key);
             return Lookup::Miss;
         };
         let resident_size = self.q.slab.get(idx).size;
         let c = self.c;
         match (&mut self.selector, self.q.slab.get(idx).state) {
             (Some(sel), State::Mru | State::Mfu) => sel.feed(key, resident_size, access, c),
-            _ => self.pending = Some(key),
+            _ => self.note_pending(key),
         }
         self.follow_selector();
         let min_promote = self.cfg.min_promote_ns;
@@ -659,10 +681,10 @@ impl Policy for AdaptiveArc {
 
     fn insert(&mut self, key: Key, size: u64, access: Access, evicted: &mut Vec<Key>) {
         self.now_ns = self.now_ns.max(access.now_ns);
-        // Only the insert of the key looked up last: an insert of another
-        // between (a write, a concurrent read's) leaves it for its own.
-        if self.pending == Some(key) {
-            self.pending = None;
+        // Only the insert of a key looked up: an insert of another between
+        // (a write, a concurrent read's) leaves it for its own.
+        if let Some(at) = self.pending.iter().position(|&k| k == key) {
+            self.pending.remove(at);
             let c = self.c;
             if let Some(sel) = &mut self.selector {
                 sel.feed(key, size, access, c);
@@ -1110,9 +1132,8 @@ mod tests {
 
     /// The server looks records up and inserts them from many threads: an
     /// insert of another key (a write's, an earlier miss's) between a miss
-    /// and its insert no longer drops the miss from the copies. One slot:
-    /// of two misses looked up before either is inserted, only the later
-    /// reaches them.
+    /// and its insert does not drop the miss from the copies, and misses
+    /// whose inserts come in another order all reach them.
     #[test]
     fn a_miss_inserted_after_another_still_feeds_the_copies() {
         let mut a = AdaptiveArc::new(ZfsArcConfig::fixed(1000));
@@ -1122,7 +1143,16 @@ mod tests {
         a.insert(2, 1, t, &mut Vec::new());
         a.insert(1, 1, t, &mut Vec::new());
         let sel = a.selector.as_ref().expect("a serving cache has copies");
-        assert!(!sel.copy_holds(1) && sel.copy_holds(2) && !sel.copy_holds(3));
+        assert!(sel.copy_holds(1) && sel.copy_holds(2), "a miss dropped");
+        assert!(!sel.copy_holds(3), "a write fed as a miss");
+        // A miss never inserted is forgotten once MAX_PENDING newer wait.
+        assert!(!a.lookup(5, t).is_hit());
+        for k in 100..100 + MAX_PENDING as u64 {
+            assert!(!a.lookup(k, t).is_hit());
+        }
+        a.insert(5, 1, t, &mut Vec::new());
+        assert!(!a.selector.as_ref().unwrap().copy_holds(5));
+        assert_eq!(a.pending.len(), MAX_PENDING);
         assert!(!a.lookup(4, t).is_hit());
         a.insert(4, 1, t, &mut Vec::new());
         assert!(a.selector.as_ref().unwrap().copy_holds(4));
