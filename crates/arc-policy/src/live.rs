@@ -4,12 +4,12 @@
 //! `Sampler`) and the simulator's check of it (`arcache_sim::fidelity`)
 //! run the same code.
 //!
-//! Writes are sampled too: a record a client wrote is cached, and a read
-//! of it soon after hits. A sample of reads alone misses every such hit
+//! Writes and removals are sampled too: a record a client wrote is
+//! cached, and a read of it soon after hits; one trimmed is not. A sample of reads alone misses every such hit
 //! (cloudphysics_io at 67,302 blocks: a curve 11 pp low; with writes,
 //! within 0.1; bench/results/sizing.md).
 
-use crate::mrc::{lru_mrc_counting, per_size, MrcPoint};
+use crate::mrc::{lru_mrc_counting, per_size, Counted, MrcPoint};
 use crate::replay::{step, BlockAccess};
 use crate::{by_name, Access, Policy};
 
@@ -20,12 +20,29 @@ pub const SAMPLE_EVERY: u64 = 64;
 /// second.
 pub const POLICY_WINDOW: usize = 1 << 16;
 
-/// A sampled access: a demand read (counted) or a write (stores its
-/// record, not counted).
+/// A sampled access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
     pub access: BlockAccess,
-    pub write: bool,
+    pub op: Op,
+}
+
+/// What a sampled access did to its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A demand read: counted, a hit or a miss that stores the record.
+    Read,
+    /// A client's write: stores the record, not counted.
+    Write,
+    /// The record dropped (a trim or zeroing, a partial write of a record
+    /// not in RAM, a failed backing write): resident copy and ghost alike.
+    Remove,
+}
+
+impl Sample {
+    pub fn is_read(&self) -> bool {
+        self.op == Op::Read
+    }
 }
 
 fn spread(key: u64) -> u64 {
@@ -46,12 +63,20 @@ pub fn scaled(size: u64) -> u64 {
     (size / SAMPLE_EVERY).max(1)
 }
 
+fn op_of(samples: &[Sample], i: usize) -> Counted {
+    match samples[i].op {
+        Op::Read => Counted::Yes,
+        Op::Write => Counted::No,
+        Op::Remove => Counted::Gone,
+    }
+}
+
 /// LRU's hit ratio of the reads of `samples` at each of `sizes` records
 /// (exact on the sample).
 pub fn lru_curve(samples: &[Sample], sizes: &[u64]) -> Vec<(u64, f64)> {
     let accesses: Vec<BlockAccess> = samples.iter().map(|s| s.access).collect();
     let small: Vec<u64> = sizes.iter().map(|&s| scaled(s)).collect();
-    let points = lru_mrc_counting(&accesses, |i| !samples[i].write, &small);
+    let points = lru_mrc_counting(&accesses, |i| op_of(samples, i), &small);
     sizes.iter().zip(points).map(|(&s, p)| (s, p.hit_ratio)).collect()
 }
 
@@ -76,17 +101,24 @@ pub fn policy_curve(policy: &str, samples: &[Sample], sizes: &[u64]) -> Option<V
 
 /// Replays `samples` through `policy` as the server's cache sees them: a
 /// read looked up, stored on a miss and counted; a write stored by
-/// `insert` alone (no lookup) and not counted. Returns (reads, read hits).
+/// `insert` alone (no lookup) and not counted; a removal forgotten.
+/// Returns (reads, read hits).
 pub fn replay(policy: &mut dyn Policy, samples: &[Sample]) -> (u64, u64) {
     let (mut reads, mut hits) = (0u64, 0u64);
     let mut evicted = Vec::new();
     for s in samples {
-        if s.write {
-            policy.insert(s.access.key, 1, Access::demand(s.access.now_ns), &mut evicted);
-            evicted.clear();
-        } else {
-            reads += 1;
-            hits += u64::from(step(policy, &s.access, &mut evicted));
+        match s.op {
+            Op::Read => {
+                reads += 1;
+                hits += u64::from(step(policy, &s.access, &mut evicted));
+            }
+            Op::Write => {
+                policy.insert(s.access.key, 1, Access::demand(s.access.now_ns), &mut evicted);
+                evicted.clear();
+            }
+            Op::Remove => {
+                policy.remove(s.access.key);
+            }
         }
     }
     (reads, hits)
@@ -96,31 +128,48 @@ pub fn replay(policy: &mut dyn Policy, samples: &[Sample]) -> (u64, u64) {
 mod tests {
     use super::*;
 
-    /// Reads and writes of a skewed mix of keys, every fourth a write.
-    fn mixed(n: u64) -> Vec<Sample> {
+    /// Reads, writes (and with `removals`, removals) of a skewed mix of keys.
+    fn mixed(n: u64, removals: bool) -> Vec<Sample> {
         let mut x = 7u64;
         (0..n)
             .map(|i| {
                 x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
                 let key = if x >> 62 == 0 { (x >> 20) % 5000 } else { (x >> 20) % 300 };
-                Sample { access: BlockAccess { key, now_ns: i * 1000 }, write: i % 4 == 0 }
+                let op = match i % 8 {
+                    0 | 4 => Op::Write,
+                    7 if removals => Op::Remove,
+                    _ => Op::Read,
+                };
+                Sample { access: BlockAccess { key, now_ns: i * 1000 }, op }
             })
             .collect()
     }
 
-    /// The LRU curve with writes (stack distances, writes moving their
-    /// block to the top uncounted) is exactly what an LRU cache replaying
-    /// the same reads and writes hits.
-    #[test]
-    fn the_lru_curve_with_writes_is_exact() {
-        let samples = mixed(40_000);
+    /// LRU's curve of `samples` against LRU caches replaying them: the
+    /// largest difference in hit ratio.
+    fn lru_curve_off_by(samples: &[Sample]) -> f64 {
         let accesses: Vec<BlockAccess> = samples.iter().map(|s| s.access).collect();
         let sizes = [1, 10, 100, 300, 1000, 6000];
-        let curve = lru_mrc_counting(&accesses, |i| !samples[i].write, &sizes);
+        let curve = lru_mrc_counting(&accesses, |i| op_of(samples, i), &sizes);
+        let mut off = 0f64;
         for p in curve {
             let mut lru = by_name("lru", p.cache_blocks).unwrap();
-            let (reads, hits) = replay(lru.as_mut(), &samples);
-            assert_eq!(p.hit_ratio, hits as f64 / reads as f64, "at {} blocks", p.cache_blocks);
+            let (reads, hits) = replay(lru.as_mut(), samples);
+            off = off.max((p.hit_ratio - hits as f64 / reads as f64).abs());
         }
+        off
+    }
+
+    /// The LRU curve with writes (stack distances, writes moving their
+    /// block to the top uncounted) is exactly what an LRU cache replaying
+    /// the same reads and writes hits. A removal leaves the cache a slot
+    /// free until the next insert, which no stack of recency describes:
+    /// taking the block out of the stack is near (an eighth of the accesses
+    /// removals here: 0.02 pp at most), not exact.
+    #[test]
+    fn the_lru_curve_with_writes_is_exact_and_with_removals_near() {
+        assert_eq!(lru_curve_off_by(&mixed(40_000, false)), 0.0);
+        let off = lru_curve_off_by(&mixed(40_000, true));
+        assert!(off < 0.001, "off by {off}");
     }
 }

@@ -53,15 +53,28 @@ impl Fenwick {
 
 /// Exact LRU hit ratios for every size in `sizes`.
 pub fn lru_mrc(accesses: &[BlockAccess], sizes: &[u64]) -> Vec<MrcPoint> {
-    lru_mrc_counting(accesses, |_| true, sizes)
+    lru_mrc_counting(accesses, |_| Counted::Yes, sizes)
+}
+
+/// How [`lru_mrc_counting`] takes an access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// A hit or a miss, and its block the most recent.
+    Yes,
+    /// Its block the most recent, not counted (a write storing it).
+    No,
+    /// Its block out of the cache, not counted (a removal).
+    Gone,
 }
 
 /// [`lru_mrc`] counting only the accesses `counted(i)` says (reads, where
-/// writes store their blocks without counting as hits or misses): every
-/// access makes its block the most recent.
+/// writes store their blocks without counting as hits or misses, and
+/// removals take them out). Exact without removals; a removal leaves a
+/// real LRU cache a slot free until its next insert, which no stack of
+/// recency describes, so with them it is near, not exact.
 pub fn lru_mrc_counting(
     accesses: &[BlockAccess],
-    counted: impl Fn(usize) -> bool,
+    counted: impl Fn(usize) -> Counted,
     sizes: &[u64],
 ) -> Vec<MrcPoint> {
     let mut fw = Fenwick::new(accesses.len());
@@ -70,7 +83,14 @@ pub fn lru_mrc_counting(
     let mut hist: Vec<u64> = Vec::new();
     let mut n = 0usize;
     for (t, a) in accesses.iter().enumerate() {
-        let count = counted(t);
+        let how = counted(t);
+        if how == Counted::Gone {
+            if let Some(p) = last.remove(&a.key) {
+                fw.add(p, -1);
+            }
+            continue;
+        }
+        let count = how == Counted::Yes;
         n += usize::from(count);
         if let Some(p) = last.insert(a.key, t) {
             if count {

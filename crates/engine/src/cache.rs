@@ -585,6 +585,9 @@ impl Cache {
 
     /// Forgets `key` in RAM and on L2; returns true if it was in RAM.
     pub(crate) fn invalidate(&self, key: Key) -> bool {
+        if !arc_policy::key::view::is_view(key) {
+            self.sampler.observe_remove(key);
+        }
         let mut s = self.state.lock();
         s.policy.remove(key);
         if let Some(l2) = &self.l2 {
@@ -1040,7 +1043,8 @@ mod eviction_tests {
     }
 
     /// What clients write is cached, and the live sizing sees it: reads
-    /// of records just written are hits in its curves.
+    /// of records just written are hits in its curves, of records dropped
+    /// since (trimmed) misses.
     #[test]
     fn the_live_sizing_sees_written_records() {
         let cfg = CacheConfig { arc_min: 32 << 20, arc_max: 64 << 20, min_prefetch_ms: 0, compress: false };
@@ -1053,6 +1057,17 @@ mod eviction_tests {
         }
         let v = cache.sizing(&[1_000]);
         assert!(v.curve[0].1 > 0.95, "{v:?}");
+        // Dropped after each write (a trim): each read then misses.
+        let cache = Cache::new(cfg);
+        for _ in 0..4 {
+            for k in 0..20_000u64 {
+                cache.insert_written(k, record(k));
+                cache.invalidate(k);
+                cache.observe(std::iter::once(k));
+            }
+        }
+        let v = cache.sizing(&[1_000]);
+        assert!(v.curve[0].1 < 0.05, "{v:?}");
     }
 
     /// The same for the file view's inserts and its tables' growth

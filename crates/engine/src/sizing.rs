@@ -10,7 +10,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
-use arc_policy::live::{self, Sample};
+use arc_policy::live::{self, Op, Sample};
 use arc_policy::replay::BlockAccess;
 use arcache_sync::Mutex;
 
@@ -62,15 +62,21 @@ impl Default for Sampler {
 impl Sampler {
     /// Notes a demand read of record `key`.
     pub fn observe(&self, key: u64) {
-        self.note(key, false);
+        self.note(key, Op::Read);
     }
 
     /// Notes a client's write of record `key`, which the cache stores.
     pub fn observe_write(&self, key: u64) {
-        self.note(key, true);
+        self.note(key, Op::Write);
     }
 
-    fn note(&self, key: u64, write: bool) {
+    /// Notes that record `key` left the cache other than by eviction (a
+    /// trim, a zeroing, a partial write of a record not in RAM).
+    pub fn observe_remove(&self, key: u64) {
+        self.note(key, Op::Remove);
+    }
+
+    fn note(&self, key: u64, op: Op) {
         if !live::sampled(key) {
             return;
         }
@@ -81,14 +87,14 @@ impl Sampler {
         if w.len() == WINDOW {
             w.pop_front();
         }
-        w.push_back(Sample { access: BlockAccess { key, now_ns }, write });
+        w.push_back(Sample { access: BlockAccess { key, now_ns }, op });
     }
 
     /// The estimate for caches of `sizes` records, the policy's curve for
     /// `policy` (a name `arc_policy::by_name` knows; none for another).
     pub fn view(&self, sizes: &[u64], policy: &'static str) -> SizingView {
         let samples: Vec<Sample> = self.window.lock().iter().copied().collect();
-        let reads = || samples.iter().filter(|s| !s.write);
+        let reads = || samples.iter().filter(|s| s.is_read());
         let active = reads().map(|s| s.access.key).collect::<HashSet<_>>().len() as u64 * SAMPLE_EVERY;
         SizingView {
             sample_rate: 1.0 / SAMPLE_EVERY as f64,
@@ -152,6 +158,22 @@ mod tests {
         assert!(v.curve[0].1 > 0.95 && v.policy_curve[0].1 > 0.95, "{v:?}");
         let rel = v.window_reads as f64 / 200_000.0;
         assert!((0.8..1.2).contains(&rel), "writes counted as reads: {}", v.window_reads);
+    }
+
+    /// A record written and then trimmed is not in the cache: its next
+    /// read misses in both curves.
+    #[test]
+    fn reads_of_records_trimmed_after_their_write_miss_in_both_curves() {
+        let s = Sampler::default();
+        for _ in 0..10 {
+            for k in 0..20_000u64 {
+                s.observe_write(k);
+                s.observe_remove(k);
+                s.observe(k);
+            }
+        }
+        let v = s.view(&[10_000], "arc-adaptive");
+        assert!(v.curve[0].1 < 0.05 && v.policy_curve[0].1 < 0.05, "{v:?}");
     }
 
     /// A loop a tenth larger than the cache: LRU hits nothing, the serving

@@ -29,7 +29,10 @@ pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> V
 /// [`expand`], each access marked with whether it writes.
 pub fn expand_rw(requests: &[TraceRequest], block_size: u64) -> Vec<RwAccess> {
     let mut out = Vec::with_capacity(requests.len() * 2);
-    for_each_block(requests, block_size, |access, write| out.push(RwAccess { access, write }));
+    for_each_block(requests, block_size, |access, write| {
+        let op = if write { arc_policy::live::Op::Write } else { arc_policy::live::Op::Read };
+        out.push(RwAccess { access, op });
+    });
     out
 }
 
