@@ -693,6 +693,9 @@ impl Policy for AdaptiveArc {
         }
         let mut to = State::Mru;
         let mut how = if access.prefetch { How::Prefetch } else { How::Demand };
+        // A record stored again keeps the re-use it earned and the time of
+        // its last counted access: a hot record a client rewrites is as hot.
+        let mut earned = (0, self.now_ns, self.inserts);
         if let Some(&idx) = self.q.index.get(&key) {
             let e = self.q.slab.get(idx);
             let (state, was_prefetch) = (e.state, e.prefetch);
@@ -714,17 +717,19 @@ impl Policy for AdaptiveArc {
                         How::Demand if access.prefetch => How::Prefetch,
                         kept => kept,
                     };
+                    earned = (e.freq, e.last_access_ns, e.last_insert);
                 }
             }
             self.forget(idx);
         }
+        let (freq, last_access_ns, last_insert) = earned;
         let idx = self.q.slab.alloc(Entry {
             key,
             size,
-            last_access_ns: self.now_ns,
-            last_insert: self.inserts,
+            last_access_ns,
+            last_insert,
             state: to,
-            freq: 0,
+            freq,
             // A record read on demand before is no speculation, whoever
             // stores it again.
             prefetch: access.prefetch && how != How::Filled,
@@ -1156,6 +1161,26 @@ mod tests {
         assert!(!a.lookup(4, t).is_hit());
         a.insert(4, 1, t, &mut Vec::new());
         assert!(a.selector.as_ref().unwrap().copy_holds(4));
+    }
+
+    /// A record stored again (a client's rewrite, a record kept
+    /// decompressed) is not a re-use, and loses none it earned: before, a
+    /// hot record rewritten started over and left at its list's end.
+    #[test]
+    fn a_record_stored_again_keeps_the_reuse_it_earned() {
+        let mut a =
+            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.1, fill_mfu: false });
+        let second = 1_000_000_000;
+        reread(&mut a, 7, 0);
+        reread(&mut a, 7, second);
+        let freq = |a: &AdaptiveArc| a.q.index.get(&7).map(|&i| a.q.slab.get(i).freq);
+        assert_eq!(freq(&a), Some(1));
+        a.insert(7, 1, Access::demand(2 * second), &mut Vec::new());
+        assert_eq!((freq(&a), state_of(&a, 7)), (Some(1), Some(State::Mru)));
+        // Not a re-use either: a second store adds nothing.
+        a.insert(7, 1, Access::demand(3 * second), &mut Vec::new());
+        assert_eq!(freq(&a), Some(1));
+        a.validate().unwrap();
     }
 
     /// Each list's metadata goes round at most once per pass, counted per
