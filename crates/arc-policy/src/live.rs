@@ -5,11 +5,11 @@
 //! run the same code.
 //!
 //! Writes and removals are sampled too: a record a client wrote is
-//! cached, and a read of it soon after hits; one trimmed is not. A sample of reads alone misses every such hit
-//! (cloudphysics_io at 67,302 blocks: a curve 11 pp low; with writes,
-//! within 0.1; bench/results/sizing.md).
+//! cached, and a read of it soon after hits; one trimmed is not. A sample
+//! of reads alone misses every such hit (cloudphysics_io at 67,302 blocks:
+//! a curve 11 pp low; with writes, within 0.1; bench/results/sizing.md).
 
-use crate::mrc::{lru_mrc_counting, per_size, Counted, MrcPoint};
+use crate::mrc::{lru_mrc_counting, per_size, Counted};
 use crate::replay::{step, BlockAccess};
 use crate::{by_name, Access, Policy};
 
@@ -90,13 +90,12 @@ pub fn lru_curve(samples: &[Sample], sizes: &[u64]) -> Vec<(u64, f64)> {
 pub fn policy_curve(policy: &str, samples: &[Sample], sizes: &[u64]) -> Option<Vec<(u64, f64)>> {
     by_name(policy, 1)?;
     let recent = &samples[samples.len().saturating_sub(POLICY_WINDOW)..];
-    let one = |size: u64| -> Option<MrcPoint> {
+    let one = |size: u64| -> Option<(u64, f64)> {
         let mut p = by_name(policy, scaled(size))?;
         let (reads, hits) = replay(p.as_mut(), recent);
-        let hit_ratio = if reads == 0 { 0.0 } else { hits as f64 / reads as f64 };
-        Some(MrcPoint { cache_blocks: size, hit_ratio })
+        Some((size, if reads == 0 { 0.0 } else { hits as f64 / reads as f64 }))
     };
-    per_size(sizes, one)?.into_iter().map(|p| p.map(|p| (p.cache_blocks, p.hit_ratio))).collect()
+    per_size(sizes, one)?.into_iter().collect()
 }
 
 /// Replays `samples` through `policy` as the server's cache sees them: a

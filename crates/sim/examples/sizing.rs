@@ -13,9 +13,9 @@
 //! percentage points), then per policy and estimate the mean and worst
 //! absolute errors.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use arcache_sim::{fidelity, on_threads, read_rw_accesses, Fidelity};
+use arcache_sim::{fidelity, on_threads, read_rw_accesses, reference_traces, Fidelity, ReferenceTrace};
 
 const POLICIES: [&str; 2] = ["arc-adaptive", "arc"];
 /// Below this many reads the server gives no sizing advice ("too few
@@ -29,31 +29,21 @@ struct Point {
     got: Vec<Fidelity>,
 }
 
-fn jobs(dir: &Path) -> Vec<(String, PathBuf, Vec<u64>)> {
-    let text = std::fs::read_to_string(dir.join("reference_hit_ratios.json")).expect("refs");
-    let refs: serde_json::Value = serde_json::from_str(&text).expect("json");
-    let traces = refs["traces"].as_object().expect("traces");
-    traces
-        .iter()
-        .map(|(name, t)| {
-            let sizes = t["modes"]["4k"]["sizes_blocks"].as_array().expect("sizes");
-            let path = dir.join(t["csv"].as_str().expect("csv"));
-            (name.clone(), path, sizes.iter().filter_map(|v| v.as_u64()).collect())
-        })
-        .filter(|(_, path, _)| path.exists())
-        .collect()
+fn jobs(dir: &Path) -> Vec<ReferenceTrace> {
+    let traces = reference_traces(dir).expect("reference traces");
+    traces.into_iter().filter(|t| t.path.exists()).collect()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let dir = Path::new(args.get(1).expect("usage: sizing REFERENCE_DIR"));
     let work = jobs(dir);
-    let mut points = on_threads(&work, 2, |(label, path, sizes)| {
-        let acc = read_rw_accesses(path, 4096).expect("trace");
+    let mut points = on_threads(&work, 2, |t| {
+        let acc = read_rw_accesses(&t.path, 4096).expect("trace");
         let at = |size: u64| -> Vec<Fidelity> {
             POLICIES.iter().map(|p| fidelity(p, size, &acc).expect("policy")).collect()
         };
-        sizes.iter().map(|&size| Point { label: label.clone(), size, got: at(size) }).collect()
+        t.sizes.iter().map(|&size| Point { label: t.name.clone(), size, got: at(size) }).collect()
     });
     points.sort_by(|a, b| (&a.label, a.size).cmp(&(&b.label, b.size)));
     table(&points);

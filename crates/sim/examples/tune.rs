@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use arc_policy::by_name;
-use arcache_sim::{on_threads, read_accesses, replay, BlockAccess};
+use arcache_sim::{on_threads, read_accesses, reference_traces, replay, BlockAccess};
 
 fn hits(name: &str, size: u64, acc: &[BlockAccess]) -> u64 {
     let mut p = by_name(name, size).expect("policy");
@@ -45,21 +45,8 @@ struct Point {
 }
 
 fn reference_jobs(dir: &Path) -> Vec<Job> {
-    let refs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference_hit_ratios.json")).expect("refs"))
-            .expect("json");
-    let mut jobs = Vec::new();
-    for (name, t) in refs["traces"].as_object().expect("traces") {
-        let sizes =
-            t["modes"]["4k"]["sizes_blocks"].as_array().expect("sizes").iter().filter_map(|v| v.as_u64());
-        jobs.push(Job {
-            set: 0,
-            label: name.clone(),
-            path: dir.join(t["csv"].as_str().expect("csv")),
-            sizes: sizes.collect(),
-        });
-    }
-    jobs
+    let traces = reference_traces(dir).expect("reference traces");
+    traces.into_iter().map(|t| Job { set: 0, label: t.name, path: t.path, sizes: t.sizes }).collect()
 }
 
 fn set_jobs(set: usize, dir: &Path) -> Vec<Job> {

@@ -5,14 +5,14 @@
 //! (demand hits plus ghost hits over demand reads, from arcstats) against
 //! full replays of the trace as the server's cache would see it.
 //!
-//! As the server does: a read is looked up and inserted on a miss, and
-//! counts; a write stores its record without a lookup (`insert` on a
-//! record resident or not: no hit or ghost hit counted) and does not count.
-//! What this does not model: the server's cache
-//! grows from `zfs_arc_min` while this one is full size from the start;
-//! records of `--recordsize` (16K by default) rather than the trace's
-//! 4 KiB blocks; prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the
-//! server counts too; sizes in bytes with a header per record.
+//! As the server does ([`live::replay`]): a read is looked up and inserted
+//! on a miss, and counts; a write stores its record without a lookup
+//! (`insert` on a record resident or not: no hit or ghost hit counted) and
+//! does not count. What this does not model: the server's cache grows from
+//! `zfs_arc_min` while this one is full size from the start; records of
+//! `--recordsize` (16K by default) rather than the trace's 4 KiB blocks;
+//! prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the server counts
+//! too; sizes in bytes with a header per record.
 
 use arc_policy::{by_name, live};
 

@@ -2,12 +2,14 @@
 
 mod fidelity;
 mod l2;
+mod reference;
 mod trace;
 
 pub use arc_policy::mrc::{log_sizes, lru_mrc, sampled_mrc, sampled_mrc_with, MrcPoint};
 pub use arc_policy::replay::{step, BlockAccess};
 pub use fidelity::{fidelity, Fidelity};
 pub use l2::{replay_l2, L2SimResult};
+pub use reference::{reference_traces, ReferenceTrace};
 pub use trace::{parse_csv, parse_lis, parse_oracle_general, read_trace, TraceError, TraceRequest};
 
 use arc_policy::Policy;

@@ -11,22 +11,15 @@
 
 mod common;
 
-use arcache_sim::{fidelity, read_rw_accesses, Fidelity};
+use arcache_sim::{fidelity, read_rw_accesses, reference_traces, Fidelity};
 use common::shipped_dir;
 
 /// Every reference point of the shipped traces: (adaptive, arc).
 fn points() -> Vec<(Fidelity, Fidelity)> {
-    let dir = shipped_dir();
-    let text = std::fs::read_to_string(dir.join("reference_hit_ratios.json")).unwrap();
-    let refs: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut out = Vec::new();
-    for t in refs["traces"].as_object().unwrap().values() {
-        let path = dir.join(t["csv"].as_str().unwrap());
-        if !path.exists() {
-            continue;
-        }
-        let acc = read_rw_accesses(&path, 4096).unwrap();
-        for size in t["modes"]["4k"]["sizes_blocks"].as_array().unwrap().iter().filter_map(|v| v.as_u64()) {
+    for t in reference_traces(&shipped_dir()).unwrap().into_iter().filter(|t| t.path.exists()) {
+        let acc = read_rw_accesses(&t.path, 4096).unwrap();
+        for &size in &t.sizes {
             let got = |p| fidelity(p, size, &acc).unwrap();
             out.push((got("arc-adaptive"), got("arc")));
         }
