@@ -166,31 +166,6 @@ pub fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()>
     Ok(())
 }
 
-/// What a unix connection asks for as its send buffer (the kernel doubles
-/// it, within `net.core.wmem_max`).
-const UNIX_SEND_BUFFER: libc::c_int = 4 << 20;
-
-/// Lets one large read reply go out in one send on a unix socket, whose
-/// default buffer (208 KiB) is smaller than a 256 KiB reply: with it the
-/// replying thread sleeps and wakes once per piece, and those switches
-/// cost more than the copy on a loaded host. The kernel caps the size at
-/// `net.core.wmem_max`; a failure leaves the default, which still works.
-pub fn widen_send_buffer(s: &UnixStream) {
-    use std::os::fd::AsRawFd;
-    let bytes: libc::c_int = UNIX_SEND_BUFFER;
-    // SAFETY: the fd is open for the stream's lifetime and the option's
-    // value is a c_int of the size passed.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&bytes as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,41 +216,5 @@ mod tests {
         let want: Vec<u8> = [&header[..], &payload[..], &tail[..]].concat();
         assert!(w.got == want, "bytes lost, repeated or out of order");
         assert!(w.interrupted >= 5, "the writer was interrupted only {} times", w.interrupted);
-    }
-
-    fn send_buffer(s: &UnixStream) -> libc::c_int {
-        use std::os::fd::AsRawFd;
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: v and len are valid for the call and sized as it expects.
-        let rc = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0, "getsockopt: {}", io::Error::last_os_error());
-        v
-    }
-
-    #[test]
-    fn a_unix_connection_can_send_a_whole_large_reply_at_once() {
-        let (a, _b) = UnixStream::pair().unwrap();
-        let before = send_buffer(&a);
-        widen_send_buffer(&a);
-        let cap: libc::c_int =
-            std::fs::read_to_string("/proc/sys/net/core/wmem_max").unwrap().trim().parse().unwrap();
-        let after = send_buffer(&a);
-        assert_eq!(
-            after,
-            2 * cap.min(UNIX_SEND_BUFFER),
-            "asked for {UNIX_SEND_BUFFER} within wmem_max {cap}"
-        );
-        // Debian's smallest wmem_max (212,992) still doubles: room for a
-        // 256 KiB reply, which the default (before) is not.
-        assert!(after >= 256 << 10 && after > before, "send buffer {before} -> {after}");
     }
 }

@@ -390,12 +390,7 @@ impl Server {
 
     /// Accepts connections on a unix socket in a background thread.
     pub fn listen_unix(self: &Arc<Self>, listener: UnixListener) {
-        self.accept_loop(std::iter::from_fn(move || {
-            Some(listener.accept().map(|(s, _)| {
-                crate::conn::widen_send_buffer(&s);
-                Conn::Unix(s)
-            }))
-        }));
+        self.accept_loop(std::iter::from_fn(move || Some(listener.accept().map(|(s, _)| Conn::Unix(s)))));
     }
 
     /// Accepts connections on a TCP socket in a background thread.
