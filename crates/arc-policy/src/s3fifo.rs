@@ -200,6 +200,11 @@ impl Policy for S3Fifo {
         // A ghost leaves its queue before eviction runs, as in libCacheSim,
         // so the evictions below do not count it against the ghost size.
         let ghost = match self.q.index.get(&key) {
+            // Stored again (a client's rewrite, in a server-style replay):
+            // it stays where it is with what it earned; a store is no re-use.
+            Some(&idx) if self.q.slab.get(idx).at != Queue::Ghost && self.q.slab.get(idx).size == size => {
+                return
+            }
             Some(&idx) => {
                 let was_ghost = self.q.slab.get(idx).at == Queue::Ghost;
                 self.q.drop_entry(idx);

@@ -98,6 +98,11 @@ impl Policy for Sieve {
 
     fn insert(&mut self, key: Key, size: u64, _access: Access, evicted: &mut Vec<Key>) {
         if let Some(&idx) = self.index.get(&key) {
+            // Stored again (a client's rewrite, in a server-style replay):
+            // it stays where it is with its visited bit.
+            if self.slab.get(idx).size == size {
+                return;
+            }
             self.unlink_free(idx);
         }
         if size > self.capacity {

@@ -142,6 +142,11 @@ impl Policy for TwoQ {
     fn insert(&mut self, key: Key, size: u64, _access: Access, evicted: &mut Vec<Key>) {
         // A ghost leaves A1out before eviction refills it.
         let ghost = match self.q.index.get(&key) {
+            // Stored again (a client's rewrite, in a server-style replay):
+            // it stays where it is.
+            Some(&idx) if self.q.slab.get(idx).at != Queue::Out && self.q.slab.get(idx).size == size => {
+                return
+            }
             Some(&idx) => {
                 let was_ghost = self.q.slab.get(idx).at == Queue::Out;
                 self.q.drop_entry(idx);

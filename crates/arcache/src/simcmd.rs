@@ -4,7 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use arc_policy::{by_name, serving, InBlocks, Policy, POLICY_NAMES, SERVING_POLICIES};
-use arcache_sim::{expand, has_timestamps, read_trace, replay, replay_l2, respace, DEFAULT_SPACING_US};
+use arcache_sim::{
+    expand, expand_as_server, has_timestamps, read_trace, replay, replay_as_server, replay_l2, respace,
+    SimResult, DEFAULT_SPACING_US,
+};
 
 use crate::size::parse_size;
 use crate::tunables::Tunables;
@@ -65,6 +68,13 @@ pub struct SimArgs {
     /// Ignore writes.
     #[arg(long)]
     pub reads_only: bool,
+    /// Replay writes as `arcache serve` meets them and count only reads: a
+    /// write is never looked up; it stores each block it covers whole, keeps
+    /// (stores again) a block it covers in part that is cached, and drops
+    /// one that is not. Without this every access, write or read, is looked
+    /// up and counted, as libCacheSim and the reference figures count.
+    #[arg(long, conflicts_with_all = ["reads_only", "mrc", "l2_size"])]
+    pub writes_as_server: bool,
     /// One JSON object per (policy, size) line.
     #[arg(long)]
     pub json: bool,
@@ -137,6 +147,10 @@ pub fn run(a: &SimArgs) -> Result<()> {
         }
         None => {}
     }
+    if a.writes_as_server {
+        let accesses = expand_as_server(&requests, a.block_size);
+        return plain_runs(a, |policy, size| replay_as_server(policy, size, &accesses));
+    }
     let accesses = expand(&requests, a.block_size, a.reads_only);
     if a.mrc {
         return crate::mrccmd::run(a, &accesses);
@@ -168,26 +182,27 @@ pub fn run(a: &SimArgs) -> Result<()> {
                 Ok((serde_json::to_string(&r)?, line))
             })
         }
-        None => {
-            let header = format!(
-                "{:<10} {:>12} {:>12} {:>12} {:>9}",
-                "policy", "cache_blocks", "requests", "hits", "hit%"
-            );
-            each_run(a, &header, |policy, shown, size| {
-                let mut r = replay(policy, size, &accesses);
-                r.policy = shown.to_string();
-                let line = format!(
-                    "{:<10} {:>12} {:>12} {:>12} {:>8.2}%",
-                    r.policy,
-                    size,
-                    r.requests,
-                    r.hits,
-                    100.0 * r.hit_ratio
-                );
-                Ok((serde_json::to_string(&r)?, line))
-            })
-        }
+        None => plain_runs(a, |policy, size| replay(policy, size, &accesses)),
     }
+}
+
+/// Runs `replay_one` for every (size, policy) and prints its hits.
+fn plain_runs(a: &SimArgs, replay_one: impl Fn(&mut dyn Policy, u64) -> SimResult) -> Result<()> {
+    let header =
+        format!("{:<10} {:>12} {:>12} {:>12} {:>9}", "policy", "cache_blocks", "requests", "hits", "hit%");
+    each_run(a, &header, |policy, shown, size| {
+        let mut r = replay_one(policy, size);
+        r.policy = shown.to_string();
+        let line = format!(
+            "{:<10} {:>12} {:>12} {:>12} {:>8.2}%",
+            r.policy,
+            size,
+            r.requests,
+            r.hits,
+            100.0 * r.hit_ratio
+        );
+        Ok((serde_json::to_string(&r)?, line))
+    })
 }
 
 /// Runs `one` for every (size, policy) and prints its JSON or its table

@@ -125,3 +125,44 @@ fn sim_traces_without_time_get_a_clock() {
     let mut p = arc_policy::by_name("arc", 2692).unwrap();
     assert_eq!(own, arcache_sim::replay(p.as_mut(), 2692, &expand(&reqs, 4096, false)).hits);
 }
+
+/// `--writes-as-server` counts reads only and stores what writes cover,
+/// as the server does; without it a write is looked up and counted.
+#[test]
+fn sim_replays_writes_as_the_server_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("w.csv");
+    // Ten whole-block writes, a partial write of block 20 (not cached),
+    // then reads of blocks 0..10 and 20.
+    let mut csv = String::from("timestamp_us,op,offset_bytes,length_bytes\n");
+    let mut t = 0;
+    let mut line = |op: &str, off: u64, len: u64| {
+        t += 1000;
+        csv.push_str(&format!("{t},{op},{off},{len}\n"));
+    };
+    (0..10).for_each(|b| line("W", b * 4096, 4096));
+    line("W", 20 * 4096 + 512, 512);
+    (0..10).for_each(|b| line("R", b * 4096, 4096));
+    line("R", 20 * 4096, 4096);
+    std::fs::write(&trace, csv).unwrap();
+    let t = trace.to_str().unwrap();
+    for policy in ["default", "arc", "lru", "s3fifo", "sieve", "2q", "arc-paper"] {
+        let base = ["--trace", t, "--policy", policy, "--cache-blocks", "100"];
+        let as_server = sim(&[&base[..], &["--writes-as-server"]].concat());
+        assert_eq!(as_server[0]["requests"], 11, "{policy}: reads only");
+        assert_eq!(as_server[0]["hits"], 10, "{policy}: written blocks hit, the partly written one misses");
+        // libCacheSim's way: 22 accesses, the writes missing and inserting
+        // what they touch, block 20 too.
+        let counted = sim(&base);
+        assert_eq!(
+            (counted[0]["requests"].as_u64(), counted[0]["hits"].as_u64()),
+            (Some(22), Some(11)),
+            "{policy}"
+        );
+    }
+    let o = Command::new(BIN)
+        .args(["sim", "--trace", t, "--cache-blocks", "9", "--writes-as-server", "--reads-only"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "--writes-as-server with --reads-only was accepted");
+}

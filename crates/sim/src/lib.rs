@@ -1,5 +1,6 @@
 //! Block traces and their replay through the policy core, without any IO.
 
+mod as_server;
 mod fidelity;
 mod l2;
 mod reference;
@@ -7,6 +8,7 @@ mod trace;
 
 pub use arc_policy::mrc::{log_sizes, lru_mrc, sampled_mrc, sampled_mrc_with, MrcPoint};
 pub use arc_policy::replay::{step, BlockAccess};
+pub use as_server::{expand_as_server, replay_as_server, ServerAccess, Touch};
 pub use fidelity::{fidelity, Fidelity};
 pub use l2::{replay_l2, L2SimResult};
 pub use reference::{reference_traces, ReferenceTrace};

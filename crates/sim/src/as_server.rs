@@ -1,0 +1,140 @@
+//! Replaying a trace's writes as `arcache serve` meets them, not as
+//! libCacheSim counts them.
+//!
+//! The reference tools look every access up, writes included, and count
+//! it: a write to a resident block is a hit, to any other a miss that
+//! inserts it. The server never looks a write up. It stores a block the
+//! write covers whole (resident or not: no hit, miss or ghost hit is
+//! counted), patches a block it covers in part if that block is in RAM,
+//! and drops any other partly written block from the cache, ghosts
+//! included (`Volume::patch_cache`, `Cache::insert_written`,
+//! `Cache::invalidate`). Only reads count. The live sizing's model
+//! ([`crate::fidelity`]) replays whole-block writes this way too.
+//!
+//! A patched block is replayed as stored again. The server stores a
+//! compressed record again, but patches a plain one (incompressible, or
+//! kept decompressed) in place without telling the policy; this replay
+//! does not tell the two apart.
+
+use arc_policy::{replay::step, Access, Policy};
+
+use crate::{BlockAccess, SimResult, TraceRequest};
+
+/// What one request does to one block of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touch {
+    Read,
+    /// A write covering the whole block.
+    WriteWhole,
+    /// A write covering part of the block.
+    WritePart,
+}
+
+/// A block access and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerAccess {
+    pub access: BlockAccess,
+    pub touch: Touch,
+}
+
+/// Splits requests into block accesses as [`crate::expand`] does, telling
+/// reads, whole-block writes and partial writes apart.
+pub fn expand_as_server(requests: &[TraceRequest], block_size: u64) -> Vec<ServerAccess> {
+    let mut out = Vec::with_capacity(requests.len() * 2);
+    for r in requests.iter().filter(|r| r.len > 0) {
+        let end = r.offset + r.len;
+        for b in r.offset / block_size..=(end - 1) / block_size {
+            let whole = r.offset <= b * block_size && end >= (b + 1) * block_size;
+            let touch = match (r.write, whole) {
+                (false, _) => Touch::Read,
+                (true, true) => Touch::WriteWhole,
+                (true, false) => Touch::WritePart,
+            };
+            let access = BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) };
+            out.push(ServerAccess { access, touch });
+        }
+    }
+    out
+}
+
+/// Replays `accesses` through `policy` as the server would: reads are
+/// looked up, inserted on a miss and counted; writes are stored or dropped
+/// as the module says and not counted. `requests` and `hits` are reads'.
+pub fn replay_as_server(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[ServerAccess]) -> SimResult {
+    let (mut reads, mut hits) = (0u64, 0u64);
+    let mut evicted = Vec::new();
+    for a in accesses {
+        let key = a.access.key;
+        match a.touch {
+            Touch::Read => {
+                reads += 1;
+                hits += u64::from(step(policy, &a.access, &mut evicted));
+            }
+            Touch::WritePart if !policy.contains(key) => {
+                policy.remove(key);
+            }
+            Touch::WriteWhole | Touch::WritePart => {
+                policy.insert(key, 1, Access::demand(a.access.now_ns), &mut evicted);
+                evicted.clear();
+            }
+        }
+    }
+    SimResult {
+        policy: policy.name().to_string(),
+        cache_blocks,
+        requests: reads,
+        hits,
+        hit_ratio: if reads == 0 { 0.0 } else { hits as f64 / reads as f64 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(write: bool, offset: u64, len: u64) -> TraceRequest {
+        TraceRequest { ts_us: 0, write, offset, len, dev: 0 }
+    }
+
+    #[test]
+    fn a_write_is_whole_only_where_it_covers_the_block() {
+        let got: Vec<(u64, Touch)> = expand_as_server(&[req(true, 2048, 8192), req(false, 0, 10)], 4096)
+            .iter()
+            .map(|a| (a.access.key, a.touch))
+            .collect();
+        let want = [(0, Touch::WritePart), (1, Touch::WriteWhole), (2, Touch::WritePart), (0, Touch::Read)];
+        assert_eq!(got, want);
+    }
+
+    fn replayed(trace: &[TraceRequest], blocks: u64) -> SimResult {
+        let mut lru = arc_policy::by_name("lru", blocks).unwrap();
+        replay_as_server(lru.as_mut(), blocks, &expand_as_server(trace, 4096))
+    }
+
+    #[test]
+    fn only_reads_count_and_a_written_block_is_there_to_read() {
+        // Whole writes of blocks 0..10, then reads of them: ten read hits.
+        let mut t: Vec<TraceRequest> = (0..10).map(|b| req(true, b * 4096, 4096)).collect();
+        t.extend((0..10).map(|b| req(false, b * 4096, 4096)));
+        let r = replayed(&t, 100);
+        assert_eq!((r.requests, r.hits), (10, 10));
+    }
+
+    #[test]
+    fn a_partial_write_keeps_a_resident_block_and_drops_a_missing_one() {
+        // Block 0 is read in, then written in part: still there (a hit).
+        // Block 1 is written in part while not cached: not cached after
+        // (a miss), where a whole write would have stored it.
+        let t = [
+            req(false, 0, 4096),
+            req(true, 512, 512),
+            req(true, 4096 + 512, 512),
+            req(false, 0, 4096),
+            req(false, 4096, 4096),
+        ];
+        let r = replayed(&t, 100);
+        assert_eq!((r.requests, r.hits), (3, 1));
+        let whole = [req(true, 4096, 4096), req(false, 4096, 4096)];
+        assert_eq!(replayed(&whole, 100).hits, 1);
+    }
+}
