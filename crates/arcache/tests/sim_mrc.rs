@@ -38,25 +38,21 @@ fn sim_mrc_writes_the_csv_and_a_png() {
     assert!(!o.status.success());
 }
 
-#[test]
-fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
-    use rand::{Rng, SeedableRng};
+/// The ARC of the recorded-trace tests, fixed at its maximum.
+const RECORDED_ARC: u64 = 8 << 20;
+
+/// A 4K-record server over a 64 MiB file of random bytes recording its
+/// trace while `workload` runs on one connection: the server's demand read
+/// hit ratio, and the trace (in the returned directory).
+fn recorded(seed: u64, workload: impl FnOnce(&mut nbd::Client)) -> (f64, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("b.img");
-    common::random_file(&backing, 64 << 20, 3);
+    common::random_file(&backing, 64 << 20, seed);
     let trace = dir.path().join("t.csv");
-    let arc_max: u64 = 8 << 20;
-    let (max, trace_arg) = (arc_max.to_string(), trace.to_str().unwrap().to_string());
+    let (max, trace_arg) = (RECORDED_ARC.to_string(), trace.to_str().unwrap().to_string());
     let s = serve_4k(&backing, &["--arc-max", &max, "--arc-min", &max, "--record-trace", &trace_arg]);
     let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let mut buf = vec![0u8; 4096];
-    for _ in 0..30_000 {
-        // A hot eighth of the export takes most reads; the rest is a long tail.
-        let blocks = 16_384u64;
-        let b = if rng.gen_bool(0.7) { rng.gen_range(0..blocks / 8) } else { rng.gen_range(0..blocks) };
-        c.read(b * 4096, &mut buf).unwrap();
-    }
+    workload(&mut c);
     drop(c);
     let st = s.stat();
     let n = |k: &str| st[k].as_u64().unwrap() as f64;
@@ -64,16 +60,38 @@ fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
         / (n("demand_data_hits") + n("demand_data_iohits") + n("demand_data_misses"));
     assert_eq!(st["trace_dropped"], 0, "{st}");
     s.stop();
-    // The ARC holds records plus a 112-byte header each (RECORD_OVERHEAD).
-    let blocks = arc_max / (4096 + 112);
+    (server, dir)
+}
+
+/// `arcache sim --policy default` of a trace `recorded` made, at the ARC's
+/// size: the records plus a 112-byte header each (RECORD_OVERHEAD).
+fn replay_recorded(dir: &tempfile::TempDir, extra: &[&str]) -> serde_json::Value {
+    let blocks = (RECORDED_ARC / (4096 + 112)).to_string();
     let o = Command::new(BIN)
         .args(["sim", "--json", "--policy", "default", "--trace"])
-        .arg(&trace)
-        .args(["--cache-blocks", &blocks.to_string()])
+        .arg(dir.path().join("t.csv"))
+        .args(["--cache-blocks", &blocks])
+        .args(extra)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
+    use rand::{Rng, SeedableRng};
+    let (server, dir) = recorded(3, |c| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..30_000 {
+            // A hot eighth of the export takes most reads; the rest is a long tail.
+            let blocks = 16_384u64;
+            let b = if rng.gen_bool(0.7) { rng.gen_range(0..blocks / 8) } else { rng.gen_range(0..blocks) };
+            c.read(b * 4096, &mut buf).unwrap();
+        }
+    });
+    let r = replay_recorded(&dir, &[]);
     assert_eq!(r["requests"], 30_000, "every read was recorded");
     let sim = r["hit_ratio"].as_f64().unwrap();
     eprintln!("server hit ratio {server:.4}, replay of the recorded trace {sim:.4}");
@@ -86,57 +104,32 @@ fn a_recorded_trace_replays_to_the_servers_own_hit_ratio() {
 #[test]
 fn a_recorded_trace_with_writes_replays_to_the_servers_own_hit_ratio() {
     use rand::{Rng, SeedableRng};
-    let dir = tempfile::tempdir().unwrap();
-    let backing = dir.path().join("b.img");
-    common::random_file(&backing, 64 << 20, 5);
-    let trace = dir.path().join("t.csv");
-    let arc_max: u64 = 8 << 20;
-    let (max, trace_arg) = (arc_max.to_string(), trace.to_str().unwrap().to_string());
-    let s = serve_4k(&backing, &["--arc-max", &max, "--arc-min", &max, "--record-trace", &trace_arg]);
-    let mut c = nbd::Client::connect(&s.target(), "").unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
-    // Random bytes: the simulator counts blocks, not what they compress to.
-    let (mut buf, mut data) = (vec![0u8; 4096], vec![0u8; 4096]);
-    let blocks = 16_384u64;
     let mut reads = 0u64;
-    for _ in 0..30_000 {
-        // A fifth of the requests write a whole block, a tenth 512 bytes
-        // of one; reads and writes go mostly to a hot eighth.
-        let hot = rng.gen_bool(0.7);
-        let b = if hot { rng.gen_range(0..blocks / 8) } else { rng.gen_range(0..blocks) };
-        rng.fill(&mut data[..]);
-        match rng.gen_range(0..10) {
-            0..=1 => c.write(b * 4096, &data, false).unwrap(),
-            2 => c.write(b * 4096 + 1024, &data[..512], false).unwrap(),
-            _ => {
-                c.read(b * 4096, &mut buf).unwrap();
-                reads += 1;
+    let (server, dir) = recorded(5, |c| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        // Random bytes: the simulator counts blocks, not what they compress to.
+        let (mut buf, mut data) = (vec![0u8; 4096], vec![0u8; 4096]);
+        let blocks = 16_384u64;
+        for _ in 0..30_000 {
+            // A fifth of the requests write a whole block, a tenth 512 bytes
+            // of one; reads and writes go mostly to a hot eighth.
+            let hot = rng.gen_bool(0.7);
+            let b = if hot { rng.gen_range(0..blocks / 8) } else { rng.gen_range(0..blocks) };
+            rng.fill(&mut data[..]);
+            match rng.gen_range(0..10) {
+                0..=1 => c.write(b * 4096, &data, false).unwrap(),
+                2 => c.write(b * 4096 + 1024, &data[..512], false).unwrap(),
+                _ => {
+                    c.read(b * 4096, &mut buf).unwrap();
+                    reads += 1;
+                }
             }
         }
-    }
-    drop(c);
-    let st = s.stat();
-    let n = |k: &str| st[k].as_u64().unwrap() as f64;
-    let server = (n("demand_data_hits") + n("demand_data_iohits"))
-        / (n("demand_data_hits") + n("demand_data_iohits") + n("demand_data_misses"));
-    assert_eq!(st["trace_dropped"], 0, "{st}");
-    s.stop();
-    let blocks = (arc_max / (4096 + 112)).to_string();
-    let replay = |extra: &[&str]| -> serde_json::Value {
-        let o = Command::new(BIN)
-            .args(["sim", "--json", "--policy", "default", "--trace"])
-            .arg(&trace)
-            .args(["--cache-blocks", &blocks])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap()
-    };
-    let r = replay(&["--writes-as-server"]);
+    });
+    let r = replay_recorded(&dir, &["--writes-as-server"]);
     assert_eq!(r["requests"], reads, "reads alone are counted");
     let sim = r["hit_ratio"].as_f64().unwrap();
-    let counted = replay(&[]);
+    let counted = replay_recorded(&dir, &[]);
     assert_eq!(counted["requests"], 30_000);
     let every = counted["hit_ratio"].as_f64().unwrap();
     eprintln!("server {server:.4}, --writes-as-server {sim:.4}, every access counted {every:.4}");
