@@ -162,6 +162,13 @@ impl Selector {
         self.copies[DEFAULT].contains(key)
     }
 
+    /// The requests a copy has counted (looked up), stores not among them.
+    #[cfg(test)]
+    pub(crate) fn copy_lookups(&self) -> u64 {
+        let s = self.copies[DEFAULT].stats();
+        s.hits + s.misses
+    }
+
     /// The variant the real cache should run now.
     pub(crate) fn variant(&self) -> Variant {
         VARIANTS[self.best]
@@ -232,6 +239,19 @@ impl Selector {
         if self.copies.iter().any(|c| c.stats().entries > MAX_ENTRIES) {
             self.halve_rate(c);
         }
+    }
+
+    /// A store of `key` with no lookup before it (a client's write), made
+    /// in every copy if the key is in the sample: it takes room there as in
+    /// the cache, and counts for no variant.
+    pub(crate) fn store(&mut self, key: Key, size: u64, access: Access) {
+        if self.threshold != u64::MAX && spread(key) >= self.threshold {
+            return;
+        }
+        for copy in &mut self.copies {
+            copy.insert(key, size, access, &mut self.scratch);
+        }
+        self.scratch.clear();
     }
 
     fn count_disagreements(&mut self, hit: &[bool; VARIANTS.len()]) {
