@@ -22,29 +22,36 @@ bench_start arcache-policy-as-server
 (cd "$here" && cargo build --release -q -p arcache)
 bin=${CARGO_TARGET_DIR:-$here/target}/release/arcache
 policies=default,arc,arc-paper,lru,s3fifo,2q,sieve
-# NAME FILE SIZES, one trace a line, for the traces present with writes.
-python3 - "$dir" >"$work/traces" <<'PY'
+# The traces present with writes: NAME, FILE and SIZES, tab-separated.
+python3 - "$dir" >"$work/traces.tsv" <<'PY'
 import gzip, json, os, sys
 d = sys.argv[1]
 refs = json.load(open(os.path.join(d, "reference_hit_ratios.json")))["traces"]
-for name, t in refs.items():
-    path = os.path.join(d, t["csv"])
-    if not os.path.exists(path):
-        continue
+def has_writes(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
-        writes = sum(1 for line in f if line.split(",")[1:2] == ["W"])
-    if writes:
-        print(name, path, ",".join(str(s) for s in t["modes"]["4k"]["sizes_blocks"]))
+        # The ops `arcache sim` reads as writes (crates/sim/src/trace.rs).
+        return any(line.split(",")[1:2] in (["W"], ["w"], ["1"]) for line in f)
+for name, t in refs.items():
+    path = os.path.join(d, t["csv"])
+    sizes = t.get("modes", {}).get("4k", {}).get("sizes_blocks")
+    if sizes and os.path.exists(path) and has_writes(path):
+        print(name, path, ",".join(str(n) for n in sizes), sep="\t")
 PY
-[ -s "$work/traces" ] || { echo "bench: no trace with writes in $dir" >&2; exit 1; }
-while read -r name path sizes; do
+[ -s "$work/traces.tsv" ] || { echo "bench: no trace with writes in $dir" >&2; exit 1; }
+while IFS=$'\t' read -r name path sizes; do
   echo "bench: $name" >&2
-  "$bin" sim --json --trace "$path" --policy "$policies" --cache-blocks "$sizes" \
-    | sed "s/^{/{\"trace\":\"$name\",\"mode\":\"counted\",/" >>"$work/runs.jsonl"
-  "$bin" sim --json --writes-as-server --trace "$path" --policy "$policies" --cache-blocks "$sizes" \
-    | sed "s/^{/{\"trace\":\"$name\",\"mode\":\"server\",/" >>"$work/runs.jsonl"
-done <"$work/traces"
+  for mode in counted server; do
+    flag=(); [ "$mode" = server ] && flag=(--writes-as-server)
+    "$bin" sim --json "${flag[@]}" --trace "$path" --policy "$policies" --cache-blocks "$sizes" \
+      >"$work/run.jsonl" 2>>"$work/sim.log" </dev/null
+    # Each line tagged with its trace and mode.
+    python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line); r["trace"] = sys.argv[2]; r["mode"] = sys.argv[3]; print(json.dumps(r))' \
+      "$work/run.jsonl" "$name" "$mode" >>"$work/runs.jsonl" </dev/null
+  done
+done <"$work/traces.tsv"
 {
   echo "$header"
   echo

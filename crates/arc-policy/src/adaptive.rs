@@ -691,7 +691,7 @@ impl Policy for AdaptiveArc {
             }
             self.follow_selector();
         } else if let Some(sel) = &mut self.selector {
-            sel.store(key, size, access);
+            sel.store(key, size, access, self.c);
         }
         let mut to = State::Mru;
         let mut how = if access.prefetch { How::Prefetch } else { How::Demand };
@@ -749,6 +749,9 @@ impl Policy for AdaptiveArc {
     }
 
     fn remove(&mut self, key: Key) -> bool {
+        if let Some(sel) = &mut self.selector {
+            sel.remove(key);
+        }
         let Some(&idx) = self.q.index.get(&key) else {
             return false;
         };
@@ -1165,10 +1168,29 @@ mod tests {
         }
         a.insert(5, 1, t, &mut Vec::new());
         assert_eq!(lookups(&a), 2);
+        assert!(a.selector.as_ref().unwrap().copy_holds(5), "a store is made in the copies");
         assert_eq!(a.pending.len(), MAX_PENDING);
         assert!(!a.lookup(4, t).is_hit());
         a.insert(4, 1, t, &mut Vec::new());
         assert!(a.selector.as_ref().unwrap().copy_holds(4));
+    }
+
+    /// A disk being filled (stores, no reads) keeps the copies within
+    /// their bound, as reads do; a record dropped from the cache leaves
+    /// the copies too.
+    #[test]
+    fn stores_alone_keep_the_copies_small_and_drops_reach_them() {
+        let mut a = AdaptiveArc::new(ZfsArcConfig::fixed(100_000));
+        let t = Access::demand(0);
+        for k in 0..100_000 {
+            a.insert(k, 1, t, &mut Vec::new());
+        }
+        let largest = a.selector.as_ref().unwrap().largest_copy();
+        assert!(largest <= crate::select::MAX_ENTRIES + 1, "a copy holds {largest}");
+        let sampled = (0..100_000).rev().find(|&k| a.selector.as_ref().unwrap().copy_holds(k)).unwrap();
+        a.remove(sampled);
+        assert!(!a.selector.as_ref().unwrap().copy_holds(sampled));
+        a.validate().unwrap();
     }
 
     /// A record stored again (a client's rewrite, a record kept

@@ -162,6 +162,12 @@ impl Selector {
         self.copies[DEFAULT].contains(key)
     }
 
+    /// The most resident entries any copy holds (tests).
+    #[cfg(test)]
+    pub(crate) fn largest_copy(&self) -> u64 {
+        self.copies.iter().map(|c| c.stats().entries).max().unwrap_or(0)
+    }
+
     /// The requests a copy has counted (looked up), stores not among them.
     #[cfg(test)]
     pub(crate) fn copy_lookups(&self) -> u64 {
@@ -203,7 +209,7 @@ impl Selector {
     /// One request for `key` of `size` bytes, replayed in every copy if
     /// the key is in the sample.
     pub(crate) fn feed(&mut self, key: Key, size: u64, access: Access, c: u64) {
-        if self.threshold != u64::MAX && spread(key) >= self.threshold {
+        if !self.samples(key) {
             return;
         }
         let mut hit = [false; VARIANTS.len()];
@@ -236,22 +242,42 @@ impl Selector {
             // short enough to follow a change of workload.
             self.decide();
         }
-        if self.copies.iter().any(|c| c.stats().entries > MAX_ENTRIES) {
-            self.halve_rate(c);
-        }
+        self.bound_copies(c);
     }
 
-    /// A store of `key` with no lookup before it (a client's write), made
-    /// in every copy if the key is in the sample: it takes room there as in
-    /// the cache, and counts for no variant.
-    pub(crate) fn store(&mut self, key: Key, size: u64, access: Access) {
-        if self.threshold != u64::MAX && spread(key) >= self.threshold {
+    /// A store of `key` with no lookup before it (a client's write, a
+    /// prefetch), made in every copy if the key is in the sample: it takes
+    /// room there as in the cache, and counts for no variant. Stores alone
+    /// (a disk being filled) must not grow the copies past their bound.
+    pub(crate) fn store(&mut self, key: Key, size: u64, access: Access, c: u64) {
+        if !self.samples(key) {
             return;
         }
         for copy in &mut self.copies {
             copy.insert(key, size, access, &mut self.scratch);
         }
         self.scratch.clear();
+        self.bound_copies(c);
+    }
+
+    /// `key` dropped from the cache (trimmed, zeroed, written in part while
+    /// not in RAM): dropped from every copy too.
+    pub(crate) fn remove(&mut self, key: Key) {
+        if self.samples(key) {
+            for copy in &mut self.copies {
+                copy.remove(key);
+            }
+        }
+    }
+
+    fn samples(&self, key: Key) -> bool {
+        self.threshold == u64::MAX || spread(key) < self.threshold
+    }
+
+    fn bound_copies(&mut self, c: u64) {
+        if self.copies.iter().any(|c| c.stats().entries > MAX_ENTRIES) {
+            self.halve_rate(c);
+        }
     }
 
     fn count_disagreements(&mut self, hit: &[bool; VARIANTS.len()]) {

@@ -69,9 +69,9 @@ pub struct SimArgs {
     #[arg(long)]
     pub reads_only: bool,
     /// Replay writes as `arcache serve` meets them and count only reads: a
-    /// write is never looked up; it stores each block it covers whole, keeps
-    /// (stores again) a block it covers in part that is cached, and drops
-    /// one that is not. Without this every access, write or read, is looked
+    /// write is never looked up; it stores each block it covers whole,
+    /// patches a block it covers in part where it is if cached, and drops
+    /// it if not. Without this every access, write or read, is looked
     /// up and counted, as libCacheSim and the reference figures count.
     #[arg(long, conflicts_with_all = ["reads_only", "mrc", "l2_size"])]
     pub writes_as_server: bool,
@@ -147,6 +147,9 @@ pub fn run(a: &SimArgs) -> Result<()> {
         }
         None => {}
     }
+    if a.cache_blocks.is_empty() && !a.mrc {
+        bail!("give --cache-blocks N[,N...] (or --mrc for a whole curve)");
+    }
     if a.writes_as_server {
         let accesses = expand_as_server(&requests, a.block_size);
         return plain_runs(a, |policy, size| replay_as_server(policy, size, &accesses));
@@ -154,9 +157,6 @@ pub fn run(a: &SimArgs) -> Result<()> {
     let accesses = expand(&requests, a.block_size, a.reads_only);
     if a.mrc {
         return crate::mrccmd::run(a, &accesses);
-    }
-    if a.cache_blocks.is_empty() {
-        bail!("give --cache-blocks N[,N...] (or --mrc for a whole curve)");
     }
     match &a.l2_size {
         Some(l2) => {

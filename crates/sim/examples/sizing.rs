@@ -15,7 +15,9 @@
 
 use std::path::Path;
 
-use arcache_sim::{fidelity, on_threads, read_rw_accesses, reference_traces, Fidelity, ReferenceTrace};
+use arcache_sim::{
+    fidelity, on_threads, read_as_server_accesses, reference_traces, Fidelity, ReferenceTrace,
+};
 
 const POLICIES: [&str; 2] = ["arc-adaptive", "arc"];
 /// Below this many reads the server gives no sizing advice ("too few
@@ -39,7 +41,7 @@ fn main() {
     let dir = Path::new(args.get(1).expect("usage: sizing REFERENCE_DIR"));
     let work = jobs(dir);
     let mut points = on_threads(&work, 2, |t| {
-        let acc = read_rw_accesses(&t.path, 4096).expect("trace");
+        let acc = read_as_server_accesses(&t.path, 4096).expect("trace");
         let at = |size: u64| -> Vec<Fidelity> {
             POLICIES.iter().map(|p| fidelity(p, size, &acc).expect("policy")).collect()
         };

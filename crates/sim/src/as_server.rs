@@ -8,14 +8,16 @@
 //! counted), patches a block it covers in part if that block is in RAM,
 //! and drops any other partly written block from the cache, ghosts
 //! included (`Volume::patch_cache`, `Cache::insert_written`,
-//! `Cache::invalidate`). Only reads count. The live sizing's model
-//! ([`crate::fidelity`]) replays whole-block writes this way too.
+//! `Cache::patch_in_place`, `Cache::invalidate`). Only reads count. The
+//! live sizing's model ([`crate::fidelity`]) replays traces this way too.
 //!
-//! A patched block is replayed as stored again. The server stores a
-//! compressed record again, but patches a plain one (incompressible, or
-//! kept decompressed) in place without telling the policy; this replay
-//! does not tell the two apart.
+//! A patched block is left where it is, as the server leaves a plain
+//! record (incompressible data, compression off, or kept decompressed)
+//! that it patches in place without telling the policy. A compressed
+//! record the server stores again instead, which moves it in the policy;
+//! this replay does not model that, nor what compression fits in RAM.
 
+use arc_policy::live::{Op, Sample};
 use arc_policy::{replay::step, Access, Policy};
 
 use crate::{BlockAccess, SimResult, TraceRequest};
@@ -61,24 +63,7 @@ pub fn expand_as_server(requests: &[TraceRequest], block_size: u64) -> Vec<Serve
 /// looked up, inserted on a miss and counted; writes are stored or dropped
 /// as the module says and not counted. `requests` and `hits` are reads'.
 pub fn replay_as_server(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[ServerAccess]) -> SimResult {
-    let (mut reads, mut hits) = (0u64, 0u64);
-    let mut evicted = Vec::new();
-    for a in accesses {
-        let key = a.access.key;
-        match a.touch {
-            Touch::Read => {
-                reads += 1;
-                hits += u64::from(step(policy, &a.access, &mut evicted));
-            }
-            Touch::WritePart if !policy.contains(key) => {
-                policy.remove(key);
-            }
-            Touch::WriteWhole | Touch::WritePart => {
-                policy.insert(key, 1, Access::demand(a.access.now_ns), &mut evicted);
-                evicted.clear();
-            }
-        }
-    }
+    let (reads, hits) = replay_observed(policy, accesses, |_| {});
     SimResult {
         policy: policy.name().to_string(),
         cache_blocks,
@@ -86,6 +71,41 @@ pub fn replay_as_server(policy: &mut dyn Policy, cache_blocks: u64, accesses: &[
         hits,
         hit_ratio: if reads == 0 { 0.0 } else { hits as f64 / reads as f64 },
     }
+}
+
+/// [`replay_as_server`], telling `observe` what each access did to the
+/// cache as the server's live sizing notes it (`arc_policy::live`): a read,
+/// a store (`Op::Write`), or a drop (`Op::Remove`). Returns (reads, hits).
+pub fn replay_observed(
+    policy: &mut dyn Policy,
+    accesses: &[ServerAccess],
+    mut observe: impl FnMut(Sample),
+) -> (u64, u64) {
+    let (mut reads, mut hits) = (0u64, 0u64);
+    let mut evicted = Vec::new();
+    for a in accesses {
+        let key = a.access.key;
+        let op = match a.touch {
+            Touch::Read => {
+                reads += 1;
+                hits += u64::from(step(policy, &a.access, &mut evicted));
+                Op::Read
+            }
+            // Patched in place: neither the policy nor the sampler hears.
+            Touch::WritePart if policy.contains(key) => continue,
+            Touch::WritePart => {
+                policy.remove(key);
+                Op::Remove
+            }
+            Touch::WriteWhole => {
+                policy.insert(key, 1, Access::demand(a.access.now_ns), &mut evicted);
+                evicted.clear();
+                Op::Write
+            }
+        };
+        observe(Sample { access: a.access, op });
+    }
+    (reads, hits)
 }
 
 #[cfg(test)]
@@ -136,5 +156,21 @@ mod tests {
         assert_eq!((r.requests, r.hits), (3, 1));
         let whole = [req(true, 4096, 4096), req(false, 4096, 4096)];
         assert_eq!(replayed(&whole, 100).hits, 1);
+    }
+
+    #[test]
+    fn a_patched_block_stays_where_it_is() {
+        // LRU of two: 0 and 1 read, 0 patched (not moved), 2 read pushes
+        // out the least recent, still 0; then 1 hits and 0 misses.
+        let t = [
+            req(false, 0, 4096),
+            req(false, 4096, 4096),
+            req(true, 100, 100),
+            req(false, 8192, 4096),
+            req(false, 4096, 4096),
+            req(false, 0, 4096),
+        ];
+        let r = replayed(&t, 2);
+        assert_eq!((r.requests, r.hits), (5, 1));
     }
 }

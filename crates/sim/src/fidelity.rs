@@ -5,18 +5,23 @@
 //! (demand hits plus ghost hits over demand reads, from arcstats) against
 //! full replays of the trace as the server's cache would see it.
 //!
-//! As the server does ([`live::replay`]): a read is looked up and inserted
-//! on a miss, and counts; a write stores its record without a lookup
-//! (`insert` on a record resident or not: no hit or ghost hit counted) and
-//! does not count. What this does not model: the server's cache grows from
-//! `zfs_arc_min` while this one is full size from the start; records of
-//! `--recordsize` (16K by default) rather than the trace's 4 KiB blocks;
-//! prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the server counts
-//! too; sizes in bytes with a header per record.
+//! As the server does ([`crate::replay_as_server`]): a read is looked up
+//! and inserted on a miss, and counts; a write stores each block it covers
+//! whole without a lookup (`insert` on a record resident or not: no hit or
+//! ghost hit counted), stores a block it covers in part if cached and
+//! drops it if not, and does not count. The live curve samples what the
+//! full replay at the size did (the server's sampler notes its cache's
+//! stores and drops). What this does not model: the server's cache grows
+//! from `zfs_arc_min` while this one is full size from the start; records
+//! of `--recordsize` (16K by default) rather than the trace's 4 KiB
+//! blocks; prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the server
+//! counts too; sizes in bytes with a header per record; a plain record
+//! patched in place, which the server's policy does not see.
 
-use arc_policy::{by_name, live};
+use arc_policy::by_name;
+use arc_policy::live::{self, Sample};
 
-use crate::RwAccess;
+use crate::{replay_observed, ServerAccess};
 
 /// Hit ratios of demand reads, in %.
 #[derive(Debug, Clone, Copy)]
@@ -44,22 +49,26 @@ impl Fidelity {
 }
 
 /// A full replay at `size`: the reads' hit ratio and the ghost estimate of
-/// twice `size` (in %), and the reads.
-fn replayed(policy: &str, size: u64, acc: &[RwAccess]) -> Option<(f64, f64, u64)> {
+/// twice `size` (in %), the reads, and what the live sizing samples of it.
+fn replayed(policy: &str, size: u64, acc: &[ServerAccess]) -> Option<(f64, f64, u64, Vec<Sample>)> {
     let mut p = by_name(policy, size)?;
-    let (reads, hits) = live::replay(p.as_mut(), acc);
+    let mut sample = Vec::new();
+    let (reads, hits) = replay_observed(p.as_mut(), acc, |s| {
+        if live::sampled(s.access.key) {
+            sample.push(s);
+        }
+    });
     let st = p.stats();
     let with_ghosts = (hits + st.mru_ghost_hits + st.mfu_ghost_hits).min(reads);
     let pct = |n: u64| n as f64 / reads.max(1) as f64 * 100.0;
-    Some((pct(hits), pct(with_ghosts), reads))
+    Some((pct(hits), pct(with_ghosts), reads, sample))
 }
 
 /// The estimates of `policy` (a name `by_name` knows) at `size` blocks;
 /// None for an unknown policy.
-pub fn fidelity(policy: &str, size: u64, acc: &[RwAccess]) -> Option<Fidelity> {
-    let (full, ghost_estimate, reads) = replayed(policy, size, acc)?;
-    let (doubled, _, _) = replayed(policy, 2 * size, acc)?;
-    let sample: Vec<RwAccess> = acc.iter().filter(|a| live::sampled(a.access.key)).copied().collect();
+pub fn fidelity(policy: &str, size: u64, acc: &[ServerAccess]) -> Option<Fidelity> {
+    let (full, ghost_estimate, reads, sample) = replayed(policy, size, acc)?;
+    let (doubled, _, _, _) = replayed(policy, 2 * size, acc)?;
     let sampled = live::policy_curve(policy, &sample, &[size])?[0].1 * 100.0;
     Some(Fidelity { full, sampled, doubled, ghost_estimate, reads })
 }

@@ -8,7 +8,7 @@ mod trace;
 
 pub use arc_policy::mrc::{log_sizes, lru_mrc, sampled_mrc, sampled_mrc_with, MrcPoint};
 pub use arc_policy::replay::{step, BlockAccess};
-pub use as_server::{expand_as_server, replay_as_server, ServerAccess, Touch};
+pub use as_server::{expand_as_server, replay_as_server, replay_observed, ServerAccess, Touch};
 pub use fidelity::{fidelity, Fidelity};
 pub use l2::{replay_l2, L2SimResult};
 pub use reference::{reference_traces, ReferenceTrace};
@@ -29,20 +29,6 @@ pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> V
     });
     out
 }
-
-/// [`expand`], each access marked with whether it writes.
-pub fn expand_rw(requests: &[TraceRequest], block_size: u64) -> Vec<RwAccess> {
-    let mut out = Vec::with_capacity(requests.len() * 2);
-    for_each_block(requests, block_size, |access, write| {
-        let op = if write { arc_policy::live::Op::Write } else { arc_policy::live::Op::Read };
-        out.push(RwAccess { access, op });
-    });
-    out
-}
-
-/// A block access of a trace and whether it writes: what the server's live
-/// sizing samples.
-pub type RwAccess = arc_policy::live::Sample;
 
 fn for_each_block(requests: &[TraceRequest], block_size: u64, mut f: impl FnMut(BlockAccess, bool)) {
     for r in requests.iter().filter(|r| r.len > 0) {
@@ -71,9 +57,13 @@ pub fn read_accesses(
     Ok(expand(&timed_requests(path)?, block_size, reads_only))
 }
 
-/// [`read_accesses`] with reads and writes told apart.
-pub fn read_rw_accesses(path: &std::path::Path, block_size: u64) -> Result<Vec<RwAccess>, TraceError> {
-    Ok(expand_rw(&timed_requests(path)?, block_size))
+/// [`read_accesses`] as the server meets them (reads, whole and partial
+/// writes told apart: [`expand_as_server`]).
+pub fn read_as_server_accesses(
+    path: &std::path::Path,
+    block_size: u64,
+) -> Result<Vec<ServerAccess>, TraceError> {
+    Ok(expand_as_server(&timed_requests(path)?, block_size))
 }
 
 fn timed_requests(path: &std::path::Path) -> Result<Vec<TraceRequest>, TraceError> {

@@ -11,14 +11,14 @@
 
 mod common;
 
-use arcache_sim::{fidelity, read_rw_accesses, reference_traces, Fidelity};
+use arcache_sim::{fidelity, read_as_server_accesses, reference_traces, Fidelity};
 use common::shipped_dir;
 
 /// Every reference point of the shipped traces: (adaptive, arc).
 fn points() -> Vec<(Fidelity, Fidelity)> {
     let mut out = Vec::new();
     for t in reference_traces(&shipped_dir()).unwrap().into_iter().filter(|t| t.path.exists()) {
-        let acc = read_rw_accesses(&t.path, 4096).unwrap();
+        let acc = read_as_server_accesses(&t.path, 4096).unwrap();
         for &size in &t.sizes {
             let got = |p| fidelity(p, size, &acc).unwrap();
             out.push((got("arc-adaptive"), got("arc")));
