@@ -4,9 +4,9 @@
 //! ARC twice as large; writes stored without counting, as the server's
 //! cache does) against full replays, on every reference point of the shipped
 //! traces: for the default policy, arc-adaptive, each estimate's mean
-//! absolute error is at most half a percentage point (the ghost estimate's
-//! 0.6, below) above that of OpenZFS's ARC, the policy the estimates served
-//! before, and below a bound of its own. bench/results/sizing.md has every
+//! absolute error is at most half a percentage point above that of
+//! OpenZFS's ARC, the policy the estimates served before, and below a
+//! bound of its own. bench/results/sizing.md has every
 //! point of the full suite.
 
 mod common;
@@ -29,14 +29,13 @@ fn points() -> Vec<(Fidelity, Fidelity)> {
 
 /// Bounds of arc-adaptive's own mean errors on these 20 points (1.34 and
 /// 1.74 pp at 378a318, arc's 1.34 and 1.37; the curve's was 2.14 while
-/// the sample left writes out). Since the copies take in writes (the
-/// commit after 4a7da1d), 1.54 and 1.91: the ghost estimate of
-/// cloudphysics_io at 67,302 blocks is the same 53.51 %, but the policy at
-/// twice that size now hits 61.59 % instead of 56.19 %, so the estimate is
-/// 8.08 pp short where it was 2.68; hence 0.6 above arc's, not 0.5.
+/// the sample left writes out); 1.50 and 1.79 at 104af4a (arc's 1.39 and
+/// 1.47), where the copies take in stores and drops and the model replays
+/// writes as the server meets them (2bef85b, between, had 1.54 and 1.91
+/// against 1.34 and 1.37, over the 0.5 margin).
 const SAMPLED_BOUND: f64 = 2.0;
 const GHOST_BOUND: f64 = 2.5;
-const GHOST_OVER_ARC: f64 = 0.6;
+const GHOST_OVER_ARC: f64 = 0.5;
 
 fn mean_abs(v: impl Iterator<Item = f64>) -> f64 {
     let all: Vec<f64> = v.map(f64::abs).collect();
