@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Hit ratios with writes replayed as `arcache serve` meets them
 # (`arcache sim --writes-as-server`: a write is stored without a lookup and
-# not counted; a block written in part is kept if cached, dropped if not),
-# against the reference tools' way (every access looked up and counted,
-# bench/policy.sh). Every trace of the suite with writes, at its reference
-# sizes (4 KiB blocks), every policy `arcache sim` knows. A trace without
-# writes replays the same both ways and is left out.
+# not counted; a block written in part is left where it is if cached,
+# dropped if not), against the reference tools' way (every access looked
+# up and counted, bench/policy.sh). Every trace of the suite with writes,
+# at its reference sizes (4 KiB blocks), every policy `arcache sim` knows.
+# A trace without writes replays the same both ways and is left out.
 #
 # Usage: bench/policy-as-server.sh [TRACE_DIR]   (default: $ARCACHE_TRACES,
 # else the repository's traces/; a few minutes)
@@ -42,8 +42,9 @@ PY
 while IFS=$'\t' read -r name path sizes; do
   echo "bench: $name" >&2
   for mode in counted server; do
-    flag=(); [ "$mode" = server ] && flag=(--writes-as-server)
-    "$bin" sim --json "${flag[@]}" --trace "$path" --policy "$policies" --cache-blocks "$sizes" \
+    extra=
+    [ "$mode" = server ] && extra=--writes-as-server
+    "$bin" sim --json ${extra:+"$extra"} --trace "$path" --policy "$policies" --cache-blocks "$sizes" \
       >"$work/run.jsonl" 2>>"$work/sim.log" </dev/null
     # Each line tagged with its trace and mode.
     python3 -c 'import json, sys

@@ -8,15 +8,16 @@
 //! As the server does ([`crate::replay_as_server`]): a read is looked up
 //! and inserted on a miss, and counts; a write stores each block it covers
 //! whole without a lookup (`insert` on a record resident or not: no hit or
-//! ghost hit counted), stores a block it covers in part if cached and
-//! drops it if not, and does not count. The live curve samples what the
+//! ghost hit counted), leaves a block it covers in part where it is if
+//! cached (nothing sampled) and drops it if not, and does not count. The live curve samples what the
 //! full replay at the size did (the server's sampler notes its cache's
 //! stores and drops). What this does not model: the server's cache grows
 //! from `zfs_arc_min` while this one is full size from the start; records
 //! of `--recordsize` (16K by default) rather than the trace's 4 KiB
 //! blocks; prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the server
-//! counts too; sizes in bytes with a header per record; a plain record
-//! patched in place, which the server's policy does not see.
+//! counts too; sizes in bytes with a header per record; a compressed
+//! record written in part, which the server stores again (its policy moves
+//! it and its sampler notes a write) where this leaves it untouched.
 
 use arc_policy::by_name;
 use arc_policy::live::{self, Sample};
