@@ -372,9 +372,10 @@ impl AdaptiveArc {
 
     /// Remembers a non-hit lookup of `key` until its insert; the oldest
     /// is forgotten when [`MAX_PENDING`] are waiting (a miss never
-    /// inserted: a failed read).
+    /// inserted: a failed read). Only a cache with copies to feed keeps
+    /// them (a copy has none).
     fn note_pending(&mut self, key: Key) {
-        if self.pending.contains(&key) {
+        if self.selector.is_none() || self.pending.contains(&key) {
             return;
         }
         if self.pending.len() == MAX_PENDING {
@@ -619,7 +620,6 @@ impl Policy for AdaptiveArc {
         let c = self.c;
         match (&mut self.selector, self.q.slab.get(idx).state) {
             (Some(sel), State::Mru | State::Mfu) => sel.feed(key, resident_size, access, c),
-            // A hit waits for no insert.
             (None, State::Mru | State::Mfu) => {}
             _ => self.note_pending(key),
         }

@@ -106,21 +106,26 @@ pub fn replay(policy: &mut dyn Policy, samples: &[Sample]) -> (u64, u64) {
     let (mut reads, mut hits) = (0u64, 0u64);
     let mut evicted = Vec::new();
     for s in samples {
-        match s.op {
-            Op::Read => {
-                reads += 1;
-                hits += u64::from(step(policy, &s.access, &mut evicted));
-            }
-            Op::Write => {
-                policy.insert(s.access.key, 1, Access::demand(s.access.now_ns), &mut evicted);
-                evicted.clear();
-            }
-            Op::Remove => {
-                policy.remove(s.access.key);
-            }
-        }
+        reads += u64::from(s.is_read());
+        hits += u64::from(apply(policy, s, &mut evicted));
     }
     (reads, hits)
+}
+
+/// One sample of [`replay`] applied to `policy`; true for a read that hit.
+pub fn apply(policy: &mut dyn Policy, s: &Sample, evicted: &mut Vec<u64>) -> bool {
+    match s.op {
+        Op::Read => step(policy, &s.access, evicted),
+        Op::Write => {
+            policy.insert(s.access.key, 1, Access::demand(s.access.now_ns), evicted);
+            evicted.clear();
+            false
+        }
+        Op::Remove => {
+            policy.remove(s.access.key);
+            false
+        }
+    }
 }
 
 #[cfg(test)]

@@ -72,8 +72,9 @@ pub struct SimArgs {
     /// write is never looked up; it stores each block it covers whole,
     /// patches a block it covers in part where it is if cached (as the
     /// server patches a plain record; a compressed one it stores again,
-    /// which this does not model), and drops it if not. Without this every access, write or read, is looked
-    /// up and counted, as libCacheSim and the reference figures count.
+    /// which this does not model), and drops it if not. Without this every
+    /// access, write or read, is looked up and counted, as libCacheSim and
+    /// the reference figures count.
     #[arg(long, conflicts_with_all = ["reads_only", "mrc", "l2_size"])]
     pub writes_as_server: bool,
     /// One JSON object per (policy, size) line.

@@ -17,10 +17,10 @@
 //! record the server stores again instead, which moves it in the policy;
 //! this replay does not model that, nor what compression fits in RAM.
 
-use arc_policy::live::{Op, Sample};
-use arc_policy::{replay::step, Access, Policy};
+use arc_policy::live::{self, Op, Sample};
+use arc_policy::Policy;
 
-use crate::{BlockAccess, SimResult, TraceRequest};
+use crate::{for_each_block, BlockAccess, SimResult, TraceRequest};
 
 /// What one request does to one block of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,19 +43,14 @@ pub struct ServerAccess {
 /// reads, whole-block writes and partial writes apart.
 pub fn expand_as_server(requests: &[TraceRequest], block_size: u64) -> Vec<ServerAccess> {
     let mut out = Vec::with_capacity(requests.len() * 2);
-    for r in requests.iter().filter(|r| r.len > 0) {
-        let end = r.offset + r.len;
-        for b in r.offset / block_size..=(end - 1) / block_size {
-            let whole = r.offset <= b * block_size && end >= (b + 1) * block_size;
-            let touch = match (r.write, whole) {
-                (false, _) => Touch::Read,
-                (true, true) => Touch::WriteWhole,
-                (true, false) => Touch::WritePart,
-            };
-            let access = BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) };
-            out.push(ServerAccess { access, touch });
-        }
-    }
+    for_each_block(requests, block_size, |access, r, whole| {
+        let touch = match (r.write, whole) {
+            (false, _) => Touch::Read,
+            (true, true) => Touch::WriteWhole,
+            (true, false) => Touch::WritePart,
+        };
+        out.push(ServerAccess { access, touch });
+    });
     out
 }
 
@@ -84,26 +79,18 @@ pub fn replay_observed(
     let (mut reads, mut hits) = (0u64, 0u64);
     let mut evicted = Vec::new();
     for a in accesses {
-        let key = a.access.key;
         let op = match a.touch {
-            Touch::Read => {
-                reads += 1;
-                hits += u64::from(step(policy, &a.access, &mut evicted));
-                Op::Read
-            }
+            Touch::Read => Op::Read,
             // Patched in place: neither the policy nor the sampler hears.
-            Touch::WritePart if policy.contains(key) => continue,
-            Touch::WritePart => {
-                policy.remove(key);
-                Op::Remove
-            }
-            Touch::WriteWhole => {
-                policy.insert(key, 1, Access::demand(a.access.now_ns), &mut evicted);
-                evicted.clear();
-                Op::Write
-            }
+            Touch::WritePart if policy.contains(a.access.key) => continue,
+            Touch::WritePart => Op::Remove,
+            Touch::WriteWhole => Op::Write,
         };
-        observe(Sample { access: a.access, op });
+        let sample = Sample { access: a.access, op };
+        let hit = live::apply(policy, &sample, &mut evicted);
+        reads += u64::from(op == Op::Read);
+        hits += u64::from(hit);
+        observe(sample);
     }
     (reads, hits)
 }

@@ -9,9 +9,9 @@
 //! and inserted on a miss, and counts; a write stores each block it covers
 //! whole without a lookup (`insert` on a record resident or not: no hit or
 //! ghost hit counted), leaves a block it covers in part where it is if
-//! cached (nothing sampled) and drops it if not, and does not count. The live curve samples what the
-//! full replay at the size did (the server's sampler notes its cache's
-//! stores and drops). What this does not model: the server's cache grows
+//! cached (nothing sampled) and drops it if not, and does not count. The
+//! live curve samples what the full replay at the size did (the server's
+//! sampler notes its cache's stores and drops). What this does not model: the server's cache grows
 //! from `zfs_arc_min` while this one is full size from the start; records
 //! of `--recordsize` (16K by default) rather than the trace's 4 KiB
 //! blocks; prefetches (zfetch, NBD_CMD_CACHE), whose ghost hits the server

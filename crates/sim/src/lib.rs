@@ -22,20 +22,26 @@ use serde::Serialize;
 /// block as `(volume << 40) | block`, as the reference tools do.
 pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> Vec<BlockAccess> {
     let mut out = Vec::with_capacity(requests.len() * 2);
-    for_each_block(requests, block_size, |a, write| {
-        if !(reads_only && write) {
+    for_each_block(requests, block_size, |a, r, _| {
+        if !(reads_only && r.write) {
             out.push(a);
         }
     });
     out
 }
 
-fn for_each_block(requests: &[TraceRequest], block_size: u64, mut f: impl FnMut(BlockAccess, bool)) {
+/// Calls `f` with each block access of `requests`, its request and
+/// whether the request covers the block whole.
+pub(crate) fn for_each_block(
+    requests: &[TraceRequest],
+    block_size: u64,
+    mut f: impl FnMut(BlockAccess, &TraceRequest, bool),
+) {
     for r in requests.iter().filter(|r| r.len > 0) {
-        let first = r.offset / block_size;
-        let last = (r.offset + r.len - 1) / block_size;
-        for b in first..=last {
-            f(BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) }, r.write);
+        let end = r.offset + r.len;
+        for b in r.offset / block_size..=(end - 1) / block_size {
+            let whole = r.offset <= b * block_size && end >= (b + 1) * block_size;
+            f(BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) }, r, whole);
         }
     }
 }
