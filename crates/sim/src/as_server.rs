@@ -20,7 +20,7 @@
 use arc_policy::live::{self, Op, Sample};
 use arc_policy::Policy;
 
-use crate::{for_each_block, BlockAccess, SimResult, TraceRequest};
+use crate::{for_each_block, reference_key, BlockAccess, SimResult, TraceRequest};
 
 /// What one request does to one block of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +40,13 @@ pub struct ServerAccess {
 }
 
 /// Splits requests into block accesses as [`crate::expand`] does, telling
-/// reads, whole-block writes and partial writes apart.
+/// reads, whole-block writes and partial writes apart, and keying each
+/// block as the server keys the record (`arc_policy::key::make`) when the
+/// trace's exports and records fit those keys.
 pub fn expand_as_server(requests: &[TraceRequest], block_size: u64) -> Vec<ServerAccess> {
     let mut out = Vec::with_capacity(requests.len() * 2);
-    for_each_block(requests, block_size, |access, r, whole| {
+    let key = if fits_server_keys(requests, block_size) { server_key } else { reference_key };
+    for_each_block(requests, block_size, key, |access, r, whole| {
         let touch = match (r.write, whole) {
             (false, _) => Touch::Read,
             (true, true) => Touch::WriteWhole,
@@ -52,6 +55,24 @@ pub fn expand_as_server(requests: &[TraceRequest], block_size: u64) -> Vec<Serve
         out.push(ServerAccess { access, touch });
     });
     out
+}
+
+/// The server's key of record `block` of export `dev` (a recorded trace's
+/// `dev` is the export's id): arc-adaptive's copies and the live sizing
+/// sample keys by a hash of them, so a replay keyed otherwise samples
+/// other records of a trace with several exports than the server did.
+fn server_key(dev: u64, block: u64) -> u64 {
+    arc_policy::key::make(dev as u16, block)
+}
+
+/// Whether every block of `requests` has a server key of its own: export
+/// ids fit 16 bits and records 48. Other traces (no server recorded them)
+/// keep the reference tools' keys, which never collide.
+fn fits_server_keys(requests: &[TraceRequest], block_size: u64) -> bool {
+    requests.iter().all(|r| {
+        r.dev <= u64::from(u16::MAX)
+            && r.offset.saturating_add(r.len) / block_size <= arc_policy::key::MAX_RECORD
+    })
 }
 
 /// Replays `accesses` through `policy` as the server would: reads are
@@ -111,6 +132,24 @@ mod tests {
             .collect();
         let want = [(0, Touch::WritePart), (1, Touch::WriteWhole), (2, Touch::WritePart), (0, Touch::Read)];
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn blocks_of_a_recorded_trace_take_the_servers_keys() {
+        let on = |dev: u64, block: u64| TraceRequest {
+            ts_us: 0,
+            write: false,
+            offset: block * 4096,
+            len: 4096,
+            dev,
+        };
+        let keys =
+            |t: &[TraceRequest]| expand_as_server(t, 4096).iter().map(|a| a.access.key).collect::<Vec<_>>();
+        assert_eq!(keys(&[on(0, 7), on(3, 9)]), [7, arc_policy::key::make(3, 9)]);
+        // A volume number no export id carries: the reference tools' keys,
+        // never the server's cut to 16 bits (which would make it volume 0).
+        let big = u64::from(u16::MAX) + 1;
+        assert_eq!(keys(&[on(0, 7), on(big, 9)]), [7, (big << 40) | 9]);
     }
 
     fn replayed(trace: &[TraceRequest], blocks: u64) -> SimResult {

@@ -22,7 +22,7 @@ use serde::Serialize;
 /// block as `(volume << 40) | block`, as the reference tools do.
 pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> Vec<BlockAccess> {
     let mut out = Vec::with_capacity(requests.len() * 2);
-    for_each_block(requests, block_size, |a, r, _| {
+    for_each_block(requests, block_size, reference_key, |a, r, _| {
         if !(reads_only && r.write) {
             out.push(a);
         }
@@ -30,18 +30,24 @@ pub fn expand(requests: &[TraceRequest], block_size: u64, reads_only: bool) -> V
     out
 }
 
-/// Calls `f` with each block access of `requests`, its request and
-/// whether the request covers the block whole.
+/// The reference tools' key of block `block` of volume `dev`.
+pub(crate) fn reference_key(dev: u64, block: u64) -> u64 {
+    (dev << 40) | block
+}
+
+/// Calls `f` with each block access of `requests` (keyed by `key(dev,
+/// block)`), its request and whether the request covers the block whole.
 pub(crate) fn for_each_block(
     requests: &[TraceRequest],
     block_size: u64,
+    key: fn(u64, u64) -> u64,
     mut f: impl FnMut(BlockAccess, &TraceRequest, bool),
 ) {
     for r in requests.iter().filter(|r| r.len > 0) {
         let end = r.offset + r.len;
         for b in r.offset / block_size..=(end - 1) / block_size {
             let whole = r.offset <= b * block_size && end >= (b + 1) * block_size;
-            f(BlockAccess { key: (r.dev << 40) | b, now_ns: r.ts_us.saturating_mul(1000) }, r, whole);
+            f(BlockAccess { key: key(r.dev, b), now_ns: r.ts_us.saturating_mul(1000) }, r, whole);
         }
     }
 }
