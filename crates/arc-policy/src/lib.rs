@@ -50,6 +50,9 @@ pub mod key {
     pub const RECORD_BITS: u32 = 48;
     /// The largest record number a key can carry.
     pub const MAX_RECORD: u64 = (1 << RECORD_BITS) - 1;
+    /// Volumes' export ids are below this: read as ids, the file view's
+    /// keys are 0x8000 and up, and the L2 index reserves 0xFFFF.
+    pub const VOLUME_IDS: u16 = 4096;
 
     pub const fn make(export: u16, record: u64) -> Key {
         ((export as u64) << RECORD_BITS) | (record & MAX_RECORD)

@@ -29,8 +29,8 @@ pub const RECORD_OVERHEAD: u64 = 112;
 pub type RecordData = Arc<Record>;
 
 /// How many exports one cache serves at most (keys carry a 16-bit id, and
-/// the top value is reserved by the L2 index).
-pub const MAX_EXPORTS: usize = 4096;
+/// the top values are the file view's or reserved by the L2 index).
+pub const MAX_EXPORTS: usize = arc_policy::key::VOLUME_IDS as usize;
 
 #[derive(Debug, Clone, Copy)]
 pub struct CacheConfig {
