@@ -74,9 +74,9 @@ pub struct SimArgs {
     /// server patches a plain record; a compressed one it stores again,
     /// which this does not model), and drops it if not. Without this every
     /// access, write or read, is looked up and counted, as libCacheSim and
-    /// the reference figures count. Blocks are keyed as the server keys
-    /// records (a recorded trace's `dev` is the export), so the default
-    /// policy samples the records the server sampled.
+    /// the reference figures count. Blocks of a recorded trace (its `dev`
+    /// is the export, below 4096) are keyed as the server keys records,
+    /// so the default policy samples the records the server sampled.
     #[arg(long, conflicts_with_all = ["reads_only", "mrc", "l2_size"])]
     pub writes_as_server: bool,
     /// One JSON object per (policy, size) line.
