@@ -9,59 +9,150 @@ use parking_lot::{Condvar, Mutex};
 
 pub type Job = Box<dyn FnOnce() + Send>;
 
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Every handle is gone: workers run what is queued, then end.
+    closed: bool,
+}
+
 struct Inner {
-    queue: Mutex<VecDeque<Job>>,
+    queue: Mutex<Queue>,
     ready: Condvar,
 }
 
-/// The sending side of a pool whose threads live as long as the process.
+/// Closes the queue when the last [`JobQueue`] handle goes. Workers hold
+/// `Inner` alone, so they never keep it open: a pool started for each
+/// cache used to leave its threads asleep forever once the cache was
+/// dropped (8 a cache; a property test of a few thousand caches ran out of
+/// threads).
+struct Owner {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.inner.queue.lock().closed = true;
+        self.inner.ready.notify_all();
+    }
+}
+
+/// The sending side of a pool whose threads live as long as some handle
+/// does, and end once the jobs queued by then have run.
 #[derive(Clone)]
 pub struct JobQueue {
-    inner: Arc<Inner>,
+    owner: Arc<Owner>,
 }
 
 impl JobQueue {
     /// Starts `workers` threads named `name-N`.
     pub fn start(name: &str, workers: usize) -> JobQueue {
-        let inner = Arc::new(Inner { queue: Mutex::new(VecDeque::new()), ready: Condvar::new() });
+        let inner = Arc::new(Inner {
+            queue: Mutex::new(Queue { jobs: VecDeque::new(), closed: false }),
+            ready: Condvar::new(),
+        });
         for i in 0..workers.max(1) {
             let inner = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || loop {
-                    let job = {
-                        let mut q = inner.queue.lock();
-                        loop {
-                            if let Some(j) = q.pop_front() {
-                                break j;
-                            }
-                            inner.ready.wait(&mut q);
-                        }
-                    };
-                    // A job that panics must not take its worker with it:
-                    // the pool would shrink for good.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                })
+                .spawn(move || work(&inner))
                 .expect("spawn worker thread");
         }
-        JobQueue { inner }
+        JobQueue { owner: Arc::new(Owner { inner }) }
     }
 
     pub fn push(&self, job: Job) {
-        self.inner.queue.lock().push_back(job);
-        self.inner.ready.notify_one();
+        let inner = &self.owner.inner;
+        inner.queue.lock().jobs.push_back(job);
+        inner.ready.notify_one();
     }
 
     /// Pushes unless `limit` jobs are already waiting; returns the job back
     /// when the queue is full.
     pub fn try_push(&self, job: Job, limit: usize) -> Result<(), Job> {
-        let mut q = self.inner.queue.lock();
-        if q.len() >= limit {
+        let inner = &self.owner.inner;
+        let mut q = inner.queue.lock();
+        if q.jobs.len() >= limit {
             return Err(job);
         }
-        q.push_back(job);
+        q.jobs.push_back(job);
         drop(q);
-        self.inner.ready.notify_one();
+        inner.ready.notify_one();
         Ok(())
+    }
+}
+
+/// A worker: runs jobs until the queue is closed and empty.
+fn work(inner: &Inner) {
+    loop {
+        let job = {
+            let mut q = inner.queue.lock();
+            loop {
+                if let Some(j) = q.jobs.pop_front() {
+                    break j;
+                }
+                if q.closed {
+                    return;
+                }
+                inner.ready.wait(&mut q);
+            }
+        };
+        // A job that panics must not take its worker with it: the pool
+        // would shrink for good.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// Waits up to 10 s for every worker of the pool behind `inner` to end.
+    fn workers_end(inner: std::sync::Weak<Inner>) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while inner.strong_count() > 0 {
+            if Instant::now() > until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    #[test]
+    fn workers_end_once_every_handle_is_gone_and_queued_jobs_still_run() {
+        let q = JobQueue::start("test-pool", 3);
+        let inner = Arc::downgrade(&q.owner.inner);
+        let copy = q.clone();
+        let ran = Arc::new(AtomicUsize::new(0));
+        // A job that holds the workers busy while more queue behind it.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        q.push(Box::new(move || {
+            let _ = wait.recv_timeout(Duration::from_secs(5));
+        }));
+        for _ in 0..20 {
+            let ran = Arc::clone(&ran);
+            q.push(Box::new(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }));
+        }
+        drop(q);
+        // One handle left: the pool stays open.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(inner.strong_count() > 0, "a handle is still there");
+        drop(copy);
+        go.send(()).unwrap();
+        assert!(workers_end(inner), "the workers did not end");
+        assert_eq!(ran.load(Ordering::SeqCst), 20, "jobs queued before the last handle went ran");
+    }
+
+    #[test]
+    fn a_panicking_job_leaves_its_worker_running() {
+        let q = JobQueue::start("test-panic", 1);
+        q.push(Box::new(|| panic!("a job's own panic")));
+        let (done, got) = std::sync::mpsc::channel();
+        q.push(Box::new(move || done.send(()).unwrap()));
+        got.recv_timeout(Duration::from_secs(10)).expect("the one worker ran the next job");
     }
 }
