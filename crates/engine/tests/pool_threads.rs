@@ -53,3 +53,27 @@ fn a_dropped_caches_prefetch_threads_end() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Nothing keeps a cache alive once its volumes and its owner let go: no
+/// thread or queued job holds it (a cycle through the prefetch pool, or a
+/// job left waiting, would keep every record in RAM).
+#[test]
+fn a_dropped_cache_is_freed() {
+    let cache =
+        Cache::new(CacheConfig { arc_min: 4 << 20, arc_max: 8 << 20, min_prefetch_ms: 1000, compress: true });
+    let weak = Arc::downgrade(&cache);
+    let dev = Arc::new(MemDev::new(8 << 20));
+    let vol =
+        Volume::new(0, VolumeConfig { name: "t".into(), recordsize: 64 << 10, read_only: false }, dev, cache);
+    let mut buf = vec![0u8; 128 << 10];
+    for i in 0..64u64 {
+        vol.read(i * buf.len() as u64, &mut buf).expect("read");
+        vol.write(i * buf.len() as u64, &buf[..4096], false).expect("write");
+    }
+    drop(vol);
+    let until = Instant::now() + Duration::from_secs(10);
+    while weak.strong_count() > 0 {
+        assert!(Instant::now() < until, "{} references to a dropped cache remain", weak.strong_count());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
