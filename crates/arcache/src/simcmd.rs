@@ -75,8 +75,9 @@ pub struct SimArgs {
     /// which this does not model), and drops it if not. Without this every
     /// access, write or read, is looked up and counted, as libCacheSim and
     /// the reference figures count. Blocks of a recorded trace (its `dev`
-    /// is the export, below 4096) are keyed as the server keys records,
-    /// so the default policy samples the records the server sampled.
+    /// is the export, below 4096) are keyed as the server keys records, so
+    /// with `--block-size` equal to the exports' recordsize the default
+    /// policy samples the records the server sampled.
     #[arg(long, conflicts_with_all = ["reads_only", "mrc", "l2_size"])]
     pub writes_as_server: bool,
     /// One JSON object per (policy, size) line.

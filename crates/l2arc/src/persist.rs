@@ -36,7 +36,7 @@ pub struct ExportDesc {
 }
 
 /// The id of the file view's export (`arcache mount`): no volume has it
-/// (volume ids are below `arc_policy::key::MAX_EXPORTS`).
+/// (volume ids are below `arc_policy::key::VOLUME_IDS`).
 pub const VIEW_EXPORT_ID: u16 = u16::MAX;
 
 impl ExportDesc {

@@ -45,11 +45,15 @@ pub struct JobQueue {
 
 impl JobQueue {
     /// Starts `workers` threads named `name-N`.
+    ///
+    /// Panics if no thread can be started; the handle is made first, so
+    /// the workers started before a failed spawn end with it.
     pub fn start(name: &str, workers: usize) -> JobQueue {
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue { jobs: VecDeque::new(), closed: false }),
             ready: Condvar::new(),
         });
+        let queue = JobQueue { owner: Arc::new(Owner { inner: Arc::clone(&inner) }) };
         for i in 0..workers.max(1) {
             let inner = Arc::clone(&inner);
             std::thread::Builder::new()
@@ -57,7 +61,7 @@ impl JobQueue {
                 .spawn(move || work(&inner))
                 .expect("spawn worker thread");
         }
-        JobQueue { owner: Arc::new(Owner { inner }) }
+        queue
     }
 
     pub fn push(&self, job: Job) {
@@ -120,31 +124,72 @@ mod tests {
         true
     }
 
+    /// A job that waits for `release` (at most 10 s), holding its worker.
+    fn blocker(q: &JobQueue) -> std::sync::mpsc::Sender<()> {
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        q.push(Box::new(move || {
+            let _ = wait.recv_timeout(Duration::from_secs(10));
+        }));
+        release
+    }
+
+    /// Pushes a job that counts itself in `ran`.
+    fn counted(q: &JobQueue, ran: &Arc<AtomicUsize>) {
+        let ran = Arc::clone(ran);
+        q.push(Box::new(move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+
+    /// Waits up to 10 s for `ran` to reach `n`.
+    fn reaches(ran: &AtomicUsize, n: usize) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while ran.load(Ordering::SeqCst) < n {
+            if Instant::now() > until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
     #[test]
     fn workers_end_once_every_handle_is_gone_and_queued_jobs_still_run() {
-        let q = JobQueue::start("test-pool", 3);
+        let q = JobQueue::start("test-pool", 1);
         let inner = Arc::downgrade(&q.owner.inner);
-        let copy = q.clone();
         let ran = Arc::new(AtomicUsize::new(0));
-        // A job that holds the workers busy while more queue behind it.
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        q.push(Box::new(move || {
-            let _ = wait.recv_timeout(Duration::from_secs(5));
-        }));
-        for _ in 0..20 {
-            let ran = Arc::clone(&ran);
-            q.push(Box::new(move || {
-                ran.fetch_add(1, Ordering::SeqCst);
-            }));
-        }
+        // While a handle is left, the pool serves it, after what was queued.
+        let copy = q.clone();
         drop(q);
-        // One handle left: the pool stays open.
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(inner.strong_count() > 0, "a handle is still there");
+        counted(&copy, &ran);
+        assert!(reaches(&ran, 1), "a pool with a handle left ran no job");
+        // The one worker held busy, so these are queued when the last
+        // handle goes: they still run, then the worker ends.
+        let release = blocker(&copy);
+        for _ in 0..20 {
+            counted(&copy, &ran);
+        }
         drop(copy);
-        go.send(()).unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the worker was held busy");
+        // Fails only if the blocker was dropped unrun: the count says so.
+        let _ = release.send(());
         assert!(workers_end(inner), "the workers did not end");
-        assert_eq!(ran.load(Ordering::SeqCst), 20, "jobs queued before the last handle went ran");
+        assert_eq!(ran.load(Ordering::SeqCst), 21, "jobs queued before the last handle went ran");
+    }
+
+    #[test]
+    fn a_job_may_drop_the_last_handle() {
+        let q = JobQueue::start("test-last", 2);
+        let inner = Arc::downgrade(&q.owner.inner);
+        let (done, got) = std::sync::mpsc::channel();
+        let last = q.clone();
+        q.push(Box::new(move || {
+            drop(last);
+            done.send(()).unwrap();
+        }));
+        drop(q);
+        got.recv_timeout(Duration::from_secs(10)).expect("the job ran");
+        assert!(workers_end(inner), "the workers did not end");
     }
 
     #[test]

@@ -68,11 +68,11 @@ fn server_key(dev: u64, block: u64) -> u64 {
 /// Whether every block of `requests` has a server key of its own: export
 /// ids are a volume's (below 4096: higher ones would read as the file
 /// view's metadata) and records fit 48 bits. Other traces (no server
-/// recorded them) keep the reference tools' keys, which never collide.
+/// recorded them) keep the reference tools' keys.
 fn fits_server_keys(requests: &[TraceRequest], block_size: u64) -> bool {
     requests.iter().all(|r| {
         r.dev < u64::from(arc_policy::key::VOLUME_IDS)
-            && r.offset.saturating_add(r.len) / block_size <= arc_policy::key::MAX_RECORD
+            && r.offset.saturating_add(r.len.max(1) - 1) / block_size <= arc_policy::key::MAX_RECORD
     })
 }
 
@@ -147,6 +147,10 @@ mod tests {
         let keys =
             |t: &[TraceRequest]| expand_as_server(t, 4096).iter().map(|a| a.access.key).collect::<Vec<_>>();
         assert_eq!(keys(&[on(0, 7), on(3, 9)]), [7, arc_policy::key::make(3, 9)]);
+        let last = arc_policy::key::VOLUME_IDS - 1;
+        assert_eq!(keys(&[on(u64::from(last), 9)]), [arc_policy::key::make(last, 9)]);
+        let top = arc_policy::key::MAX_RECORD;
+        assert_eq!(keys(&[on(1, top)]), [arc_policy::key::make(1, top)]);
         // A volume number no export id carries: the reference tools' keys,
         // never the server's cut to 16 bits (which would make 65,536 volume
         // 0) nor one the server keeps for the file view (0x8000 and up:
