@@ -620,7 +620,7 @@ impl Policy for AdaptiveArc {
         let c = self.c;
         match (&mut self.selector, self.q.slab.get(idx).state) {
             (Some(sel), State::Mru | State::Mfu) => sel.feed(key, resident_size, access, c),
-            (None, State::Mru | State::Mfu) => {}
+            // A copy (no selector) keeps no pending misses: note_pending says so.
             _ => self.note_pending(key),
         }
         self.follow_selector();

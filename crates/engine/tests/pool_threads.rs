@@ -3,7 +3,7 @@
 //! cache was gone (8 threads a cache; the model test ran out of threads
 //! after about 2,000 cases in one process).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use arcache_engine::{Cache, CacheConfig, Volume, VolumeConfig};
@@ -21,23 +21,43 @@ fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
-/// A cache and a volume over 8 MiB, read in order so zfetch prefetches;
-/// returns the prefetch threads there were before they were dropped.
-fn streamed_cache() -> usize {
-    let cache = Cache::new(CacheConfig {
-        arc_min: 4 << 20,
-        arc_max: 8 << 20,
-        min_prefetch_ms: 1000,
-        compress: false,
-    });
+/// A cache and a volume of its own over 8 MiB.
+fn cache_and_volume(compress: bool) -> (Weak<Cache>, Arc<Volume>) {
+    let cache =
+        Cache::new(CacheConfig { arc_min: 4 << 20, arc_max: 8 << 20, min_prefetch_ms: 1000, compress });
+    let weak = Arc::downgrade(&cache);
     let dev = Arc::new(MemDev::new(8 << 20));
-    let vol =
-        Volume::new(0, VolumeConfig { name: "t".into(), recordsize: 64 << 10, read_only: false }, dev, cache);
+    let cfg = VolumeConfig { name: "t".into(), recordsize: 64 << 10, read_only: false };
+    (weak, Volume::new(0, cfg, dev, cache))
+}
+
+/// Reads the volume in order (so zfetch prefetches), writing a little
+/// after each read when `write`.
+fn stream(vol: &Volume, write: bool) {
     let mut buf = vec![0u8; 128 << 10];
     for i in 0..64u64 {
         vol.read(i * buf.len() as u64, &mut buf).expect("read");
+        if write {
+            vol.write(i * buf.len() as u64, &buf[..4096], false).expect("write");
+        }
     }
+}
+
+/// A cache streamed through and dropped; returns the prefetch threads
+/// there were before it was.
+fn streamed_cache() -> usize {
+    let (_, vol) = cache_and_volume(false);
+    stream(&vol, false);
     threads_named("prefetch-")
+}
+
+/// Fails with `what()` unless `done` holds within 10 s.
+fn within_10s(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "{}", what());
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -48,15 +68,10 @@ fn a_dropped_caches_prefetch_threads_end() {
         most = most.max(streamed_cache());
     }
     assert!(most > 0, "no prefetch thread ever ran: the test reached nothing");
-    let until = Instant::now() + Duration::from_secs(10);
-    while threads_named("prefetch-") > 0 {
-        assert!(
-            Instant::now() < until,
-            "{} prefetch threads left after every cache was dropped",
-            threads_named("prefetch-")
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    within_10s(
+        || threads_named("prefetch-") == 0,
+        || format!("{} prefetch threads left after every cache was dropped", threads_named("prefetch-")),
+    );
 }
 
 /// Nothing keeps a cache alive once its volumes and its owner let go: no
@@ -67,21 +82,11 @@ fn a_dropped_caches_prefetch_threads_end() {
 #[test]
 fn a_dropped_cache_is_freed() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let cache =
-        Cache::new(CacheConfig { arc_min: 4 << 20, arc_max: 8 << 20, min_prefetch_ms: 1000, compress: true });
-    let weak = Arc::downgrade(&cache);
-    let dev = Arc::new(MemDev::new(8 << 20));
-    let vol =
-        Volume::new(0, VolumeConfig { name: "t".into(), recordsize: 64 << 10, read_only: false }, dev, cache);
-    let mut buf = vec![0u8; 128 << 10];
-    for i in 0..64u64 {
-        vol.read(i * buf.len() as u64, &mut buf).expect("read");
-        vol.write(i * buf.len() as u64, &buf[..4096], false).expect("write");
-    }
+    let (weak, vol) = cache_and_volume(true);
+    stream(&vol, true);
     drop(vol);
-    let until = Instant::now() + Duration::from_secs(10);
-    while weak.strong_count() > 0 {
-        assert!(Instant::now() < until, "{} references to a dropped cache remain", weak.strong_count());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    within_10s(
+        || weak.strong_count() == 0,
+        || format!("{} references to a dropped cache remain", weak.strong_count()),
+    );
 }

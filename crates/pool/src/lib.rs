@@ -112,16 +112,21 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 
-    /// Waits up to 10 s for every worker of the pool behind `inner` to end.
-    fn workers_end(inner: std::sync::Weak<Inner>) -> bool {
+    /// Whether `done` holds within 10 s (asked every 5 ms).
+    fn within_10s(mut done: impl FnMut() -> bool) -> bool {
         let until = Instant::now() + Duration::from_secs(10);
-        while inner.strong_count() > 0 {
+        while !done() {
             if Instant::now() > until {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         true
+    }
+
+    /// Waits up to 10 s for every worker of the pool behind `inner` to end.
+    fn workers_end(inner: std::sync::Weak<Inner>) -> bool {
+        within_10s(|| inner.strong_count() == 0)
     }
 
     /// A job that waits for `release` (at most 10 s), holding its worker.
@@ -143,14 +148,7 @@ mod tests {
 
     /// Waits up to 10 s for `ran` to reach `n`.
     fn reaches(ran: &AtomicUsize, n: usize) -> bool {
-        let until = Instant::now() + Duration::from_secs(10);
-        while ran.load(Ordering::SeqCst) < n {
-            if Instant::now() > until {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        true
+        within_10s(|| ran.load(Ordering::SeqCst) >= n)
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn replay_observed(
         };
         let sample = Sample { access: a.access, op };
         let hit = live::apply(policy, &sample, &mut evicted);
-        reads += u64::from(op == Op::Read);
+        reads += u64::from(sample.is_read());
         hits += u64::from(hit);
         observe(sample);
     }
