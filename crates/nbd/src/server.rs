@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read};
 use std::net::TcpListener;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -22,8 +22,10 @@ use arcache_batch::Batch;
 use arcache_pool::{Job, JobQueue};
 
 mod held;
+mod listeners;
 mod pieces;
 use held::{hold_reply, hold_slot};
+use listeners::Listeners;
 use pieces::Payload;
 pub use pieces::{Piece, SharedBytes};
 
@@ -311,6 +313,7 @@ pub struct Server {
     live_changed: Condvar,
     tls: Option<TlsPolicy>,
     thread_io: std::sync::OnceLock<ThreadIoStart>,
+    listeners: Listeners,
 }
 
 /// What the handshake settled for the transmission phase.
@@ -375,6 +378,7 @@ impl Server {
             live_changed: Condvar::new(),
             tls,
             thread_io: std::sync::OnceLock::new(),
+            listeners: Listeners::default(),
         })
     }
 
@@ -390,11 +394,13 @@ impl Server {
 
     /// Accepts connections on a unix socket in a background thread.
     pub fn listen_unix(self: &Arc<Self>, listener: UnixListener) {
+        self.listeners.keep(listener.try_clone().map(OwnedFd::from));
         self.accept_loop(std::iter::from_fn(move || Some(listener.accept().map(|(s, _)| Conn::Unix(s)))));
     }
 
     /// Accepts connections on a TCP socket in a background thread.
     pub fn listen_tcp(self: &Arc<Self>, listener: TcpListener) {
+        self.listeners.keep(listener.try_clone().map(OwnedFd::from));
         self.accept_loop(std::iter::from_fn(move || {
             Some(listener.accept().map(|(s, _)| {
                 let _ = s.set_nodelay(true);
@@ -405,7 +411,8 @@ impl Server {
 
     fn accept_loop(self: &Arc<Self>, incoming: impl Iterator<Item = io::Result<Conn>> + Send + 'static) {
         let server = Arc::clone(self);
-        std::thread::spawn(move || {
+        // Named for whoever lists the process's threads.
+        let spawned = std::thread::Builder::new().name("nbd-accept".into()).spawn(move || {
             for conn in incoming {
                 if server.stopping.load(Relaxed) {
                     break;
@@ -416,6 +423,9 @@ impl Server {
                 }
             }
         });
+        // As `std::thread::spawn` did: a server that cannot listen must not
+        // seem to.
+        spawned.expect("start the accepting thread");
     }
 
     fn spawn_connection(self: &Arc<Self>, conn: Conn) {
@@ -463,11 +473,14 @@ impl Server {
         self.live_changed.notify_all();
     }
 
-    /// Stops reading new requests on every connection; requests already
-    /// received are still answered. Returns once all connections are gone or
-    /// `timeout` passes; returns true if they are all gone.
+    /// Stops accepting connections and reading new requests on every
+    /// connection; requests already received are still answered. Returns
+    /// once all connections are gone or `timeout` passes; returns true if
+    /// they are all gone. The accepting threads end too, so once the
+    /// caller drops its handle the server and its exports are freed.
     pub fn shutdown(&self, timeout: Duration) -> bool {
         self.stopping.store(true, Relaxed);
+        self.listeners.close_all();
         let mut live = self.live.lock();
         for c in live.values() {
             c.shutdown_read();

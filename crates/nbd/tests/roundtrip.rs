@@ -721,3 +721,48 @@ fn a_read_answered_with_pieces_carries_their_bytes() {
     s.read_exact(&mut data).unwrap();
     assert!(data == want(16384, 16384), "simple read");
 }
+
+/// After `shutdown`, nothing the server started keeps it: the threads
+/// accepting on its unix and TCP sockets end, so dropping the last handle
+/// frees it and its exports (each accepting thread holds the server, so
+/// its being freed says they ended); and a client connecting after the shutdown is
+/// refused rather than left waiting in the backlog. Before, the accepting
+/// threads held the server, blocked in `accept` until the process ended.
+#[test]
+fn a_shut_down_server_stops_accepting_and_is_freed_once_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let export: Arc<dyn Export> = Arc::new(MemExport {
+        data: Mutex::new(vec![3; 1 << 16]),
+        read_only: false,
+        slow_from: u64::MAX,
+        async_flush: None,
+        parked: None,
+    });
+    let export_left = Arc::downgrade(&export);
+    let server =
+        Server::new(Arc::new(Set(HashMap::from([("".to_string(), export)]))), ServerConfig::default());
+    server.listen_unix(UnixListener::bind(&sock).unwrap());
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    server.listen_tcp(tcp);
+    let mut client = Client::connect(&Target::Unix(sock.clone()), "").unwrap();
+    let mut b = [0u8; 4];
+    client.read(0, &mut b).unwrap();
+    assert_eq!(b, [3; 4]);
+    let server_left = Arc::downgrade(&server);
+
+    assert!(server.shutdown(Duration::from_secs(10)), "the connection ended");
+    assert!(UnixStream::connect(&sock).is_err(), "a unix client after the shutdown is refused");
+    assert!(std::net::TcpStream::connect(addr).is_err(), "a TCP client after the shutdown is refused");
+    drop(server);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server_left.upgrade().is_some() || export_left.upgrade().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the server or its export is still held after its shutdown and drop"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(client);
+}
