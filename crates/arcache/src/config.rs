@@ -239,6 +239,37 @@ pub struct ServeSettings {
 }
 
 impl ServeSettings {
+    /// Settings for a server run inside another command (`arcache demo`,
+    /// an embedder): its control socket and state in `dir`, no L2, no log,
+    /// every bound at the binary's default.
+    pub fn in_dir(
+        exports: Vec<ExportSpec>,
+        listen: Vec<Listen>,
+        dir: &Path,
+        tunables: Tunables,
+    ) -> ServeSettings {
+        let nbd = nbd::ServerConfig::default();
+        ServeSettings {
+            exports,
+            listen,
+            control: dir.join("control.sock"),
+            state_dir: dir.join("state"),
+            tunables,
+            workers: 32,
+            policy: arc_policy::SERVING_POLICIES[0],
+            l2: Vec::new(),
+            log: None,
+            metrics: None,
+            record_trace: None,
+            tls: None,
+            socket_group: None,
+            max_connections: nbd.max_connections,
+            max_conn_bytes: nbd.max_conn_bytes,
+            reply_timeout: nbd.reply_timeout,
+            view: None,
+        }
+    }
+
     /// `cfg` with these settings' bounds on connections and their memory.
     pub fn apply_limits(&self, cfg: nbd::ServerConfig) -> nbd::ServerConfig {
         nbd::ServerConfig {

@@ -2,6 +2,7 @@
 //! `arcache stat/get/set` are its clients.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use nbd::Listeners;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::warn;
@@ -43,11 +45,19 @@ pub trait Handler: Send + Sync {
     fn handle(&self, req: Request) -> Result<Value>;
 }
 
-/// Binds the control socket with mode 0600 and serves it in the background.
-pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<PathBuf> {
+/// Binds the control socket with mode 0600 and serves it in the background
+/// until `stop.close_all()`: then the accepting thread ends and lets the
+/// handler go (a session still open holds it until its client leaves or
+/// stays silent for the read timeout).
+pub fn serve(path: &Path, handler: Arc<dyn Handler>, stop: &Arc<Listeners>) -> Result<PathBuf> {
     let listener = bind_private(path)?;
+    stop.keep(listener.try_clone().map(OwnedFd::from));
+    let stop = Arc::clone(stop);
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming() {
+            if stop.closed() {
+                break;
+            }
             match stream {
                 Ok(s) => {
                     let h = Arc::clone(&handler);

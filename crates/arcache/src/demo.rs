@@ -235,34 +235,18 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     tunables.set("zfs_arc_max", plan.disk * 2)?;
     tunables.set("zfs_arc_min", plan.disk)?;
     let arc_max = tunables.value("zfs_arc_max");
-    let settings = ServeSettings {
-        exports: vec![ExportSpec {
-            name: String::new(),
-            backing: image.display().to_string(),
-            recordsize: RECORDSIZE_DEFAULT,
-            read_only: true,
-            direct: false,
-            secondarycache: true,
-            sync: None,
-            s3: Default::default(),
-        }],
-        listen: vec![Listen::Unix(sock.clone())],
-        control: dir.path().join("control.sock"),
-        state_dir: dir.path().join("state"),
-        tunables,
-        workers: 32,
-        policy: arc_policy::SERVING_POLICIES[0],
-        l2: Vec::new(),
-        log: None,
-        metrics: None,
-        record_trace: None,
-        tls: None,
-        socket_group: None,
-        max_connections: ServerConfig::default().max_connections,
-        max_conn_bytes: ServerConfig::default().max_conn_bytes,
-        reply_timeout: ServerConfig::default().reply_timeout,
-        view: None,
+    let export = ExportSpec {
+        name: String::new(),
+        backing: image.display().to_string(),
+        recordsize: RECORDSIZE_DEFAULT,
+        read_only: true,
+        direct: false,
+        secondarycache: true,
+        sync: None,
+        s3: Default::default(),
     };
+    let settings =
+        ServeSettings::in_dir(vec![export], vec![Listen::Unix(sock.clone())], dir.path(), tunables);
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;
     if !a.json {
         println!("serving it at {} through a RAM ARC of up to {}\n", running.uris[0], human(arc_max));

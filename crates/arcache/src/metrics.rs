@@ -9,10 +9,12 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use nbd::Listeners;
 use serde_json::Value;
 use tracing::{info, warn};
 
@@ -191,17 +193,28 @@ fn states(out: &mut Vec<Family>, obj: &serde_json::Map<String, Value>) {
     out.extend([online, sync].into_iter().filter(|f| !f.samples.is_empty()));
 }
 
-/// Serves `GET /metrics` on `addr` from a background thread; returns the
-/// bound address. `source` produces the stat object per scrape.
-pub fn serve(addr: &str, source: Arc<dyn Fn() -> Result<Value> + Send + Sync>) -> Result<SocketAddr> {
+/// Serves `GET /metrics` on `addr` from a background thread until
+/// `stop.close_all()`; returns the bound address. `source` produces the
+/// stat object per scrape.
+pub fn serve(
+    addr: &str,
+    source: Arc<dyn Fn() -> Result<Value> + Send + Sync>,
+    stop: &Arc<Listeners>,
+) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| format!("binding metrics {addr}"))?;
+    stop.keep(listener.try_clone().map(OwnedFd::from));
+    let stop = Arc::clone(stop);
     let local = listener.local_addr()?;
     if !local.ip().is_loopback() {
         warn!("metrics on {local} are reachable from other hosts");
     }
     info!("metrics at http://{local}/metrics");
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
-        for stream in listener.incoming().flatten() {
+        for stream in listener.incoming() {
+            if stop.closed() {
+                break;
+            }
+            let Ok(stream) = stream else { continue };
             let src = Arc::clone(&source);
             // One scrape at a time is plenty; a slow client only delays scrapes.
             if let Err(e) = answer(stream, src.as_ref()) {

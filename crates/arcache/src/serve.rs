@@ -16,7 +16,7 @@ use arcache_l2::{ExportDesc, L2Arc, L2Device, PersistOptions};
 use arcache_remote::NbdDev;
 use blockdev::{BlockDev, DevLock, FileDev, FileDevOptions};
 use clap::Args;
-use nbd::{NbdUri, Server, ServerConfig, TlsPolicy};
+use nbd::{Listeners, NbdUri, Server, ServerConfig, TlsPolicy};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tracing::{info, warn};
@@ -659,6 +659,9 @@ pub struct Running {
     rebuild: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     contents: Option<Follower>,
     state: Option<Arc<ControlState>>,
+    /// The control socket's and the metrics endpoint's listeners, shut at
+    /// the end of `stop` so their threads end and let the state go.
+    listening: Arc<Listeners>,
 }
 
 impl Running {
@@ -738,6 +741,8 @@ impl Running {
             arcache_s3::release_leases();
             arcache_rbd::close_all();
         }
+        // Last: `arcache stat` answers while dirty data is written above.
+        self.listening.close_all();
         for s in self.sockets.iter().chain(self.control.iter()) {
             let _ = std::fs::remove_file(s);
         }
@@ -944,6 +949,7 @@ pub fn start_on(
     // process as during the stages above.
     startup::serving();
     let (uris, sockets) = listen_all(settings, &server, &volumes)?;
+    let listening = Arc::new(Listeners::default());
     let control = if with_control {
         let handler = Arc::new(ControlState {
             cache: Arc::clone(&cache),
@@ -962,11 +968,14 @@ pub fn start_on(
         });
         if let Some(addr) = &settings.metrics {
             let h = Arc::clone(&handler);
-            let bound = metrics::serve(addr, Arc::new(move || h.stat()))?;
+            let bound = metrics::serve(addr, Arc::new(move || h.stat()), &listening)?;
             println!("metrics http://{bound}/metrics");
         }
-        let path = match control::serve(&settings.control, Arc::clone(&handler) as Arc<dyn control::Handler>)
-        {
+        let path = match control::serve(
+            &settings.control,
+            Arc::clone(&handler) as Arc<dyn control::Handler>,
+            &listening,
+        ) {
             Ok(p) => Some(p),
             // Clients' data matters more than our statistics: serve anyway.
             Err(e) if is_disk_full(&e) => {
@@ -999,6 +1008,7 @@ pub fn start_on(
         rebuild,
         contents,
         state,
+        listening,
     })
 }
 

@@ -14,6 +14,7 @@ pub mod uri;
 pub use arcache_batch::Batch;
 pub use client::{Client, ClientError};
 pub use conn::Conn;
+pub use server::listeners::Listeners;
 pub use server::{
     Completion, Errno, Export, ExportInfo, ExportSet, Extent, NbdResult, Piece, ReadCompletion, ReadEnd,
     Server, ServerConfig, SharedBytes, ThreadIo, ThreadIoStart,

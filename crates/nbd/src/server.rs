@@ -22,7 +22,7 @@ use arcache_batch::Batch;
 use arcache_pool::{Job, JobQueue};
 
 mod held;
-mod listeners;
+pub(crate) mod listeners;
 mod pieces;
 use held::{hold_reply, hold_slot};
 use listeners::Listeners;

@@ -1,8 +1,9 @@
-//! The sockets a server listens on, kept so that `Server::shutdown` can
-//! wake the threads blocked in `accept`. Without it those threads, each
-//! holding the server, waited for a client that never came: an embedder
-//! that shut a server down and dropped it kept its workers, exports and
-//! whatever those held until the process ended.
+//! The sockets a server listens on, kept so that its shutdown can wake
+//! the threads blocked in `accept`. Without it those threads, each holding
+//! the server, waited for a client that never came: an embedder that shut
+//! a server down and dropped it kept its workers, exports and whatever
+//! those held until the process ended. Not NBD's own: `arcache`'s control
+//! socket and metrics endpoint use it too.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -10,7 +11,7 @@ use parking_lot::Mutex;
 use tracing::warn;
 
 #[derive(Default)]
-pub(super) struct Listeners {
+pub struct Listeners {
     kept: Mutex<Kept>,
 }
 
@@ -24,7 +25,7 @@ impl Listeners {
     /// Keeps a duplicate of a listening socket's descriptor (the same
     /// socket; `shutdown` on it reaches the accepting thread's copy). A
     /// socket given after `close_all` is shut at once.
-    pub(super) fn keep(&self, fd: std::io::Result<OwnedFd>) {
+    pub fn keep(&self, fd: std::io::Result<OwnedFd>) {
         let fd = match fd {
             Ok(fd) => fd,
             Err(e) => {
@@ -43,12 +44,18 @@ impl Listeners {
     /// returns with an error (EINVAL on Linux, for unix and TCP sockets
     /// alike), and clients connecting from now on are refused instead of
     /// waiting in the backlog.
-    pub(super) fn close_all(&self) {
+    pub fn close_all(&self) {
         let mut kept = self.kept.lock();
         kept.closed = true;
         for fd in kept.fds.iter() {
             shut(fd);
         }
+    }
+
+    /// Whether `close_all` was called: an accept loop that sees an error
+    /// (or a connection accepted in the moment before) ends when it is.
+    pub fn closed(&self) -> bool {
+        self.kept.lock().closed
     }
 }
 

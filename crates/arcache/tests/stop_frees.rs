@@ -1,0 +1,93 @@
+//! A server stopped in-process (as `arcache demo` and `arcache mount` run
+//! one, and as an embedder would) leaves nothing running and nothing held:
+//! every thread it started ends and its cache is freed. Alone in its test
+//! binary, since it counts the process's threads.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arcache::config::{ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT};
+use arcache::serve;
+use arcache::tunables::Tunables;
+use nbd::{Client, ServerConfig, Target};
+
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("list /proc/self/task");
+    let mut names: Vec<String> = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|comm| comm.trim_end().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn settings(dir: &std::path::Path) -> ServeSettings {
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![9u8; 8 << 20]).expect("write the backing image");
+    let export = ExportSpec {
+        name: String::new(),
+        backing: image.display().to_string(),
+        recordsize: RECORDSIZE_DEFAULT,
+        read_only: false,
+        direct: false,
+        secondarycache: true,
+        sync: None,
+        s3: Default::default(),
+    };
+    let listen = vec![Listen::Unix(dir.join("nbd.sock")), Listen::Tcp("127.0.0.1:0".into())];
+    let mut settings = ServeSettings::in_dir(vec![export], listen, dir, Tunables::defaults());
+    settings.workers = 4;
+    settings.l2 = vec![L2Spec { path: dir.join("l2.img"), size: Some(64 << 20) }];
+    settings.log = Some(L2Spec { path: dir.join("log.img"), size: Some(16 << 20) });
+    settings.metrics = Some("127.0.0.1:0".into());
+    settings
+}
+
+/// Writes, flushes (the intent log), and reads the disk twice in order
+/// (misses on workers, zfetch's prefetch pool, hits).
+fn use_it(target: &Target) {
+    let mut c = Client::connect(target, "").expect("connect");
+    c.write(4096, &[1u8; 8192], false).expect("write");
+    c.flush().expect("flush");
+    let mut buf = vec![0u8; 128 << 10];
+    for _ in 0..2 {
+        for off in (0..(8u64 << 20)).step_by(buf.len()) {
+            c.read(off, &mut buf).expect("read");
+        }
+    }
+    c.read(4096, &mut buf[..8192]).expect("read back");
+    assert!(buf[..8192].iter().all(|&b| b == 1), "the write reads back");
+    c.disconnect().expect("disconnect");
+}
+
+#[test]
+fn a_stopped_server_ends_its_threads_and_frees_its_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let before = thread_names();
+    let settings = settings(dir.path());
+    let running =
+        serve::start(&settings, settings.apply_limits(ServerConfig::default()), true).expect("start");
+    use_it(&Target::Unix(dir.path().join("nbd.sock")));
+    let during = thread_names();
+    assert!(during.len() > before.len() + 8, "the server started its threads: {during:?}");
+    let cache = Arc::downgrade(&running.cache);
+    let server = Arc::downgrade(&running.server);
+    running.stop().expect("stop");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = thread_names();
+        let freed = cache.upgrade().is_none() && server.upgrade().is_none();
+        if left == before && freed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "10 s after the stop: threads {left:?} against {before:?} before the start; cache freed {}, server freed {}",
+            cache.upgrade().is_none(),
+            server.upgrade().is_none()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
