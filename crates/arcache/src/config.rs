@@ -238,6 +238,9 @@ pub struct ServeSettings {
     pub view: Option<arcache_l2::ExportDesc>,
 }
 
+/// NBD worker threads unless `--workers` says otherwise.
+pub const DEFAULT_WORKERS: usize = 32;
+
 impl ServeSettings {
     /// Settings for a server run inside another command (`arcache demo`,
     /// an embedder): its control socket and state in `dir`, no L2, no log,
@@ -255,7 +258,7 @@ impl ServeSettings {
             control: dir.join("control.sock"),
             state_dir: dir.join("state"),
             tunables,
-            workers: 32,
+            workers: DEFAULT_WORKERS,
             policy: arc_policy::SERVING_POLICIES[0],
             l2: Vec::new(),
             log: None,

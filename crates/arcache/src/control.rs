@@ -2,7 +2,6 @@
 //! `arcache stat/get/set` are its clients.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -46,26 +45,31 @@ pub trait Handler: Send + Sync {
 }
 
 /// Binds the control socket with mode 0600 and serves it in the background
-/// until `stop.close_all()`: then the accepting thread ends and lets the
-/// handler go (a session still open holds it until its client leaves or
-/// stays silent for the read timeout).
+/// until `stop.close_all()`: then the accepting thread ends, and so do the
+/// sessions once their request in hand is answered, letting the handler go.
 pub fn serve(path: &Path, handler: Arc<dyn Handler>, stop: &Arc<Listeners>) -> Result<PathBuf> {
     let listener = bind_private(path)?;
-    stop.keep(listener.try_clone().map(OwnedFd::from));
+    stop.keep(listener.try_clone().with_context(|| format!("keeping {}", path.display()))?.into());
     let stop = Arc::clone(stop);
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming() {
             if stop.closed() {
                 break;
             }
-            match stream {
-                Ok(s) => {
+            match stream.and_then(|s| Ok((s.try_clone()?, s))) {
+                Ok((dup, s)) => {
+                    let slot = stop.keep_session(dup.into());
                     let h = Arc::clone(&handler);
-                    std::thread::spawn(move || {
-                        if let Err(e) = session(s, h.as_ref()) {
-                            warn!("control connection: {e:#}");
-                        }
-                    });
+                    let spawned =
+                        std::thread::Builder::new().name("control-session".into()).spawn(move || {
+                            if let Err(e) = session(s, h.as_ref()) {
+                                warn!("control connection: {e:#}");
+                            }
+                            drop(slot);
+                        });
+                    if let Err(e) = spawned {
+                        warn!("control connection: no thread for it: {e}");
+                    }
                 }
                 Err(e) => warn!("control accept: {e}"),
             }

@@ -9,7 +9,6 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,7 +201,7 @@ pub fn serve(
     stop: &Arc<Listeners>,
 ) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| format!("binding metrics {addr}"))?;
-    stop.keep(listener.try_clone().map(OwnedFd::from));
+    stop.keep(listener.try_clone().with_context(|| format!("keeping metrics {addr}"))?.into());
     let stop = Arc::clone(stop);
     let local = listener.local_addr()?;
     if !local.ip().is_loopback() {

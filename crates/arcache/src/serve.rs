@@ -323,7 +323,7 @@ fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> R
         control: args.control.clone().or(file.control).unwrap_or_else(default_control_path),
         state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(default_state_dir),
         tunables: t,
-        workers: args.workers.or(file.workers).unwrap_or(32),
+        workers: args.workers.or(file.workers).unwrap_or(crate::config::DEFAULT_WORKERS),
         policy: serving_policy(args.policy.as_deref().or(file.policy.as_deref()))?,
         l2: args.l2.iter().chain(file.l2.iter()).map(|s| parse_l2(s)).collect::<Result<Vec<_>>>()?,
         log: args.log.as_ref().or(file.log.as_ref()).map(|s| parse_l2(s)).transpose()?,
@@ -378,24 +378,25 @@ fn tls_policy(settings: &ServeSettings) -> Result<Option<TlsPolicy>> {
     Ok(Some(TlsPolicy { config, required: t.required }))
 }
 
-/// Binds every listener; returns the URIs clients can use and the unix
-/// socket paths (to remove at exit).
+/// Binds every listener, adding each unix socket's path to `sockets` once
+/// bound (to remove at exit, a failed start's included); returns the URIs
+/// clients can use.
 fn listen_all(
     settings: &ServeSettings,
     server: &Arc<Server>,
     volumes: &[Arc<Volume>],
-) -> Result<(Vec<String>, Vec<PathBuf>)> {
+    sockets: &mut Vec<PathBuf>,
+) -> Result<Vec<String>> {
     let mut targets = Vec::new();
-    let mut sockets = Vec::new();
     for l in &settings.listen {
         match l {
             Listen::Unix(p) => {
                 let listener = control::bind_private(p)?;
+                sockets.push(p.clone());
                 if let Some(gid) = settings.socket_group {
                     control::share_with_group(p, gid)?;
                 }
                 server.listen_unix(listener);
-                sockets.push(p.clone());
                 targets.push(nbd::Target::Unix(p.clone()));
             }
             Listen::Tcp(addr) => {
@@ -420,7 +421,7 @@ fn listen_all(
             uris.push(NbdUri { target: target.clone(), export: v.name().to_string(), tls }.to_string());
         }
     }
-    Ok((uris, sockets))
+    Ok(uris)
 }
 
 /// The NBD export `text` names, if it is an NBD URI; `what` for errors.
@@ -821,6 +822,8 @@ pub fn start_on(
     with_control: bool,
 ) -> Result<Running> {
     let t = settings.tunables.clone();
+    // Before anything starts a thread: a bad certificate leaves nothing to stop.
+    let tls = tls_policy(settings)?;
     let descs = export_descs(settings, &devices)?;
     let l2_descs: Vec<ExportDesc> = descs.iter().cloned().chain(settings.view.clone()).collect();
     let persist = PersistOptions {
@@ -929,7 +932,6 @@ pub fn start_on(
         }
         None => (None, None),
     };
-    let tls = tls_policy(settings)?;
     let server = Server::with_tls(
         Arc::new(table),
         settings.apply_limits(ServerConfig { workers: settings.workers, ..nbd_cfg }),
@@ -943,38 +945,83 @@ pub fn start_on(
             Some(Box::new(ConnRing(own)) as Box<dyn nbd::ThreadIo>)
         }));
     }
-    startup::stage("binding the sockets");
-    // A client may connect and write as soon as a socket is bound: a signal
-    // from here on must stop cleanly (syncing what it wrote), not end the
-    // process as during the stages above.
-    startup::serving();
-    let (uris, sockets) = listen_all(settings, &server, &volumes)?;
-    let listening = Arc::new(Listeners::default());
-    let control = if with_control {
+    let mut running = Running {
+        server,
+        cache,
+        writeback,
+        recorder,
+        volumes,
+        uris: Vec::new(),
+        control: None,
+        sockets: Vec::new(),
+        feed,
+        rebuild,
+        contents,
+        state: None,
+        listening: Arc::new(Listeners::default()),
+    };
+    let parts = ControlParts { tunables: t, feed: feed_tun, feed_stats, arc_max };
+    if let Err(e) = running.open_to_clients(settings, with_control, parts) {
+        // Threads run and a client may have written already: stop as at a
+        // signal, so nothing is left running and what was written is synced.
+        if let Err(stop) = running.stop() {
+            warn!("stopping after a failed start: {stop:#}");
+        }
+        return Err(e);
+    }
+    Ok(running)
+}
+
+/// What the control state takes beyond what `Running` holds.
+struct ControlParts {
+    tunables: Tunables,
+    feed: Arc<FeedTunables>,
+    feed_stats: Option<Arc<FeedStats>>,
+    arc_max: Arc<AtomicU64>,
+}
+
+impl Running {
+    /// Binds the NBD sockets, then the metrics endpoint and control socket.
+    fn open_to_clients(
+        &mut self,
+        settings: &ServeSettings,
+        with_control: bool,
+        parts: ControlParts,
+    ) -> Result<()> {
+        startup::stage("binding the sockets");
+        // A client may connect and write as soon as a socket is bound: a
+        // signal from here on must stop cleanly (syncing what it wrote), not
+        // end the process as during the stages above.
+        startup::serving();
+        self.uris = listen_all(settings, &self.server, &self.volumes, &mut self.sockets)?;
+        if !with_control {
+            return Ok(());
+        }
         let handler = Arc::new(ControlState {
-            cache: Arc::clone(&cache),
-            writeback: Arc::clone(&writeback),
-            write_tun: Arc::clone(&writeback.tunables),
-            tunables: Mutex::new(t),
-            server: Arc::clone(&server),
-            volumes: volumes.clone(),
-            feed: feed_tun,
-            feed_stats: feed_stats.clone(),
-            arc_max,
+            cache: Arc::clone(&self.cache),
+            writeback: Arc::clone(&self.writeback),
+            write_tun: Arc::clone(&self.writeback.tunables),
+            tunables: Mutex::new(parts.tunables),
+            server: Arc::clone(&self.server),
+            volumes: self.volumes.clone(),
+            feed: parts.feed,
+            feed_stats: parts.feed_stats,
+            arc_max: parts.arc_max,
             started: std::time::Instant::now(),
-            recorder: recorder.clone(),
+            recorder: self.recorder.clone(),
             sizing_cache: Mutex::new(None),
             extra: Mutex::new(Vec::new()),
         });
+        self.state = Some(Arc::clone(&handler));
         if let Some(addr) = &settings.metrics {
             let h = Arc::clone(&handler);
-            let bound = metrics::serve(addr, Arc::new(move || h.stat()), &listening)?;
+            let bound = metrics::serve(addr, Arc::new(move || h.stat()), &self.listening)?;
             println!("metrics http://{bound}/metrics");
         }
-        let path = match control::serve(
+        self.control = match control::serve(
             &settings.control,
-            Arc::clone(&handler) as Arc<dyn control::Handler>,
-            &listening,
+            handler as Arc<dyn control::Handler>,
+            &self.listening,
         ) {
             Ok(p) => Some(p),
             // Clients' data matters more than our statistics: serve anyway.
@@ -986,30 +1033,12 @@ pub fn start_on(
             }
             Err(e) => return Err(e),
         };
-        (path, Some(handler))
-    } else {
-        (None, None)
-    };
-    let (control, state) = control;
-    // A fault test holds start-up here with its sockets answering
-    // (tests/failpoints.rs: a signal then must be a clean stop).
-    #[cfg(feature = "failpoints")]
-    fail::fail_point!("serve.bound");
-    Ok(Running {
-        server,
-        cache,
-        writeback,
-        recorder,
-        volumes,
-        uris,
-        control,
-        sockets,
-        feed,
-        rebuild,
-        contents,
-        state,
-        listening,
-    })
+        // A fault test holds start-up here with its sockets answering
+        // (tests/failpoints.rs: a signal then must be a clean stop).
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("serve.bound");
+        Ok(())
+    }
 }
 
 /// What each export's L2 records are bound to: its backing store's

@@ -1,8 +1,11 @@
 //! A server stopped in-process (as `arcache demo` and `arcache mount` run
 //! one, and as an embedder would) leaves nothing running and nothing held:
-//! every thread it started ends and its cache is freed. Alone in its test
-//! binary, since it counts the process's threads.
+//! every thread it started ends and its cache is freed, an idle control
+//! session included. Alone in its test binary, since it counts the
+//! process's threads.
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,10 +64,43 @@ fn use_it(target: &Target) {
     c.disconnect().expect("disconnect");
 }
 
+/// Waits up to 10 s for the process's threads to be `before` again and for
+/// `freed` to hold; `what` names the moment waited from.
+fn back_to(before: &[String], freed: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = thread_names();
+        if left == before && freed() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "10 s after {what}: threads {left:?} against {before:?} before the start; what it held freed: {}",
+            freed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A start that fails once threads run and a socket is bound (here the
+/// second listener's path is the first's, in use) stops what it started:
+/// no thread is left, and the socket it bound is removed.
+fn a_failed_start_leaves_nothing(dir: &std::path::Path, before: &[String]) {
+    let mut settings = settings(dir);
+    let sock = dir.join("nbd.sock");
+    settings.listen = vec![Listen::Unix(sock.clone()), Listen::Unix(sock.clone())];
+    let failed = serve::start(&settings, settings.apply_limits(ServerConfig::default()), true);
+    let e = failed.err().expect("a start with one socket path twice fails");
+    assert!(format!("{e:#}").contains("in use"), "the error says why: {e:#}");
+    assert!(!sock.exists(), "the socket the failed start bound is removed");
+    back_to(before, || true, "the failed start");
+}
+
 #[test]
-fn a_stopped_server_ends_its_threads_and_frees_its_cache() {
+fn a_stopped_server_or_a_failed_start_ends_its_threads_and_frees_its_cache() {
     let dir = tempfile::tempdir().expect("tempdir");
     let before = thread_names();
+    a_failed_start_leaves_nothing(dir.path(), &before);
     let settings = settings(dir.path());
     let running =
         serve::start(&settings, settings.apply_limits(ServerConfig::default()), true).expect("start");
@@ -73,21 +109,20 @@ fn a_stopped_server_ends_its_threads_and_frees_its_cache() {
     assert!(during.len() > before.len() + 8, "the server started its threads: {during:?}");
     let cache = Arc::downgrade(&running.cache);
     let server = Arc::downgrade(&running.server);
+    // A control client that asked once and then sits idle: its session
+    // must not keep the server.
+    let mut idle = UnixStream::connect(dir.path().join("control.sock")).expect("connect to control");
+    idle.write_all(b"{\"op\":\"stat\"}\n").expect("ask");
+    let mut answer = BufReader::new(idle.try_clone().expect("clone"));
+    let mut line = String::new();
+    answer.read_line(&mut line).expect("answer");
+    assert!(line.contains("\"ok\":true"), "stat answered: {line}");
     running.stop().expect("stop");
+    // The server's own idle timeout is 60 s: an end later than this is not
+    // the stop's doing.
+    idle.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    line.clear();
+    assert_eq!(answer.read_line(&mut line).expect("read after the stop"), 0, "the idle session was ended");
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = thread_names();
-        let freed = cache.upgrade().is_none() && server.upgrade().is_none();
-        if left == before && freed {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "10 s after the stop: threads {left:?} against {before:?} before the start; cache freed {}, server freed {}",
-            cache.upgrade().is_none(),
-            server.upgrade().is_none()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    back_to(&before, || cache.upgrade().is_none() && server.upgrade().is_none(), "the stop");
 }

@@ -394,19 +394,28 @@ impl Server {
 
     /// Accepts connections on a unix socket in a background thread.
     pub fn listen_unix(self: &Arc<Self>, listener: UnixListener) {
-        self.listeners.keep(listener.try_clone().map(OwnedFd::from));
+        self.keep_listening(listener.try_clone().map(OwnedFd::from));
         self.accept_loop(std::iter::from_fn(move || Some(listener.accept().map(|(s, _)| Conn::Unix(s)))));
     }
 
     /// Accepts connections on a TCP socket in a background thread.
     pub fn listen_tcp(self: &Arc<Self>, listener: TcpListener) {
-        self.listeners.keep(listener.try_clone().map(OwnedFd::from));
+        self.keep_listening(listener.try_clone().map(OwnedFd::from));
         self.accept_loop(std::iter::from_fn(move || {
             Some(listener.accept().map(|(s, _)| {
                 let _ = s.set_nodelay(true);
                 Conn::Tcp(s)
             }))
         }));
+    }
+
+    fn keep_listening(&self, dup: io::Result<OwnedFd>) {
+        match dup {
+            Ok(fd) => self.listeners.keep(fd),
+            Err(e) => {
+                warn!("cannot keep the listening socket, so shutdown will not end its accepting thread: {e}")
+            }
+        }
     }
 
     fn accept_loop(self: &Arc<Self>, incoming: impl Iterator<Item = io::Result<Conn>> + Send + 'static) {
@@ -476,8 +485,8 @@ impl Server {
     /// Stops accepting connections and reading new requests on every
     /// connection; requests already received are still answered. Returns
     /// once all connections are gone or `timeout` passes; returns true if
-    /// they are all gone. The accepting threads end too, so once the
-    /// caller drops its handle the server and its exports are freed.
+    /// they are all gone. The accepting threads end too, so when it returns
+    /// true, dropping the caller's handle frees the server and its exports.
     pub fn shutdown(&self, timeout: Duration) -> bool {
         self.stopping.store(true, Relaxed);
         self.listeners.close_all();

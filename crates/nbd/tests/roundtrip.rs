@@ -725,9 +725,8 @@ fn a_read_answered_with_pieces_carries_their_bytes() {
 /// After `shutdown`, nothing the server started keeps it: the threads
 /// accepting on its unix and TCP sockets end, so dropping the last handle
 /// frees it and its exports (each accepting thread holds the server, so
-/// its being freed says they ended); and a client connecting after the shutdown is
-/// refused rather than left waiting in the backlog. Before, the accepting
-/// threads held the server, blocked in `accept` until the process ended.
+/// its being freed says they ended); and a client connecting after the
+/// shutdown is refused rather than left waiting in the backlog.
 #[test]
 fn a_shut_down_server_stops_accepting_and_is_freed_once_dropped() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,11 +1,11 @@
-//! The sockets a server listens on, kept so that its shutdown can wake
-//! the threads blocked in `accept`. Without it those threads, each holding
-//! the server, waited for a client that never came: an embedder that shut
-//! a server down and dropped it kept its workers, exports and whatever
-//! those held until the process ended. Not NBD's own: `arcache`'s control
-//! socket and metrics endpoint use it too.
+//! The sockets a server listens on, and the sessions it holds open, kept so
+//! that its shutdown can end the threads blocked on them: each such thread
+//! holds what the server serves, so a server shut down and dropped is freed
+//! only once they all return. Not tied to NBD: any accept loop can use it.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tracing::warn;
@@ -17,37 +17,65 @@ pub struct Listeners {
 
 #[derive(Default)]
 struct Kept {
-    fds: Vec<OwnedFd>,
+    listening: Vec<OwnedFd>,
+    sessions: HashMap<u64, OwnedFd>,
+    next_session: u64,
     closed: bool,
+}
+
+/// A session's place among the kept sockets; leaving it (the session
+/// ended) forgets the socket.
+pub struct SessionSlot {
+    owner: Arc<Listeners>,
+    id: u64,
+}
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.owner.kept.lock().sessions.remove(&self.id);
+    }
 }
 
 impl Listeners {
     /// Keeps a duplicate of a listening socket's descriptor (the same
-    /// socket; `shutdown` on it reaches the accepting thread's copy). A
+    /// socket: `shutdown` on it reaches the accepting thread's copy). A
     /// socket given after `close_all` is shut at once.
-    pub fn keep(&self, fd: std::io::Result<OwnedFd>) {
-        let fd = match fd {
-            Ok(fd) => fd,
-            Err(e) => {
-                warn!("cannot keep the listening socket (shutdown will not wake its accept): {e}");
-                return;
-            }
-        };
+    pub fn keep(&self, listening: OwnedFd) {
         let mut kept = self.kept.lock();
         if kept.closed {
-            shut(&fd);
+            shut(&listening);
+        } else {
+            kept.listening.push(listening);
         }
-        kept.fds.push(fd);
     }
 
-    /// Shuts every listening socket: a thread blocked in `accept` on one
-    /// returns with an error (EINVAL on Linux, for unix and TCP sockets
-    /// alike), and clients connecting from now on are refused instead of
-    /// waiting in the backlog.
+    /// Keeps a duplicate of a session's socket until the slot is dropped,
+    /// so `close_all` can end a session blocked reading its client. A
+    /// session begun after `close_all` is shut at once.
+    pub fn keep_session(self: &Arc<Self>, session: OwnedFd) -> SessionSlot {
+        let mut kept = self.kept.lock();
+        if kept.closed {
+            shut(&session);
+        }
+        let id = kept.next_session;
+        kept.next_session += 1;
+        kept.sessions.insert(id, session);
+        SessionSlot { owner: Arc::clone(self), id }
+    }
+
+    /// Shuts every listening socket and session: a thread blocked in
+    /// `accept` returns an error (EINVAL on Linux, unix and TCP alike), one
+    /// blocked reading a session reads its end. Our duplicates of the
+    /// listening sockets are closed too, so once the accepting threads have
+    /// gone, clients still queued in a unix socket's backlog are reset
+    /// rather than left waiting while the owner lives.
     pub fn close_all(&self) {
         let mut kept = self.kept.lock();
         kept.closed = true;
-        for fd in kept.fds.iter() {
+        for fd in kept.listening.drain(..) {
+            shut(&fd);
+        }
+        for fd in kept.sessions.values() {
             shut(fd);
         }
     }
@@ -60,10 +88,13 @@ impl Listeners {
 }
 
 fn shut(fd: &OwnedFd) {
-    // SAFETY: `fd` is an open descriptor this value owns; shutdown(2)
-    // reads nothing from memory.
-    let rc = unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
-    if rc != 0 {
-        warn!("shutting the listening socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is an open descriptor its owner keeps open for the call;
+    // shutdown(2) reads nothing from memory.
+    if unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // A session its client already closed is not connected any more.
+        if e.raw_os_error() != Some(libc::ENOTCONN) {
+            warn!("shutting a socket: {e}");
+        }
     }
 }
