@@ -1018,21 +1018,18 @@ impl Running {
             let bound = metrics::serve(addr, Arc::new(move || h.stat()), &self.listening)?;
             println!("metrics http://{bound}/metrics");
         }
-        self.control = match control::serve(
-            &settings.control,
-            handler as Arc<dyn control::Handler>,
-            &self.listening,
-        ) {
-            Ok(p) => Some(p),
-            // Clients' data matters more than our statistics: serve anyway.
-            Err(e) if is_disk_full(&e) => {
-                tracing::error!(
+        self.control =
+            match control::serve(&settings.control, handler as Arc<dyn control::Handler>, &self.listening) {
+                Ok(p) => Some(p),
+                // Clients' data matters more than our statistics: serve anyway.
+                Err(e) if is_disk_full(&e) => {
+                    tracing::error!(
                     "no control socket ({e:#}); serving without it, so stat/get/set cannot reach this server"
                 );
-                None
-            }
-            Err(e) => return Err(e),
-        };
+                    None
+                }
+                Err(e) => return Err(e),
+            };
         // A fault test holds start-up here with its sockets answering
         // (tests/failpoints.rs: a signal then must be a clean stop).
         #[cfg(feature = "failpoints")]
