@@ -149,6 +149,23 @@ pub struct ExportSpec {
     pub s3: arcache_s3::S3Settings,
 }
 
+impl ExportSpec {
+    /// `backing` served as `name` with every per-export setting at its
+    /// default (what `--export NAME=BACKING` gives with no other flag).
+    pub fn plain(name: String, backing: String) -> ExportSpec {
+        ExportSpec {
+            name,
+            backing,
+            recordsize: RECORDSIZE_DEFAULT,
+            read_only: false,
+            direct: false,
+            secondarycache: true,
+            sync: None,
+            s3: Default::default(),
+        }
+    }
+}
+
 /// An L2 device to open (and create with `size` if it is missing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct L2Spec {

@@ -14,7 +14,7 @@ use nbd::{Client, ServerConfig, Target};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::config::{ExportSpec, Listen, ServeSettings, RECORDSIZE_DEFAULT};
+use crate::config::{ExportSpec, Listen, ServeSettings};
 use crate::serve::{start_on, Running};
 use crate::size::human;
 use crate::tunables::Tunables;
@@ -235,16 +235,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     tunables.set("zfs_arc_max", plan.disk * 2)?;
     tunables.set("zfs_arc_min", plan.disk)?;
     let arc_max = tunables.value("zfs_arc_max");
-    let export = ExportSpec {
-        name: String::new(),
-        backing: image.display().to_string(),
-        recordsize: RECORDSIZE_DEFAULT,
-        read_only: true,
-        direct: false,
-        secondarycache: true,
-        sync: None,
-        s3: Default::default(),
-    };
+    let export =
+        ExportSpec { read_only: true, ..ExportSpec::plain(String::new(), image.display().to_string()) };
     let settings =
         ServeSettings::in_dir(vec![export], vec![Listen::Unix(sock.clone())], dir.path(), tunables);
     let running = start_on(&settings, vec![slow], ServerConfig::default(), false)?;

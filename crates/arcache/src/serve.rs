@@ -280,14 +280,11 @@ fn resolve_settings(args: &ServeArgs, file: ConfigFile, need_exports: bool) -> R
             bail!("--export {s:?} has no backing store");
         }
         let spec = ExportSpec {
-            name: name.clone(),
-            backing,
             recordsize: default_rs,
             read_only: all_ro,
             direct,
             secondarycache: all_secondary,
-            sync: None,
-            s3: Default::default(),
+            ..ExportSpec::plain(name.clone(), backing)
         };
         if from_flags.insert(name.clone(), spec).is_some() {
             bail!("export {name:?} is given twice");
@@ -660,8 +657,9 @@ pub struct Running {
     rebuild: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     contents: Option<Follower>,
     state: Option<Arc<ControlState>>,
-    /// The control socket's and the metrics endpoint's listeners, shut at
-    /// the end of `stop` so their threads end and let the state go.
+    /// The control socket's and the metrics endpoint's listeners and the
+    /// control sessions, shut at the end of `stop` so their threads end and
+    /// let the state go.
     listening: Arc<Listeners>,
 }
 

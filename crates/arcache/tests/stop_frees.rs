@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arcache::config::{ExportSpec, L2Spec, Listen, ServeSettings, RECORDSIZE_DEFAULT};
+use arcache::config::{ExportSpec, L2Spec, Listen, ServeSettings};
 use arcache::serve;
 use arcache::tunables::Tunables;
 use nbd::{Client, ServerConfig, Target};
@@ -28,16 +28,7 @@ fn thread_names() -> Vec<String> {
 fn settings(dir: &std::path::Path) -> ServeSettings {
     let image = dir.join("disk.img");
     std::fs::write(&image, vec![9u8; 8 << 20]).expect("write the backing image");
-    let export = ExportSpec {
-        name: String::new(),
-        backing: image.display().to_string(),
-        recordsize: RECORDSIZE_DEFAULT,
-        read_only: false,
-        direct: false,
-        secondarycache: true,
-        sync: None,
-        s3: Default::default(),
-    };
+    let export = ExportSpec::plain(String::new(), image.display().to_string());
     let listen = vec![Listen::Unix(dir.join("nbd.sock")), Listen::Tcp("127.0.0.1:0".into())];
     let mut settings = ServeSettings::in_dir(vec![export], listen, dir, Tunables::defaults());
     settings.workers = 4;

@@ -98,3 +98,57 @@ fn shut(fd: &OwnedFd) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{ErrorKind, Read};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::time::Duration;
+
+    /// What a client's read sees within 5 s: `Ok(0)` at its end, an error
+    /// for a reset, `TimedOut`/`WouldBlock` if it was left waiting.
+    fn read_outcome(client: &mut UnixStream) -> std::io::Result<usize> {
+        client.set_read_timeout(Some(Duration::from_secs(5)))?;
+        client.read(&mut [0u8; 1])
+    }
+
+    fn left_waiting(r: &std::io::Result<usize>) -> bool {
+        matches!(r, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut))
+    }
+
+    /// A client queued in the backlog, never accepted, is let go once the
+    /// accepting side's own descriptor closes after `close_all`: our kept
+    /// duplicate must not hold the socket open.
+    #[test]
+    fn a_queued_client_is_let_go_once_the_accepting_side_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listener = UnixListener::bind(&path).unwrap();
+        let kept = Listeners::default();
+        kept.keep(listener.try_clone().unwrap().into());
+        let mut queued = UnixStream::connect(&path).unwrap();
+        kept.close_all();
+        drop(listener); // as the accepting thread does once woken
+        let r = read_outcome(&mut queued);
+        assert!(!left_waiting(&r), "the queued client was left waiting: {r:?}");
+    }
+
+    /// A socket kept after `close_all` (a listener added to a server already
+    /// shut down, a session accepted in the moment before) is shut at once.
+    #[test]
+    fn sockets_kept_after_close_all_are_shut_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let kept = Arc::new(Listeners::default());
+        kept.close_all();
+        let listener = UnixListener::bind(&path).unwrap();
+        kept.keep(listener.try_clone().unwrap().into());
+        assert!(UnixStream::connect(&path).is_err(), "a listener kept after close_all still takes clients");
+        let (mut client, server_end) = UnixStream::pair().unwrap();
+        let slot = kept.keep_session(server_end.try_clone().unwrap().into());
+        assert_eq!(read_outcome(&mut client).unwrap(), 0, "a session kept after close_all was not ended");
+        drop(slot);
+        assert!(kept.kept.lock().sessions.is_empty(), "a dropped slot forgets its session");
+    }
+}
