@@ -38,6 +38,13 @@
 //!   `mfu_size`) also holds records read once, in room no re-used record
 //!   wanted; the L2 feed under `l2arc_mfuonly` passes them over
 //!   ([`Policy::scan_tail_reused`]).
+//! - One more variant the copies try is LRU's equal
+//!   ([`crate::select::Variant::RECENCY`]): a 1 % MRU whose leavers all
+//!   go to MFU's head, MFU evicting its end with no second chance. No
+//!   other variant followed a hot set that moves as LRU does; when it
+//!   runs, MFU holds records read once too, as under `fill_mfu`, and a
+//!   scan passes through MFU as through LRU (the copies choose it only
+//!   while it hits more).
 //!
 //! Known weakness (bench/results/policy.md): a working set that moves
 //! wholesale (traces/tools/synthetic.py's `shifting` and `recurring`, the
@@ -235,11 +242,12 @@ impl AdaptiveArc {
     }
 
     /// The variants the serving policy's copies try, as (MRU's target as a
-    /// fraction of the cache, whether MFU takes in what leaves MRU unused),
+    /// fraction of the cache, whether MFU takes in what leaves MRU unused,
+    /// whether it does so with no room, MFU's end giving way),
     /// in the order [`AdaptiveArc::holding`] numbers them.
     #[doc(hidden)]
-    pub fn variants() -> Vec<(f64, bool)> {
-        crate::select::VARIANTS.iter().map(|v| (v.fraction, v.fill_mfu)).collect()
+    pub fn variants() -> Vec<(f64, bool, bool)> {
+        crate::select::VARIANTS.iter().map(|v| (v.fraction, v.fill_mfu, v.displace)).collect()
     }
 
     /// Runs variant `i` of [`AdaptiveArc::variants`] throughout, at full
@@ -505,7 +513,8 @@ impl AdaptiveArc {
             && self.running.fill_mfu
             && how != How::Prefetch
             && honor.filled < MAX_FILLS_PER_PASS
-            && (self.q.sizes[State::Mfu as usize] + size) as f64 <= self.c as f64 - self.p
+            && (self.running.displace
+                || (self.q.sizes[State::Mfu as usize] + size) as f64 <= self.c as f64 - self.p)
         {
             honor.filled += 1;
             self.q.slab.get_mut(idx).how = How::Filled;
@@ -550,7 +559,10 @@ impl AdaptiveArc {
         let fill_mfu = self.running.fill_mfu;
         self.q.unlink(idx);
         let e = self.q.slab.get_mut(idx);
-        if e.freq == 0 {
+        // Under `displace` MFU is LRU: a record hit since it last got here
+        // was moved to MFU's head then, and one more pass for it kept old
+        // hot records past newer ones (see `Variant::RECENCY`).
+        if e.freq == 0 || from == State::Mfu && self.running.displace {
             return false;
         }
         e.freq = if from == State::Mru || fill_mfu { 0 } else { e.freq - 1 };
@@ -912,8 +924,7 @@ mod tests {
     /// copies may switch it: with `prefetch`, every other record is brought
     /// by a prefetch and every fourth is then read on demand.
     fn switched_to_fill(prefetch: bool) -> AdaptiveArc {
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant { fraction: 0.95, fill_mfu: false });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant::split(0.95, false));
         for k in 0..4000u64 {
             let access = Access { now_ns: k, prefetch: prefetch && k % 2 == 1 };
             assert!(!a.lookup(k, access).is_hit());
@@ -923,7 +934,7 @@ mod tests {
             }
         }
         assert_eq!(a.stats().mru_size, 4000);
-        a.run_variant(Variant { fraction: 0.1, fill_mfu: true });
+        a.run_variant(Variant::split(0.1, true));
         assert_eq!(a.p, 400.0);
         a
     }
@@ -971,8 +982,7 @@ mod tests {
     /// of its speed).
     #[test]
     fn a_prefetched_stream_keeps_its_read_ahead_under_fill() {
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant { fraction: 0.01, fill_mfu: true });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant::split(0.01, true));
         let ms = 1_000_000;
         let mut hits = 0;
         for i in 0..20_000u64 {
@@ -999,8 +1009,7 @@ mod tests {
     /// sequential pass over L2 read a third of its records twice).
     #[test]
     fn young_prefetches_at_mrus_end_make_room_come_from_mfu() {
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant { fraction: 0.01, fill_mfu: true });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(4000), Variant::split(0.01, true));
         let ms = 1_000_000;
         for k in 0..4000u64 {
             a.insert(k, 1, Access::demand(k * ms), &mut Vec::new());
@@ -1077,12 +1086,11 @@ mod tests {
     /// switch comes back into MFU, whenever its record was inserted.
     #[test]
     fn a_ghost_from_before_a_switch_comes_back_into_mru() {
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.1, fill_mfu: false });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant::split(0.1, false));
         insert_demand(&mut a, 0..200);
         assert_eq!(state_of(&a, 1), Some(State::MruGhost));
         assert_eq!(state_of(&a, 150), Some(State::Mru), "resident at the switch");
-        a.run_variant(Variant { fraction: 0.01, fill_mfu: true });
+        a.run_variant(Variant::split(0.01, true));
         insert_demand(&mut a, 1000..1050);
         let ghost_hits = a.stats().mru_ghost_hits + a.stats().mfu_ghost_hits;
         assert_eq!(state_of(&a, 99), Some(State::MruGhost), "{:?}", a.stats());
@@ -1095,8 +1103,7 @@ mod tests {
         assert!(matches!(reread(&mut a, later, 2001), Lookup::GhostHit(_)));
         assert_eq!(state_of(&a, later), Some(State::Mfu), "evicted after the switch");
         // A cache that never switched admits ghosts to MFU.
-        let mut held =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.1, fill_mfu: false });
+        let mut held = AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant::split(0.1, false));
         insert_demand(&mut held, 0..200);
         assert!(matches!(reread(&mut held, 1, 2000), Lookup::GhostHit(ListKind::Mru)));
         assert_eq!(state_of(&held, 1), Some(State::Mfu));
@@ -1108,10 +1115,9 @@ mod tests {
     /// insert, was evicted under the new variant: it comes back into MFU.
     #[test]
     fn a_ghost_a_new_limit_evicts_right_after_a_switch_comes_back_into_mfu() {
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.1, fill_mfu: false });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant::split(0.1, false));
         insert_demand(&mut a, 0..200);
-        a.run_variant(Variant { fraction: 0.3, fill_mfu: false });
+        a.run_variant(Variant::split(0.3, false));
         a.set_limits(50, 50, &mut Vec::new());
         let ghost = (100..200).find(|&k| state_of(&a, k) == Some(State::MruGhost));
         let ghost = ghost.expect("the new limit evicted a record of 100..200");
@@ -1126,8 +1132,7 @@ mod tests {
     #[test]
     fn metadata_in_a_small_mfu_stays_while_mru_has_data_to_give() {
         use crate::key::view::{self, Kind};
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.95, fill_mfu: false });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant::split(0.95, false));
         let meta: Vec<Key> = (0..20).map(|o| view::make(Kind::Attr, o, 0)).collect();
         let second = 1_000_000_000;
         for pass in 0..2 {
@@ -1208,8 +1213,7 @@ mod tests {
     /// hot record rewritten started over and left at its list's end.
     #[test]
     fn a_record_stored_again_keeps_the_reuse_it_earned() {
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.1, fill_mfu: false });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant::split(0.1, false));
         let second = 1_000_000_000;
         reread(&mut a, 7, 0);
         reread(&mut a, 7, second);
@@ -1230,8 +1234,7 @@ mod tests {
     #[test]
     fn metadata_rotations_are_counted_per_list() {
         use crate::key::view::{self, Kind};
-        let mut a =
-            AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant { fraction: 0.01, fill_mfu: false });
+        let mut a = AdaptiveArc::with_variant(ZfsArcConfig::fixed(100), Variant::split(0.01, false));
         let meta: Vec<Key> = (0..12).map(|o| view::make(Kind::Attr, o, 0)).collect();
         let second = 1_000_000_000;
         // Re-used entries reach MFU when they pass MRU's end: two metadata
@@ -1265,6 +1268,48 @@ mod tests {
 
     /// A record a prefetch brought leaves MRU as a ghost even with room in
     /// MFU, whether its demand read came or not.
+    /// A Zipf hot set (5,000 keys, exponent 0.8) sliding one key every ten
+    /// reads (the random family's `drift/10`): 100,000 reads, 1 ms apart.
+    fn drifting_hot_set() -> Vec<crate::replay::BlockAccess> {
+        let weights: Vec<f64> = (1..=5000).map(|r| f64::from(r).powf(-0.8)).collect();
+        let total: f64 = weights.iter().sum();
+        let cdf: Vec<f64> = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                Some({
+                    *acc += w / total;
+                    *acc
+                })
+            })
+            .collect();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..100_000u64)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                let rank = cdf.partition_point(|&c| c < u) as u64;
+                crate::replay::BlockAccess { key: i / 10 + rank, now_ns: i * 1_000_000 }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_recency_variant_follows_a_moving_hot_set_as_lru_does() {
+        use crate::replay::hit_ratio;
+        let acc = drifting_hot_set();
+        let size = 3000;
+        let held = |v: Variant| hit_ratio(&mut AdaptiveArc::with_variant(ZfsArcConfig::fixed(size), v), &acc);
+        let lru = hit_ratio(&mut crate::Lru::new(size), &acc);
+        let recency = held(Variant::RECENCY);
+        let others =
+            VARIANTS.iter().filter(|&&v| v != Variant::RECENCY).map(|&v| held(v)).fold(0.0, f64::max);
+        assert!((recency - lru).abs() < 0.002, "LRU {lru:.4}, the recency variant {recency:.4}");
+        // What the variant is for: no other variant gets there.
+        assert!(others < lru - 0.01, "LRU {lru:.4}, the best other variant {others:.4}");
+    }
+
     #[test]
     fn a_prefetched_record_does_not_fill_mfu() {
         let mut a = switched_to_fill(true);

@@ -71,9 +71,16 @@ fn main() {
         std::process::exit(2);
     }
     let variants = AdaptiveArc::variants();
+    // What a variant does with records leaving MRU unused.
+    let leavers = |fill: bool, displace: bool| match (fill, displace) {
+        (_, true) => "displace",
+        (true, false) => "fill_mfu",
+        (false, false) => "",
+    };
     let name = |i: usize| {
-        let (fraction, fill) = variants[i];
-        format!("{i} ({:.0} % MRU{})", fraction * 100.0, if fill { ", fill_mfu" } else { "" })
+        let (fraction, fill, displace) = variants[i];
+        let how = leavers(fill, displace);
+        format!("{i} ({:.0} % MRU{}{how})", fraction * 100.0, if how.is_empty() { "" } else { ", " })
     };
 
     let adaptive = windows(&mut AdaptiveArc::new(ZfsArcConfig::fixed(size)), &acc, window);
@@ -84,13 +91,20 @@ fn main() {
     let mut best: Option<(usize, Windows)> = None;
     // Each variant's hits held from the start, for the schedules below.
     let mut held_hits = Vec::with_capacity(variants.len());
-    for (i, &(fraction, fill)) in variants.iter().enumerate() {
+    for (i, &(fraction, fill, displace)) in variants.iter().enumerate() {
         let mut held = AdaptiveArc::holding(ZfsArcConfig::fixed(size), i).expect("variant");
         let w = windows(&mut held, &acc, window);
         held_hits.push(total(&w));
         println!(
-            "| variant {i} held | {:.0} % | {fill} | {:.2} |",
+            "| variant {i} held | {:.0} % | {} | {:.2} |",
             fraction * 100.0,
+            if displace {
+                "displace"
+            } else if fill {
+                "true"
+            } else {
+                "false"
+            },
             pct(total(&w), acc.len())
         );
         if best.as_ref().is_none_or(|(_, b)| total(&w) > total(b)) {
