@@ -3,7 +3,7 @@
 # bench/policy.sh: at a few of its worst points, each variant its copies
 # try held from the start against the policy itself, and per window of
 # 20,000 requests the policy's hit ratio and the variant it runs beside
-# the best held variant's (crates/sim/examples/variants.rs). Two causes
+# the best held variant's, and LRU's (crates/sim/examples/variants.rs). Two causes
 # show: choosing late (the policy's windows match a variant's until its
 # copies first choose) and a low state after a switch (the policy runs the
 # best variant and hits far less than that variant held from the start).
@@ -31,6 +31,7 @@ declare -A schedules=(
   [13016]="5@30000,0 1@45000,0 4@45000,0"
   [1031]="1@110000,4 1@60000,4"
   [9004]="1@90000,8 1@60000,8"
+  [13000]="1@45000,9"
 )
 # seed, cache blocks, why it is here
 points=(
@@ -38,11 +39,12 @@ points=(
   "13016 7258 the family of seeds 13000's worst"
   "1031 16581 the first family's worst"
   "9004 25952 the family of seeds 9000's worst"
+  "13000 10195 a drifting hot set: no variant but the recency one, 9, reaches LRU"
 )
 {
   echo "$header"
   echo
-  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused) held from the start; then schedules (one variant held until some access, then another, as a switch of the policy makes it) against the second variant held from the start; then arc-adaptive per window of 20,000 accesses beside the best held variant."
+  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive, through LRU, and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused: false, into its room only: true, or always, MFU's end giving way: displace, the recency variant) held from the start; then schedules (one variant held until some access, then another, as a switch of the policy makes it) against the second variant held from the start; then arc-adaptive per window of 20,000 accesses beside the best held variant."
   for p in "${points[@]}"; do
     read -r seed size why <<<"$p"
     python3 "$here/traces/tools/random_family.py" "$work/s$seed" "$seed" 1 > "$work/s$seed.txt"

@@ -1,8 +1,9 @@
 //! Developer tool: where the serving policy loses at one point of a trace.
 //! Replays the trace through `arc-adaptive` (in 4 KiB blocks, a cache of
 //! fixed size, as `examples/tune.rs` runs it; not `default`, which counts
-//! bytes and grows from `zfs_arc_min`) and through each variant its copies
-//! try, held from the start at full size, and prints each one's hit ratio;
+//! bytes and grows from `zfs_arc_min`), through LRU, and through each
+//! variant its copies try, held from the start at full size, and prints
+//! each one's hit ratio;
 //! then, per window of block accesses (requests, for traces of 4 KiB
 //! reads), the hit ratio of `arc-adaptive` and the variant it runs at the
 //! window's end beside the best held variant's. A cache that runs a
@@ -15,7 +16,7 @@
 //!
 //! Usage: variants TRACE CACHE_BLOCKS [WINDOW [A@N,B ...]]   (WINDOW: 10000 accesses)
 
-use arc_policy::{AdaptiveArc, Policy, ZfsArcConfig};
+use arc_policy::{AdaptiveArc, Lru, Policy, ZfsArcConfig};
 use arcache_sim::{read_accesses, step, BlockAccess};
 
 /// Hits per window of accesses, and the variant run at each window's end
@@ -88,6 +89,12 @@ fn main() {
     println!("| policy | MRU target | fill_mfu | hit % |");
     println!("|---|---:|---|---:|");
     println!("| arc-adaptive | (chosen) | (chosen) | {:.2} |", pct(total(&adaptive), acc.len()));
+    // LRU beside them: where a hot set moves, the bar the variants miss.
+    let mut lru = Lru::new(size);
+    let mut evicted = Vec::new();
+    let lru_hits: u64 =
+        acc.iter().map(|a| u64::from(step(&mut lru as &mut dyn Policy, a, &mut evicted))).sum();
+    println!("| lru | | | {:.2} |", pct(lru_hits, acc.len()));
     let mut best: Option<(usize, Windows)> = None;
     // Each variant's hits held from the start, for the schedules below.
     let mut held_hits = Vec::with_capacity(variants.len());
