@@ -649,6 +649,8 @@ pub struct Running {
     pub writeback: Arc<WriteBack>,
     recorder: Option<Arc<Recorder>>,
     pub volumes: Vec<Arc<Volume>>,
+    /// Each export's backing store, released at a clean stop.
+    backing: Vec<Arc<dyn BlockDev>>,
     /// One URI per export and listener, for clients.
     pub uris: Vec<String>,
     pub control: Option<PathBuf>,
@@ -735,10 +737,14 @@ impl Running {
         // there; otherwise the lease stays, and the log keeps the rest.
         // Likewise an RBD image's exclusive lock; closing the image gives it
         // back at once (a lock left by a process that is gone is taken over
-        // only when the cluster notices, about 30 s on).
+        // only when the cluster notices, about 30 s on). Only this server's
+        // stores: another server in the process keeps its own.
         if result.is_ok() {
-            arcache_s3::release_leases();
-            arcache_rbd::close_all();
+            for dev in &self.backing {
+                if let Err(e) = dev.release() {
+                    warn!("{}: giving it back at the stop: {e}", dev.describe());
+                }
+            }
         }
         // Last: `arcache stat` answers while dirty data is written above.
         self.listening.close_all();
@@ -882,6 +888,7 @@ pub fn start_on(
     if let Some(f) = &contents {
         f.unbind();
     }
+    let backing = devices.clone();
     for (i, (spec, dev)) in settings.exports.iter().zip(devices).enumerate() {
         let id = u16::try_from(i).context("too many exports")?;
         cache.set_secondarycache(id, spec.secondarycache);
@@ -949,6 +956,7 @@ pub fn start_on(
         writeback,
         recorder,
         volumes,
+        backing,
         uris: Vec::new(),
         control: None,
         sockets: Vec::new(),

@@ -937,3 +937,49 @@ fn a_reader_stopped_during_a_round_waits_for_it_and_keeps_its_l2() {
     assert!(r.stat()["l2_hits"].as_u64().unwrap() > 0, "{}", r.stat());
     r.stop();
 }
+
+/// Two servers in one process (as an embedder may run them), each with a
+/// disk of its own: the first one's clean stop gives back its own disk's
+/// lease only, and the second goes on writing to its disk until its own
+/// stop (once, every stop gave back every lease of the process).
+#[test]
+fn a_stop_gives_back_only_its_own_servers_leases() {
+    use arcache::config::{ExportSpec, Listen, ServeSettings};
+    use arcache::tunables::Tunables;
+
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let start = |dir: &Path, disk: &str| {
+        let mut export = ExportSpec::plain(String::new(), format!("s3://vms/{disk}/?size=16M"));
+        export.s3 = arcache_s3::S3Settings {
+            access_key_id: Some("testing".into()),
+            secret_access_key: Some("testing".into()),
+            endpoint: Some(moto.endpoint()),
+            ..Default::default()
+        };
+        let listen = vec![Listen::Unix(dir.join("nbd.sock"))];
+        let settings = ServeSettings::in_dir(vec![export], listen, dir, Tunables::defaults());
+        let nbd = settings.apply_limits(nbd::ServerConfig::default());
+        arcache::serve::start(&settings, nbd, false).expect("start")
+    };
+    let write = |dir: &Path, fill: u8| {
+        let mut c = nbd::Client::connect(&nbd::Target::Unix(dir.join("nbd.sock")), "").expect("connect");
+        c.write(1 << 20, &[fill; 65536], false).expect("write");
+        c.flush().expect("FLUSH");
+    };
+    let lease = |disk: &str| show_json(&moto, &format!("s3://vms/{disk}/"))["lease"]["state"].clone();
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = start(one.path(), "first");
+    let second = start(two.path(), "second");
+    write(one.path(), 1);
+    write(two.path(), 2);
+    first.stop().expect("the first server's stop");
+    assert_eq!(lease("first"), "released", "the stopped server's own disk");
+    assert_eq!(lease("second"), "held", "the running server's disk");
+    write(two.path(), 3);
+    second.stop().expect("the second server's stop");
+    assert_eq!(lease("second"), "released");
+    let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "s3://vms/second/", &[]);
+    assert!(read_at(&s, 1 << 20, 65536).iter().all(|&b| b == 3), "the write after the other's stop");
+    s.stop();
+}

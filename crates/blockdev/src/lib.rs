@@ -148,6 +148,15 @@ pub trait BlockDev: Send + Sync {
         None
     }
 
+    /// Gives back what this handle holds so that it alone writes the store
+    /// (an object store disk's lease, an RBD image's exclusive lock), for
+    /// a clean stop once every write it took is durable there: another
+    /// server may take the store at once. Writes through this handle fail
+    /// afterwards. A store that holds nothing of the kind does nothing.
+    fn release(&self) -> DevResult<()> {
+        Ok(())
+    }
+
     /// Writes several `(offset, bytes)` parts, which a caller that asked
     /// [`BlockDev::write_unit`] gives one unit at a time; a store whose
     /// unit is costly writes each unit once. Parts do not overlap.
@@ -270,6 +279,9 @@ macro_rules! forward_store_hints {
         fn stop_watching(&self) {
             self.inner.stop_watching()
         }
+        fn release(&self) -> DevResult<()> {
+            self.inner.release()
+        }
     };
 }
 
@@ -327,6 +339,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn changed(&self) -> Option<String> {
         (**self).changed()
+    }
+    fn release(&self) -> DevResult<()> {
+        (**self).release()
     }
     fn write_parts(&self, parts: &[(u64, &[u8])]) -> DevResult<()> {
         (**self).write_parts(parts)

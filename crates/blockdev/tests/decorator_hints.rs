@@ -2,7 +2,8 @@
 //! not (as once the `Arc` forwarding did not for `write_unit`) would make
 //! the engine treat an object store as a disk, silently, or a persistent
 //! L2 restore records of a store that changed since (`contents_identity`),
-//! or a reader serve records of chunks its writer rewrote (`watch_changes`).
+//! or a reader serve records of chunks its writer rewrote (`watch_changes`),
+//! or a stop keep a disk's lease that it meant to give back (`release`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -65,16 +66,21 @@ impl BlockDev for Hinted {
     fn stop_watching(&self) {
         self.1.fetch_add(1, Relaxed);
     }
+    fn release(&self) -> DevResult<()> {
+        self.1.fetch_add(100, Relaxed);
+        Ok(())
+    }
 }
 
 type Hints = (Option<u64>, Option<u64>, Option<String>, String, String, u64);
 
-/// The hints as `d` passes them on; `stops` counts `stop_watching` calls
-/// that reached the store.
+/// The hints as `d` passes them on; `stops` counts the `stop_watching`
+/// calls (1 each) and `release` calls (100 each) that reached the store.
 fn hints(d: &dyn BlockDev, stops: impl Fn() -> u64) -> (Hints, u64) {
     let told = Arc::new(Told::default());
     d.watch_changes(told.clone());
     d.stop_watching();
+    d.release().expect("release");
     let h = (
         d.write_unit(),
         d.read_unit(),
@@ -103,11 +109,11 @@ fn decorators_pass_the_stores_hints_through() {
         move || h.1.load(Relaxed)
     };
     let h = inner();
-    assert_eq!(hints(&CountingDev::new(Arc::clone(&h)), stops(&h)), (want.clone(), 1), "counting");
+    assert_eq!(hints(&CountingDev::new(Arc::clone(&h)), stops(&h)), (want.clone(), 101), "counting");
     let h = inner();
-    assert_eq!(hints(&FaultyDev::new(Arc::clone(&h), 1), stops(&h)), (want.clone(), 1), "faulty");
+    assert_eq!(hints(&FaultyDev::new(Arc::clone(&h), 1), stops(&h)), (want.clone(), 101), "faulty");
     let h = inner();
-    assert_eq!(hints(&SlowDev::new(Arc::clone(&h), slow), stops(&h)), (want.clone(), 1), "slow");
+    assert_eq!(hints(&SlowDev::new(Arc::clone(&h), slow), stops(&h)), (want.clone(), 101), "slow");
     let h = inner();
-    assert_eq!(hints(&Arc::clone(&h), stops(&h)), (want, 1), "Arc");
+    assert_eq!(hints(&Arc::clone(&h), stops(&h)), (want, 101), "Arc");
 }

@@ -6,7 +6,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr;
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use blockdev::{check_range, BlockDev, DevError, DevResult};
@@ -100,22 +100,6 @@ struct Handles {
 
 type Shared = Arc<RwLock<Option<Handles>>>;
 
-/// Every image this process has open, for [`close_all`].
-static OPEN: Mutex<Vec<Weak<RwLock<Option<Handles>>>>> = Mutex::new(Vec::new());
-
-/// Closes every image this process has open: the exclusive lock released
-/// (so the next writer takes it at once), the image closed, the cluster
-/// connection shut down. For a clean stop, once all dirty data has reached
-/// the images; an image closed this way answers every later call with
-/// EIO. (An `RbdDev` dropped earlier closes its own.)
-pub fn close_all() {
-    for held in OPEN.lock().drain(..) {
-        if let Some(h) = held.upgrade() {
-            h.write().take();
-        }
-    }
-}
-
 /// A Ceph RBD image (or one snapshot of it, read-only).
 pub struct RbdDev {
     handles: Shared,
@@ -146,7 +130,7 @@ const CONTENTS_EPOCH: &CStr = c"arcache.contents-epoch";
 // librbd serializes what it must inside (concurrent IO on one image from
 // many threads is how qemu uses it). The raw pointers never leave this
 // module; IO runs under the lock's read guard, and they are closed only
-// under its write guard (close_all) or when the last owner drops them.
+// under its write guard (`release`) or when the last owner drops them.
 unsafe impl Send for Handles {}
 // SAFETY: as for Send: every call made through `&Handles` is a librbd
 // call on an image handle that is safe to share between threads.
@@ -289,9 +273,6 @@ impl RbdDev {
             if read_only { "read-only" } else { "exclusive lock held" }
         );
         let handles = Arc::new(RwLock::new(Some(Handles { image, _io: io, _cluster: cluster })));
-        let mut open = OPEN.lock();
-        open.retain(|w| w.strong_count() > 0);
-        open.push(Arc::downgrade(&handles));
         Ok(RbdDev {
             handles,
             spec: spec.clone(),
@@ -357,8 +338,8 @@ impl RbdDev {
         Ok(())
     }
 
-    /// Runs `f` on the open image, or fails with EIO once [`close_all`]
-    /// closed it.
+    /// Runs `f` on the open image, or fails with EIO once
+    /// [`BlockDev::release`] closed it.
     fn with_image<T>(
         &self,
         op: &'static str,
@@ -706,6 +687,16 @@ impl BlockDev for RbdDev {
     /// every write made through it.
     fn flush_covers_all_handles(&self) -> bool {
         true
+    }
+
+    /// Closes the image: its exclusive lock is released (the next writer
+    /// takes it at once rather than when the cluster notices this one is
+    /// gone, about 30 s on), the image closed, the cluster connection shut
+    /// down. Only this image: another server in the same process keeps
+    /// its own open.
+    fn release(&self) -> DevResult<()> {
+        self.handles.write().take();
+        Ok(())
     }
 }
 

@@ -14,9 +14,5 @@ mod dev;
 mod ffi;
 
 #[cfg(feature = "librbd")]
-pub use dev::{close_all, OpenError, RbdDev, RbdOptions};
+pub use dev::{OpenError, RbdDev, RbdOptions};
 pub use spec::{is_rbd_uri, RbdSpec, SpecError, DEFAULT_ID};
-
-/// Without librbd no image is ever open: nothing to close.
-#[cfg(not(feature = "librbd"))]
-pub fn close_all() {}

@@ -68,8 +68,8 @@ pub struct S3ChunkDev {
     stripes: Vec<Mutex<()>>,
     fenced: Arc<AtomicBool>,
     writable: bool,
-    /// Ours until [`release_leases`] or drop gives it back.
-    lease: Arc<Mutex<Option<LeaseKeeper>>>,
+    /// Ours until [`BlockDev::release`] or drop gives it back.
+    lease: Mutex<Option<LeaseKeeper>>,
     /// Random at open; with `write_seq`, makes each PUT's write id.
     writer_id: u128,
     write_seq: AtomicU64,
@@ -78,20 +78,6 @@ pub struct S3ChunkDev {
     unsure: Mutex<HashMap<u64, Vec<String>>>,
     /// How long one request is retried (`retry_timeout=SECS`).
     budget: Duration,
-}
-
-/// Every lease this process holds, for [`release_leases`].
-static HELD: Mutex<Vec<Arc<Mutex<Option<LeaseKeeper>>>>> = Mutex::new(Vec::new());
-
-/// Gives back every lease this process holds, marking them released: for a
-/// clean stop, once all dirty data has reached the bucket. After it the
-/// disks refuse writes.
-pub fn release_leases() {
-    for held in HELD.lock().drain(..) {
-        if let Some(l) = held.lock().take() {
-            l.release();
-        }
-    }
 }
 
 pub(crate) fn block<T>(
@@ -267,10 +253,7 @@ impl S3ChunkDev {
             },
             None => None,
         };
-        let lease = Arc::new(Mutex::new(lease));
-        if writable {
-            HELD.lock().push(Arc::clone(&lease));
-        }
+        let lease = Mutex::new(lease);
         let map = Arc::new(Mutex::new(HashMap::new()));
         let poll = location.head_poll.unwrap_or(DEFAULT_POLL);
         // The head before the listing: a generation committed in between
@@ -742,6 +725,16 @@ impl BlockDev for S3ChunkDev {
         if let Some(f) = &self.follow {
             f.stop();
         }
+    }
+
+    /// Marks the lease released in the bucket: the next writer need not
+    /// wait for it to expire or break it. Only this disk's own: another
+    /// server in the same process keeps its disks' leases.
+    fn release(&self) -> DevResult<()> {
+        if let Some(l) = self.lease.lock().take() {
+            l.release();
+        }
+        Ok(())
     }
 }
 

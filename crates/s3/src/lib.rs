@@ -24,7 +24,7 @@ mod object;
 mod retry;
 mod runtime;
 
-pub use chunked::{break_lease, release_leases, S3ChunkDev, DEFAULT_CHUNK};
+pub use chunked::{break_lease, S3ChunkDev, DEFAULT_CHUNK};
 pub use credentials::{Credentials, S3Settings};
 pub use inspect::{create, show, DiskInfo};
 pub use location::S3Location;
