@@ -17,9 +17,9 @@
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then six more families (seeds 5000,
-# 9000, 13000, 17000, 21000 and 25000 onwards), so no one family's draw
-# decides.
+# from how well it does once it has; then eight more families (seeds 5000,
+# 9000, 13000, 17000, 21000, 25000, 29000 and 33000 onwards), so no one
+# family's draw decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -271,6 +271,15 @@ family family-21000 200000 "$work/family-21000/sizes.txt" \
 # with tune.rs, beside the policy before that change: nothing was tuned
 # on them.
 family family-25000 200000 "$work/family-25000/sizes.txt" \
-  "Another random family (seeds 25000 onwards, drawn after every change to the policy so far)" 25000
+  "Another random family (seeds 25000 onwards, drawn before the recency variant of d3d4322)" 25000
+# Seeds 29000 and 33000 on were drawn on 2026-12-07 before the recency
+# variant (d3d4322) was kept, and judged it: with tune.rs, the policy before
+# it against it and against three other changes tried beside it (scoring
+# earlier, MFU's frequencies cleared at a switch, both), which were not
+# kept because these families and the seven above did not favour them.
+family family-29000 200000 "$work/family-29000/sizes.txt" \
+  "Another random family (seeds 29000 onwards, drawn before the recency variant of d3d4322, which was judged on it)" 29000
+family family-33000 200000 "$work/family-33000/sizes.txt" \
+  "Another random family (seeds 33000 onwards, drawn before the recency variant of d3d4322, which was judged on it)" 33000
 bench_publish "$work/result.md" "$result"
 cat "$result"
