@@ -274,9 +274,9 @@ family family-25000 200000 "$work/family-25000/sizes.txt" \
   "Another random family (seeds 25000 onwards, drawn before the recency variant of d3d4322)" 25000
 # Seeds 29000 and 33000 on were drawn on 2026-12-07 before the recency
 # variant (d3d4322) was kept, and judged it: with tune.rs, the policy before
-# it against it and against three other changes tried beside it (scoring
-# earlier, MFU's frequencies cleared at a switch, both), which were not
-# kept because these families and the seven above did not favour them.
+# it against it, and against it with MFU's frequencies cleared at a switch
+# (alone, and with scoring earlier), which were not kept: neither helped
+# on these families, nor on the seven above.
 family family-29000 200000 "$work/family-29000/sizes.txt" \
   "Another random family (seeds 29000 onwards, drawn before the recency variant of d3d4322, which was judged on it)" 29000
 family family-33000 200000 "$work/family-33000/sizes.txt" \
