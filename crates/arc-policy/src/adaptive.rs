@@ -1266,8 +1266,6 @@ mod tests {
         a.validate().unwrap();
     }
 
-    /// A record a prefetch brought leaves MRU as a ghost even with room in
-    /// MFU, whether its demand read came or not.
     /// A Zipf hot set (5,000 keys, exponent 0.8) sliding one key every ten
     /// reads (the random family's `drift/10`): 100,000 reads, 1 ms apart.
     fn drifting_hot_set() -> Vec<crate::replay::BlockAccess> {
@@ -1310,6 +1308,8 @@ mod tests {
         assert!(others < lru - 0.01, "LRU {lru:.4}, the best other variant {others:.4}");
     }
 
+    /// A record a prefetch brought leaves MRU as a ghost even with room in
+    /// MFU, whether its demand read came or not.
     #[test]
     fn a_prefetched_record_does_not_fill_mfu() {
         let mut a = switched_to_fill(true);

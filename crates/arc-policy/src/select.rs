@@ -5,7 +5,8 @@
 //! most of the cache and the frequent blocks go (measured on synthetic
 //! loops and Zipf traces). So the choice is made by trying: a few copies
 //! of the policy, each run with one fixed [`Variant`] (an MRU target as a
-//! fraction of the cache, and whether MFU takes in what MRU lets go), replay
+//! fraction of the cache, and whether MFU takes in what MRU lets go, into
+//! its room or, for [`Variant::RECENCY`], always), replay
 //! a hashed sample of the keys (SHARDS, as in [`crate::mrc`]) in caches
 //! scaled by the sampling rate, and the real cache runs the variant whose
 //! copy hit most lately.

@@ -6,7 +6,6 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use blockdev::{check_range, BlockDev, DevError, DevResult};
@@ -98,11 +97,10 @@ struct Handles {
     _cluster: Cluster,
 }
 
-type Shared = Arc<RwLock<Option<Handles>>>;
-
 /// A Ceph RBD image (or one snapshot of it, read-only).
 pub struct RbdDev {
-    handles: Shared,
+    /// `None` once [`BlockDev::release`] closed the image.
+    handles: RwLock<Option<Handles>>,
     spec: RbdSpec,
     size: u64,
     object_size: u64,
@@ -272,7 +270,7 @@ impl RbdDev {
             st.obj_size >> 10,
             if read_only { "read-only" } else { "exclusive lock held" }
         );
-        let handles = Arc::new(RwLock::new(Some(Handles { image, _io: io, _cluster: cluster })));
+        let handles = RwLock::new(Some(Handles { image, _io: io, _cluster: cluster }));
         Ok(RbdDev {
             handles,
             spec: spec.clone(),

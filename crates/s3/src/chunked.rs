@@ -790,9 +790,7 @@ impl Drop for S3ChunkDev {
         if let Some(f) = &self.follow {
             f.stop();
         }
-        if let Some(l) = self.lease.lock().take() {
-            l.release();
-        }
+        let _ = BlockDev::release(self);
     }
 }
 

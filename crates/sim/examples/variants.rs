@@ -72,17 +72,14 @@ fn main() {
         std::process::exit(2);
     }
     let variants = AdaptiveArc::variants();
-    // What a variant does with records leaving MRU unused.
-    let leavers = |fill: bool, displace: bool| match (fill, displace) {
-        (_, true) => "displace",
-        (true, false) => "fill_mfu",
-        (false, false) => "",
+    // What a variant does with records leaving MRU unused: the table's
+    // column, and the words its name gets.
+    let leavers = |i: usize| match variants[i] {
+        (_, _, true) => ("displace", ", displace"),
+        (_, true, false) => ("true", ", fill_mfu"),
+        (_, false, false) => ("false", ""),
     };
-    let name = |i: usize| {
-        let (fraction, fill, displace) = variants[i];
-        let how = leavers(fill, displace);
-        format!("{i} ({:.0} % MRU{}{how})", fraction * 100.0, if how.is_empty() { "" } else { ", " })
-    };
+    let name = |i: usize| format!("{i} ({:.0} % MRU{})", variants[i].0 * 100.0, leavers(i).1);
 
     let adaptive = windows(&mut AdaptiveArc::new(ZfsArcConfig::fixed(size)), &acc, window);
     let total = |w: &Windows| w.iter().map(|x| x.0).sum::<u64>();
@@ -98,20 +95,14 @@ fn main() {
     let mut best: Option<(usize, Windows)> = None;
     // Each variant's hits held from the start, for the schedules below.
     let mut held_hits = Vec::with_capacity(variants.len());
-    for (i, &(fraction, fill, displace)) in variants.iter().enumerate() {
+    for (i, &(fraction, _, _)) in variants.iter().enumerate() {
         let mut held = AdaptiveArc::holding(ZfsArcConfig::fixed(size), i).expect("variant");
         let w = windows(&mut held, &acc, window);
         held_hits.push(total(&w));
         println!(
             "| variant {i} held | {:.0} % | {} | {:.2} |",
             fraction * 100.0,
-            if displace {
-                "displace"
-            } else if fill {
-                "true"
-            } else {
-                "false"
-            },
+            leavers(i).0,
             pct(total(&w), acc.len())
         );
         if best.as_ref().is_none_or(|(_, b)| total(&w) > total(b)) {
