@@ -734,17 +734,15 @@ impl Running {
             l2.mark_closed();
         }
         // Only with every dirty byte in the bucket may another server write
-        // there; otherwise the lease stays, and the log keeps the rest.
+        // there; otherwise the lease stays held as the devices are dropped
+        // (not renewed: as after a crash), and the log keeps the rest.
         // Likewise an RBD image's exclusive lock; closing the image gives it
-        // back at once (a lock left by a process that is gone is taken over
-        // only when the cluster notices, about 30 s on). Only this server's
-        // stores: another server in the process keeps its own.
+        // back at once. An image cannot keep it past a failed stop: the
+        // image closes when dropped, and a lock left by a process that is
+        // gone is taken over when the cluster notices, about 30 s on. Only
+        // this server's stores: another server in the process keeps its own.
         if result.is_ok() {
-            for dev in &self.backing {
-                if let Err(e) = dev.release() {
-                    warn!("{}: giving it back at the stop: {e}", dev.describe());
-                }
-            }
+            give_back(&self.backing);
         }
         // Last: `arcache stat` answers while dirty data is written above.
         self.listening.close_all();
@@ -758,9 +756,47 @@ impl Running {
 /// Opens every backing store, binds every socket and starts serving.
 pub fn start(settings: &ServeSettings, nbd_cfg: ServerConfig, with_control: bool) -> Result<Running> {
     startup::stage("opening the backing stores");
-    let devices =
-        settings.exports.iter().map(|e| open_backing(e, &settings.tunables)).collect::<Result<Vec<_>>>()?;
+    let mut devices = Vec::new();
+    for export in &settings.exports {
+        match open_backing(export, &settings.tunables) {
+            Ok(dev) => devices.push(dev),
+            Err(e) => {
+                give_back(&devices);
+                return Err(e);
+            }
+        }
+    }
     start_on(settings, devices, nbd_cfg, with_control)
+}
+
+/// Gives back what `devices` hold for a writer (an S3 disk's lease, an RBD
+/// image's lock), once nothing can be left for them to write.
+fn give_back(devices: &[Arc<dyn BlockDev>]) {
+    for dev in devices {
+        if let Err(e) = dev.release() {
+            warn!("{}: giving it back: {e}", dev.describe());
+        }
+    }
+}
+
+/// Until disarmed, gives the stores back when dropped: a start that fails
+/// before the intent log is replayed wrote nothing to them, so the next
+/// writer need not break a lease. From the replay on, a failed start keeps
+/// them as a failed stop does.
+struct GiveBackOnFailure(Option<Vec<Arc<dyn BlockDev>>>);
+
+impl GiveBackOnFailure {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GiveBackOnFailure {
+    fn drop(&mut self) {
+        if let Some(devices) = &self.0 {
+            give_back(devices);
+        }
+    }
 }
 
 /// Opens (creating if asked) the L2 devices, and reads their headers to
@@ -825,6 +861,7 @@ pub fn start_on(
     nbd_cfg: ServerConfig,
     with_control: bool,
 ) -> Result<Running> {
+    let mut unwritten = GiveBackOnFailure(Some(devices.clone()));
     let t = settings.tunables.clone();
     // Before anything starts a thread: a bad certificate leaves nothing to stop.
     let tls = tls_policy(settings)?;
@@ -919,6 +956,7 @@ pub fn start_on(
     // Before anything else reads or caches: the log's writes are the newest.
     let pairs: Vec<(LogExport, Arc<Volume>)> = log_descs.into_iter().zip(volumes.iter().cloned()).collect();
     startup::stage("replaying the intent log");
+    unwritten.disarm();
     let replayed = arcache_engine::replay_log(&writeback, &pairs).context("replaying the intent log")?;
     if replayed.chunks > 0 {
         info!("intent log: {} writes replayed into the backing stores", replayed.pages + replayed.discards);

@@ -983,3 +983,21 @@ fn a_stop_gives_back_only_its_own_servers_leases() {
     assert!(read_at(&s, 1 << 20, 65536).iter().all(|&b| b == 3), "the write after the other's stop");
     s.stop();
 }
+
+/// A start that fails before anything was written gives back the leases
+/// it took: a later export that cannot be opened, an L2 that cannot be
+/// made. The next start needs no `break-lease`.
+#[test]
+fn a_failed_start_gives_back_the_leases_it_took() {
+    let Some(moto) = Moto::start(&[]) else { return };
+    moto.ctl(&["mkbucket", "vms"]);
+    let dir = tempfile::tempdir().unwrap();
+    let no_l2 = format!("{}:64M", dir.path().join("missing/l2.img").display());
+    let cases: [&[&str]; 2] = [&["--export", "b=s3://nobucket/x/?size=16M"], &["--l2", no_l2.as_str()]];
+    for extra in cases {
+        let err = serve_refused_s3_with(&moto, "a=s3://vms/a/?size=16M", extra);
+        assert_eq!(show_json(&moto, "s3://vms/a/")["lease"]["state"], "released", "{extra:?}: {err}");
+        let s = serve_s3(&moto, tempfile::tempdir().unwrap(), "a=s3://vms/a/", &[]);
+        s.stop();
+    }
+}

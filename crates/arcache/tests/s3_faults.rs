@@ -761,3 +761,107 @@ fn readers_see_what_a_failed_head_left_out_once_a_later_head_lands() {
     w.stop();
     r.stop();
 }
+
+/// `arcache s3 ARGS` against `endpoint`.
+fn s3cmd(endpoint: &str, args: &[&str]) -> std::process::Output {
+    let out = Command::new(BIN).arg("s3").args(args).envs(s3_env(endpoint)).output().unwrap();
+    assert!(out.status.success(), "arcache s3 {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn lease_state(endpoint: &str, uri: &str) -> Value {
+    let out = s3cmd(endpoint, &["show", "--json", uri]);
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("s3 show --json prints JSON");
+    shown["lease"]["state"].clone()
+}
+
+/// A stop that could not write everything to the bucket (every chunk PUT
+/// failing) fails, and leaves the lease held as a crash does: the log has
+/// what the bucket lacks, so another writer is refused until
+/// `break-lease`, and the next start with the log puts it in the bucket.
+/// (The binary held it before too: its process ends before its failed
+/// stop drops the disk. The in-process test below is the one that tells.)
+#[test]
+fn a_stop_that_could_not_write_everything_leaves_the_lease_held() {
+    let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    let log_dir = tempfile::tempdir().unwrap();
+    let log_arg = format!("{}:64M", log_dir.path().join("log.img").display());
+    let export = "disk=s3://vms/k/?size=16M&retry_timeout=1";
+    let mut s = serve(&proxy.endpoint(), &["--export", export, "--log", &log_arg]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    let (first, second) = (pattern(256 << 10, 70), pattern(256 << 10, 71));
+    c.write(0, &first, false).unwrap();
+    c.flush().unwrap();
+    proxy.rule(json!({"fault": "500", "methods": ["PUT"], "path": "/c/"}));
+    c.write(4 << 20, &second, false).unwrap();
+    c.flush().expect("with a log, a FLUSH is durable in the log while the bucket fails");
+    drop(c);
+    let (status, err) = s.terminate();
+    assert!(proxy.injected("500") > 0, "no chunk PUT was refused: {}", proxy.stats());
+    assert!(!status.success(), "a stop that could not write everything must fail: {err}");
+    proxy.pass();
+    assert_eq!(lease_state(&s3.endpoint(), "s3://vms/k/"), "held", "{err}");
+    let env = s3_env(&s3.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let refusal = refused(&env, "disk=s3://vms/k/");
+    assert!(refusal.contains("is held by host"), "{refusal}");
+
+    s3cmd(&s3.endpoint(), &["break-lease", "--force", "s3://vms/k/"]);
+    let s = serve(&s3.endpoint(), &["--export", "disk=s3://vms/k/", "--log", &log_arg]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    assert!(read(&mut c, 0, first.len()).unwrap() == first);
+    assert!(read(&mut c, 4 << 20, second.len()).unwrap() == second, "the write only the log had");
+    drop(c);
+    s.stop();
+    assert_eq!(lease_state(&s3.endpoint(), "s3://vms/k/"), "released", "after a clean stop");
+    let s = serve(&s3.endpoint(), &["--export", "disk=s3://vms/k/"]);
+    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
+    assert!(read(&mut c, 4 << 20, second.len()).unwrap() == second, "the replayed write is in the bucket");
+    drop(c);
+    s.stop();
+}
+
+/// The same in-process (`arcache demo`, `arcache mount`, an embedder), where
+/// the server's devices are dropped as its failed stop returns: the lease
+/// stays held, not renewed, until broken.
+#[test]
+fn an_in_process_stop_that_could_not_write_everything_leaves_the_lease_held() {
+    use arcache::config::{ExportSpec, Listen, ServeSettings};
+    use arcache::tunables::Tunables;
+
+    let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut export = ExportSpec::plain("disk".into(), "s3://vms/p/?size=16M&retry_timeout=1".into());
+    export.s3 = arcache_s3::S3Settings {
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        endpoint: Some(proxy.endpoint()),
+        ..Default::default()
+    };
+    let sock = dir.path().join("nbd.sock");
+    let settings = ServeSettings::in_dir(
+        vec![export],
+        vec![Listen::Unix(sock.clone())],
+        dir.path(),
+        Tunables::defaults(),
+    );
+    let running =
+        arcache::serve::start(&settings, settings.apply_limits(nbd::ServerConfig::default()), false).unwrap();
+    let mut c = nbd::Client::connect(&nbd::Target::Unix(sock), "disk").unwrap();
+    c.write(0, &pattern(64 << 10, 80), false).unwrap();
+    c.flush().unwrap();
+    proxy.rule(json!({"fault": "500", "methods": ["PUT"], "path": "/c/"}));
+    c.write(1 << 20, &pattern(64 << 10, 81), false).unwrap();
+    drop(c);
+    let stopped = timed(Duration::from_secs(60), "a failing stop", || running.stop());
+    assert!(stopped.is_err(), "a stop that could not write everything must fail");
+    assert!(proxy.injected("500") > 0, "no chunk PUT was refused: {}", proxy.stats());
+    proxy.pass();
+    assert_eq!(lease_state(&s3.endpoint(), "s3://vms/p/"), "held");
+    let out = Command::new(BIN)
+        .args(["s3", "break-lease", "s3://vms/p/"])
+        .envs(s3_env(&s3.endpoint()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a lease renewed seconds ago is not broken without --force: {out:?}");
+}

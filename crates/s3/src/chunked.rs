@@ -68,7 +68,7 @@ pub struct S3ChunkDev {
     stripes: Vec<Mutex<()>>,
     fenced: Arc<AtomicBool>,
     writable: bool,
-    /// Ours until [`BlockDev::release`] or drop gives it back.
+    /// Ours until [`BlockDev::release`] gives it back (a drop leaves it held).
     lease: Mutex<Option<LeaseKeeper>>,
     /// Random at open; with `write_seq`, makes each PUT's write id.
     writer_id: u128,
@@ -296,7 +296,11 @@ impl S3ChunkDev {
         // A writer's first head makes readers list the chunks (a writer
         // before may have stopped between its PUTs and its head).
         if writable {
-            dev.publish_head().map_err(|e| format!("{location}: {e}"))?;
+            if let Err(e) = dev.publish_head() {
+                // Nothing was written under the lease yet.
+                let _ = BlockDev::release(&dev);
+                return Err(format!("{location}: {e}"));
+            }
         }
         Ok(dev)
     }
@@ -785,12 +789,18 @@ pub fn break_lease(location: &S3Location, creds: &Credentials, force: bool) -> R
     }
 }
 
+/// A writer dropped without [`BlockDev::release`] (a stop that could not
+/// write everything, a crash of the embedder) leaves its lease held: its
+/// log has what the bucket lacks, and no other writer may start before
+/// `break-lease`.
 impl Drop for S3ChunkDev {
     fn drop(&mut self) {
         if let Some(f) = &self.follow {
             f.stop();
         }
-        let _ = BlockDev::release(self);
+        if let Some(l) = self.lease.get_mut().take() {
+            l.abandon();
+        }
     }
 }
 

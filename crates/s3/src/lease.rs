@@ -185,11 +185,26 @@ impl LeaseKeeper {
     /// Marks the lease released (at a clean stop), conditional on it being
     /// still ours.
     pub fn release(mut self) {
+        self.stop_renewing();
+        self.write_released();
+    }
+
+    /// Stops renewing and leaves the lease held, as a crash would: what a
+    /// writer could not write to the bucket is still in its log, and no
+    /// other writer may start on the disk until `break-lease`.
+    pub fn abandon(mut self) {
+        self.stop_renewing();
+    }
+
+    fn stop_renewing(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.renewer.take() {
             t.thread().unpark();
             let _ = t.join();
         }
+    }
+
+    fn write_released(&self) {
         let (mut lease, etag) = self.mine.lock().clone();
         lease.held = false;
         let mut put = put_ours(&self.store, &self.path, &self.location, &lease, etag);
@@ -203,6 +218,18 @@ impl LeaseKeeper {
             Ok(Some(_)) => {}
             Ok(None) => warn!("{}: releasing the lease: someone else holds it now", self.location),
             Err(e) => warn!("{}: releasing the lease: {e}", self.location),
+        }
+    }
+}
+
+/// A keeper dropped while its disk is being opened gives the lease back:
+/// nothing was written under it. An open disk decides for itself
+/// (`S3ChunkDev`'s drop abandons it).
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        if self.renewer.is_some() {
+            self.stop_renewing();
+            self.write_released();
         }
     }
 }
