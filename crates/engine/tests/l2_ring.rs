@@ -145,7 +145,25 @@ fn ring_reads_match_the_model_while_the_hand_wraps_and_l2_bytes_rot() {
                 damage(&path, &rot)
             })
         };
-        clients(&r.vol, 4, &AtomicBool::new(false));
+        // At least 4 s, and on a loaded host until what the asserts below
+        // need has happened (once, 4 s alone wrote 14.9 of the 16 MiB).
+        let reached = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let (start, limit) = (Instant::now(), Duration::from_secs(60));
+                while start.elapsed() < limit {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let st = r.cache.stats();
+                    let enough =
+                        st.l2_write_bytes > 16 << 20 && st.l2_cksum_bad > 0 && st.l2_ring_reads > 1000;
+                    if enough && start.elapsed() >= Duration::from_secs(4) {
+                        break;
+                    }
+                }
+                reached.store(true, Relaxed);
+            });
+            clients(&r.vol, 60, &reached);
+        });
         rot.store(true, Relaxed);
         let damaged = damager.join().unwrap();
         stop.store(true, Relaxed);
