@@ -15,6 +15,8 @@
 //! holding B from the start.
 //!
 //! Usage: variants TRACE CACHE_BLOCKS [WINDOW [A@N,B ...]]   (WINDOW: 10000 accesses)
+//! With READS_ONLY set in the environment, the trace's writes are left
+//! out (the reference file's `4k-r` mode).
 
 use arc_policy::{AdaptiveArc, Lru, Policy, ZfsArcConfig};
 use arcache_sim::{read_accesses, step, BlockAccess};
@@ -64,7 +66,8 @@ fn main() {
         eprintln!("usage: variants TRACE CACHE_BLOCKS [WINDOW [A@N,B ...]]");
         std::process::exit(2);
     }
-    let acc = read_accesses(std::path::Path::new(&args[1]), 4096, false).expect("trace");
+    let acc = read_accesses(std::path::Path::new(&args[1]), 4096, std::env::var_os("READS_ONLY").is_some())
+        .expect("trace");
     let size: u64 = args[2].parse().expect("CACHE_BLOCKS");
     let window: usize = args.get(3).map_or(10_000, |w| w.parse().expect("WINDOW"));
     if window == 0 {
