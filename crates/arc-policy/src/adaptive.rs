@@ -49,12 +49,13 @@
 //! Known weakness (bench/results/policy.md): a working set that moves
 //! wholesale (traces/tools/synthetic.py's `shifting` and `recurring`, the
 //! random family's jumping hot sets) is followed later than LRU follows it,
-//! up to about 2.5 pp below LRU there: the copies are sampled, and a sample
+//! up to about 2.2 pp below LRU there: the copies are sampled, and a sample
 //! tells variants apart only over some turnovers of the cache; hot keys
-//! that drift a little at a time (synthetic.py's `drift`) up to 1.6 pp.
-//! Mostly the time before the first choice: the same random mixtures five
-//! times as long leave 2 of 120 points more than 1 pp below LRU and
-//! textbook ARC's better, against 6.
+//! that drift a little at a time (synthetic.py's `drift`) up to 1.3 pp.
+//! Mostly the time before the first choice (which the recency variant now
+//! wins on half the evidence): the same random mixtures five times as
+//! long leave 1 of 120 points more than 1 pp below LRU and textbook ARC's
+//! better, against 3.
 //! - A re-access counts as re-use (OpenZFS's MRU to MFU debounce) only
 //!   `min_promote_ns` after the last counted one or once enough other
 //!   blocks entered the cache since: the small reads of one record come
