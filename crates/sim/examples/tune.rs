@@ -4,6 +4,10 @@
 //!
 //! Usage: tune REFERENCE_DIR|- [SET_DIR ...]
 //!
+//! The reference file's points come as two sets: its `4k` points (issue
+//! 20's bar) and its `4k-r` points (the same traces' reads alone), which
+//! a change can move far where the `4k` ones barely move.
+//!
 //! A SET_DIR holds `NAME.csv.gz` traces and a `sizes.txt` of `NAME
 //! SIZE,SIZE,...` lines (what traces/tools/synthetic.py and
 //! random_family.py write). LRU's and textbook ARC's hit counts do not
@@ -16,15 +20,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use arc_policy::by_name;
-use arcache_sim::{on_threads, read_accesses, reference_traces, replay, BlockAccess};
+use arcache_sim::{on_threads, read_accesses, reference_traces_in, replay, BlockAccess};
 
 fn hits(name: &str, size: u64, acc: &[BlockAccess]) -> u64 {
     let mut p = by_name(name, size).expect("policy");
     replay(p.as_mut(), size, acc).hits
 }
 
-fn load(path: &Path) -> Vec<BlockAccess> {
-    read_accesses(path, 4096, false).expect("trace")
+fn load(path: &Path, reads_only: bool) -> Vec<BlockAccess> {
+    read_accesses(path, 4096, reads_only).expect("trace")
 }
 
 /// One trace of a set: its label, file and cache sizes.
@@ -33,6 +37,7 @@ struct Job {
     label: String,
     path: PathBuf,
     sizes: Vec<u64>,
+    reads_only: bool,
 }
 
 /// One point's result: arc-adaptive's hit ratio and its gap to max(LRU, ARC), in %.
@@ -44,9 +49,20 @@ struct Point {
     gap: f64,
 }
 
+/// The reference points: `4k` as set 0, `4k-r` as set 1.
 fn reference_jobs(dir: &Path) -> Vec<Job> {
-    let traces = reference_traces(dir).expect("reference traces");
-    traces.into_iter().map(|t| Job { set: 0, label: t.name, path: t.path, sizes: t.sizes }).collect()
+    let mut jobs = Vec::new();
+    for (set, mode) in ["4k", "4k-r"].into_iter().enumerate() {
+        let traces = reference_traces_in(dir, mode).expect("reference traces");
+        jobs.extend(traces.into_iter().map(|t| Job {
+            set,
+            label: t.name,
+            path: t.path,
+            sizes: t.sizes,
+            reads_only: mode == "4k-r",
+        }));
+    }
+    jobs
 }
 
 fn set_jobs(set: usize, dir: &Path) -> Vec<Job> {
@@ -59,6 +75,7 @@ fn set_jobs(set: usize, dir: &Path) -> Vec<Job> {
                 label: name.to_string(),
                 path: dir.join(format!("{name}.csv.gz")),
                 sizes: sizes.split(',').filter_map(|s| s.parse().ok()).collect(),
+                reads_only: false,
             }
         })
         .collect()
@@ -80,11 +97,12 @@ fn read_baseline(path: Option<&str>) -> Baseline {
 }
 
 fn run(job: &Job, base: &Mutex<Baseline>) -> Vec<Point> {
-    let acc = load(&job.path);
+    let acc = load(&job.path, job.reads_only);
     let n = acc.len() as f64;
     // By the trace's file, not its set's place on the command line: one
     // baseline then serves runs that name the sets in any order.
-    let key = |s: u64| (job.path.display().to_string(), s);
+    let mode = if job.reads_only { " (reads)" } else { "" };
+    let key = |s: u64| (format!("{}{mode}", job.path.display()), s);
     job.sizes
         .iter()
         .map(|&s| {
@@ -123,7 +141,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut jobs = if args[1] == "-" { Vec::new() } else { reference_jobs(Path::new(&args[1])) };
     for (i, d) in args[2..].iter().enumerate() {
-        jobs.extend(set_jobs(i + 1, Path::new(d)));
+        jobs.extend(set_jobs(i + 2, Path::new(d)));
     }
     let base_path = std::env::var("TUNE_BASELINE").ok();
     let base = Mutex::new(read_baseline(base_path.as_deref()));
@@ -133,8 +151,9 @@ fn main() {
         let text: String = b.iter().map(|((l, s), (x, y))| format!("{l} {s} {x} {y}\n")).collect();
         std::fs::write(p, text).expect("baseline");
     }
-    for set in 0..args.len() - 1 {
-        let name = if set == 0 { "reference".to_string() } else { args[set + 1].clone() };
+    let names =
+        ["reference".to_string(), "reference 4k-r".to_string()].into_iter().chain(args[2..].iter().cloned());
+    for (set, name) in names.enumerate() {
         summary(&name, &points.iter().filter(|p| p.set == set).collect::<Vec<_>>());
     }
 }

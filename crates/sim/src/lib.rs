@@ -11,7 +11,7 @@ pub use arc_policy::replay::{step, BlockAccess};
 pub use as_server::{expand_as_server, replay_as_server, replay_observed, ServerAccess, Touch};
 pub use fidelity::{fidelity, Fidelity};
 pub use l2::{replay_l2, L2SimResult};
-pub use reference::{reference_traces, ReferenceTrace};
+pub use reference::{reference_traces, reference_traces_in, ReferenceTrace};
 pub use trace::{parse_csv, parse_lis, parse_oracle_general, read_trace, TraceError, TraceRequest};
 
 use arc_policy::Policy;
