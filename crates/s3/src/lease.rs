@@ -132,10 +132,20 @@ impl LeaseKeeper {
                 location: location.clone(),
                 period,
             };
-            std::thread::Builder::new()
-                .name("s3-lease".into())
-                .spawn(move || keep.run())
-                .map_err(|e| format!("starting the lease thread: {e}"))?
+            let spawned = std::thread::Builder::new().name("s3-lease".into()).spawn(move || keep.run());
+            match spawned {
+                Ok(t) => t,
+                Err(e) => {
+                    // Taken and never used: give it back, as a keeper
+                    // dropped during the open would.
+                    let (mut lease, etag) = mine.lock().clone();
+                    lease.held = false;
+                    if let Err(e) = put_ours(&store, &path, location, &lease, etag) {
+                        warn!("{location}: releasing the lease: {e}");
+                    }
+                    return Err(format!("starting the lease thread: {e}"));
+                }
+            }
         };
         Ok(LeaseKeeper {
             store,
