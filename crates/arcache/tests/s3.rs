@@ -944,23 +944,10 @@ fn a_reader_stopped_during_a_round_waits_for_it_and_keeps_its_l2() {
 /// stop (once, every stop gave back every lease of the process).
 #[test]
 fn a_stop_gives_back_only_its_own_servers_leases() {
-    use arcache::config::{ExportSpec, Listen, ServeSettings};
-    use arcache::tunables::Tunables;
-
     let Some(moto) = Moto::start(&[]) else { return };
     moto.ctl(&["mkbucket", "vms"]);
     let start = |dir: &Path, disk: &str| {
-        let mut export = ExportSpec::plain(String::new(), format!("s3://vms/{disk}/?size=16M"));
-        export.s3 = arcache_s3::S3Settings {
-            access_key_id: Some("testing".into()),
-            secret_access_key: Some("testing".into()),
-            endpoint: Some(moto.endpoint()),
-            ..Default::default()
-        };
-        let listen = vec![Listen::Unix(dir.join("nbd.sock"))];
-        let settings = ServeSettings::in_dir(vec![export], listen, dir, Tunables::defaults());
-        let nbd = settings.apply_limits(nbd::ServerConfig::default());
-        arcache::serve::start(&settings, nbd, false).expect("start")
+        start_in_process_s3(dir, "", &format!("s3://vms/{disk}/?size=16M"), moto.endpoint())
     };
     let write = |dir: &Path, fill: u8| {
         let mut c = nbd::Client::connect(&nbd::Target::Unix(dir.join("nbd.sock")), "").expect("connect");

@@ -356,16 +356,16 @@ fn writes_during_a_persistent_fault_are_kept_and_reach_the_bucket() {
         s.stop();
 
         // The bucket has every byte: a fresh server, no log, no proxy.
-        let s = serve(&s3.endpoint(), &["--export", &format!("disk=s3://vms/d{n}/")]);
-        let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
-        assert!(read(&mut c, 1 << 20, first.len()).unwrap() == first);
-        assert!(
-            read(&mut c, 3 << 20, second.len()).unwrap() == second,
-            "log {with_log}: a write made during the fault is not in the bucket"
+        let during = format!("log {with_log}: a write made during the fault is not in the bucket");
+        assert_in_bucket(
+            &s3.endpoint(),
+            &format!("disk=s3://vms/d{n}/"),
+            &[
+                (1 << 20, &first, "before the fault"),
+                (3 << 20, &second, &during),
+                (20 << 20, &third, &during),
+            ],
         );
-        assert!(read(&mut c, 20 << 20, third.len()).unwrap() == third);
-        drop(c);
-        s.stop();
     }
 }
 
@@ -611,10 +611,19 @@ fn a_writer_that_cannot_renew_its_lease_stops_writing_until_it_can() {
     }
     drop(c);
     s.stop();
-    let s = serve(&s3.endpoint(), &["--export", "disk=s3://vms/f/"]);
+    let parts: [(u64, &[u8], &str); 2] =
+        [(0, &first, "before the fence"), (8 << 20, &second, "the write made while fenced")];
+    assert_in_bucket(&s3.endpoint(), "disk=s3://vms/f/", &parts);
+}
+
+/// A fresh server of `export` at `endpoint` (no log, no proxy) reads each
+/// `(offset, data, what)` back byte for byte: what the bucket holds.
+fn assert_in_bucket(endpoint: &str, export: &str, parts: &[(u64, &[u8], &str)]) {
+    let s = serve(endpoint, &["--export", export]);
     let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
-    assert!(read(&mut c, 0, first.len()).unwrap() == first);
-    assert!(read(&mut c, 8 << 20, second.len()).unwrap() == second, "the write made while fenced");
+    for &(offset, data, what) in parts {
+        assert!(read(&mut c, offset, data.len()).unwrap() == data, "{what}");
+    }
     drop(c);
     s.stop();
 }
@@ -814,11 +823,7 @@ fn a_stop_that_could_not_write_everything_leaves_the_lease_held() {
     drop(c);
     s.stop();
     assert_eq!(lease_state(&s3.endpoint(), "s3://vms/k/"), "released", "after a clean stop");
-    let s = serve(&s3.endpoint(), &["--export", "disk=s3://vms/k/"]);
-    let mut c = nbd::Client::connect(&s.target(), "disk").unwrap();
-    assert!(read(&mut c, 4 << 20, second.len()).unwrap() == second, "the replayed write is in the bucket");
-    drop(c);
-    s.stop();
+    assert_in_bucket(&s3.endpoint(), "disk=s3://vms/k/", &[(4 << 20, &second, "the replayed write")]);
 }
 
 /// The same in-process (`arcache demo`, `arcache mount`, an embedder), where
@@ -827,28 +832,11 @@ fn a_stop_that_could_not_write_everything_leaves_the_lease_held() {
 /// tell: `break-lease` refuses a lease renewed within a minute either way).
 #[test]
 fn an_in_process_stop_that_could_not_write_everything_leaves_the_lease_held() {
-    use arcache::config::{ExportSpec, Listen, ServeSettings};
-    use arcache::tunables::Tunables;
-
     let Some((s3, proxy)) = moto_behind_proxy(&["vms"]) else { return };
     let dir = tempfile::tempdir().unwrap();
-    let mut export = ExportSpec::plain("disk".into(), "s3://vms/p/?size=16M&retry_timeout=1".into());
-    export.s3 = arcache_s3::S3Settings {
-        access_key_id: Some("testing".into()),
-        secret_access_key: Some("testing".into()),
-        endpoint: Some(proxy.endpoint()),
-        ..Default::default()
-    };
-    let sock = dir.path().join("nbd.sock");
-    let settings = ServeSettings::in_dir(
-        vec![export],
-        vec![Listen::Unix(sock.clone())],
-        dir.path(),
-        Tunables::defaults(),
-    );
-    let running =
-        arcache::serve::start(&settings, settings.apply_limits(nbd::ServerConfig::default()), false).unwrap();
-    let mut c = nbd::Client::connect(&nbd::Target::Unix(sock), "disk").unwrap();
+    let uri = "s3://vms/p/?size=16M&retry_timeout=1";
+    let running = start_in_process_s3(dir.path(), "disk", uri, proxy.endpoint());
+    let mut c = nbd::Client::connect(&nbd::Target::Unix(dir.path().join("nbd.sock")), "disk").unwrap();
     c.write(0, &pattern(64 << 10, 80), false).unwrap();
     c.flush().unwrap();
     proxy.rule(json!({"fault": "500", "methods": ["PUT"], "path": "/c/"}));

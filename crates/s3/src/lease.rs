@@ -39,6 +39,8 @@ pub struct LeaseKeeper {
     period: Duration,
     stop: Arc<AtomicBool>,
     renewer: Option<JoinHandle<()>>,
+    /// Released or abandoned: nothing left for the drop to do.
+    settled: bool,
 }
 
 /// Writes `lease`: create-only with no ETag, else if the lease there
@@ -121,33 +123,19 @@ impl LeaseKeeper {
         let mine = Arc::new(Mutex::new((lease, etag)));
         let written_at = Arc::new(Mutex::new(Instant::now()));
         let stop = Arc::new(AtomicBool::new(false));
-        let renewer = {
-            let keep = Renewing {
-                store: Arc::clone(&store),
-                path: path.clone(),
-                mine: Arc::clone(&mine),
-                written_at: Arc::clone(&written_at),
-                stop: Arc::clone(&stop),
-                fenced,
-                location: location.clone(),
-                period,
-            };
-            let spawned = std::thread::Builder::new().name("s3-lease".into()).spawn(move || keep.run());
-            match spawned {
-                Ok(t) => t,
-                Err(e) => {
-                    // Taken and never used: give it back, as a keeper
-                    // dropped during the open would.
-                    let (mut lease, etag) = mine.lock().clone();
-                    lease.held = false;
-                    if let Err(e) = put_ours(&store, &path, location, &lease, etag) {
-                        warn!("{location}: releasing the lease: {e}");
-                    }
-                    return Err(format!("starting the lease thread: {e}"));
-                }
-            }
+        let keep = Renewing {
+            store: Arc::clone(&store),
+            path: path.clone(),
+            mine: Arc::clone(&mine),
+            written_at: Arc::clone(&written_at),
+            stop: Arc::clone(&stop),
+            fenced,
+            location: location.clone(),
+            period,
         };
-        Ok(LeaseKeeper {
+        // Made before its thread: if that cannot start, the keeper's drop
+        // gives back the lease taken and never used.
+        let mut keeper = LeaseKeeper {
             store,
             path,
             location: location.clone(),
@@ -155,8 +143,15 @@ impl LeaseKeeper {
             written_at,
             period,
             stop,
-            renewer: Some(renewer),
-        })
+            renewer: None,
+            settled: false,
+        };
+        let renewer = std::thread::Builder::new()
+            .name("s3-lease".into())
+            .spawn(move || keep.run())
+            .map_err(|e| format!("starting the lease thread: {e}"))?;
+        keeper.renewer = Some(renewer);
+        Ok(keeper)
     }
 
     /// The lease object exists: ours (a retried PUT), released (taken
@@ -197,6 +192,7 @@ impl LeaseKeeper {
     pub fn release(mut self) {
         self.stop_renewing();
         self.write_released();
+        self.settled = true;
     }
 
     /// Stops renewing and leaves the lease held, as a crash would: what a
@@ -204,6 +200,7 @@ impl LeaseKeeper {
     /// other writer may start on the disk until `break-lease`.
     pub fn abandon(mut self) {
         self.stop_renewing();
+        self.settled = true;
     }
 
     fn stop_renewing(&mut self) {
@@ -237,7 +234,7 @@ impl LeaseKeeper {
 /// (`S3ChunkDev`'s drop abandons it).
 impl Drop for LeaseKeeper {
     fn drop(&mut self) {
-        if self.renewer.is_some() {
+        if !self.settled {
             self.stop_renewing();
             self.write_released();
         }

@@ -20,7 +20,8 @@ pub fn reference_traces(dir: &Path) -> io::Result<Vec<ReferenceTrace>> {
 }
 
 /// The traces of `dir`'s reference file that have `mode` (`4k`, or `4k-r`:
-/// reads alone), each with that mode's sizes. Every trace must have `4k`.
+/// reads alone), each with that mode's sizes: a trace without `4k` is an
+/// error, one without another mode is left out.
 pub fn reference_traces_in(dir: &Path, mode: &str) -> io::Result<Vec<ReferenceTrace>> {
     let text = std::fs::read_to_string(dir.join("reference_hit_ratios.json"))?;
     let bad =

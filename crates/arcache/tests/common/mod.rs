@@ -444,3 +444,21 @@ pub fn restored(s: &Serve, discarded: u64) -> serde_json::Value {
     assert_eq!(st["l2_rebuild_discarded_exports"], discarded, "{st}");
     st
 }
+
+/// An in-process server (as `arcache demo`, `arcache mount` or an embedder
+/// runs one) of one chunked S3 disk `uri` as export `name`, at the S3
+/// server `endpoint` with moto's keys, listening on `dir`/nbd.sock.
+pub fn start_in_process_s3(dir: &Path, name: &str, uri: &str, endpoint: String) -> arcache::serve::Running {
+    use arcache::config::{ExportSpec, Listen, ServeSettings};
+    let mut export = ExportSpec::plain(name.to_string(), uri.to_string());
+    export.s3 = arcache_s3::S3Settings {
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        endpoint: Some(endpoint),
+        ..Default::default()
+    };
+    let listen = vec![Listen::Unix(dir.join("nbd.sock"))];
+    let settings = ServeSettings::in_dir(vec![export], listen, dir, arcache::tunables::Tunables::defaults());
+    let nbd = settings.apply_limits(nbd::ServerConfig::default());
+    arcache::serve::start(&settings, nbd, false).expect("start")
+}
