@@ -11,7 +11,10 @@
 # scans in loops; and a fresh set written before the last round of tuning
 # and run once on its result: a daily cycle of two working sets, drifting
 # hot keys, a loop 1.3 times the cache among uniform reads, bursts of
-# one-hit writes), beside libCacheSim's own figures when the libcachesim
+# one-hit writes; and a second fresh set written after the warm-up of
+# 67aa071 was chosen and run once on it: scan storms over a hot set, a
+# loop 1.1 times the cache beside a hot set, a slowly shifting set,
+# rotating sets, a jumping set beside a loop), beside libCacheSim's own figures when the libcachesim
 # Python package is installed (`pip install libcachesim==0.3.5 numpy`).
 # Last, a family of 40 random traces (traces/tools/random_family.py, fixed
 # seeds): mixtures nobody picked, summarised by policy and by whether the
@@ -131,10 +134,11 @@ print("\n".join(out))
 EOF
 # Synthetic traces, made afresh (deterministic) in the work directory: the
 # set arc-adaptive's constants were chosen on, a held-out set looked at
-# while choosing them, and the fresh set never looked at before.
+# while choosing them, the fresh set (looked at in later rounds) and the
+# second fresh set.
 lcs=no
 python3 -c "import libcachesim, numpy" 2>/dev/null && lcs=yes
-for set in tuned held-out fresh; do
+for set in tuned held-out fresh fresh2; do
   python3 "$here/traces/tools/synthetic.py" "$work/$set" "$set"
   : > "$work/$set.jsonl"
   while read -r name sizes; do
@@ -155,7 +159,8 @@ for r in rows:
     pts.setdefault((r["trace"], r["cache_blocks"]), {})[r["policy"]] = 100 * r["hit_ratio"]
 title = {"tuned": "Synthetic traces (the set the constants were chosen on)",
          "held-out": "Synthetic traces held out (not tuned on, but looked at while tuning)",
-         "fresh": "Fresh synthetic traces (written before the last round of tuning, run once on its result)"}[sys.argv[3]]
+         "fresh": "Fresh synthetic traces (written before a round of tuning and run once on its result; looked at in the rounds after it)",
+         "fresh2": "Fresh synthetic traces, second (written after the warm-up of 67aa071 was chosen, run once on it)"}[sys.argv[3]]
 out = ["", "## " + title, "",
        "traces/tools/synthetic.py " + ("" if sys.argv[3] == "tuned" else sys.argv[3] + " ")
        + "(400,000 reads of 4 KiB, 1 ms apart, fixed seeds). "

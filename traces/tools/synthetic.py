@@ -39,7 +39,23 @@ their own, and run once, on the final policy):
   write_bursts Zipf(0.8) over 30k blocks re-read, and every 30k requests a
                burst of 8k writes of blocks never seen again
 
-Usage: synthetic.py OUT_DIR [tuned|held-out|fresh]
+Fresh, second (written after arc-adaptive's warm-up of 67aa071 was
+chosen, with seeds of their own, and run once, on that policy):
+
+  scan_storm   a Zipf(1.1) hot set of 8k blocks, every 40k requests a
+               sequential scan of 30k new blocks, and a tenth of the
+               requests uniform over 100k other blocks
+  loop_near    a loop over 6.6k blocks (1.1 times the 6k-block cache), 4
+               requests in 10, the rest Zipf(0.9) over 30k other blocks
+  shift_slow   Zipf(0.8) over 20k blocks whose offset moves by 5k blocks
+               every 50k requests
+  rotating     three working sets (Zipf(1.0) over 10k blocks each), one
+               at a time for 70k requests in turn, a fifth of its
+               requests still going to the one before
+  jump_loop    Zipf(0.95) over 15k blocks jumping to new blocks every 80k
+               requests, mixed 1:1 with a loop over 20k blocks
+
+Usage: synthetic.py OUT_DIR [tuned|held-out|fresh|fresh2]
   (writes NAME.csv.gz and sizes.txt: NAME SIZES; the tuned set by default)
 """
 import bisect
@@ -168,29 +184,78 @@ def drift(rng):
         yield 3_000_000 + i // 25 + z.rank()
 
 
-def loop_random(rng):
+def loop_beside(rng, loop_len, loop_base, other):
+    """Half of the requests a loop over `loop_len` blocks from
+    `loop_base` on, the rest other(i) at request i."""
     pos = 0
-    for _ in range(N):
+    for i in range(N):
         if rng.random() < 0.5:
-            yield 4_000_000 + pos
-            pos = (pos + 1) % 13_000
+            yield loop_base + pos
+            pos = (pos + 1) % loop_len
         else:
-            yield 8_000_000 + rng.randrange(200_000)
+            yield other(i)
+
+
+def loop_random(rng):
+    return loop_beside(rng, 13_000, 4_000_000, lambda i: 8_000_000 + rng.randrange(200_000))
+
+
+def bursts(every, length, first, base, op=None):
+    """base()'s blocks, and every `every` requests a burst of `length`
+    blocks never seen before (numbered from `first` on); with `op`, as
+    (block, op) pairs, the base's reads and the bursts' `op`."""
+    fresh = first
+    i = 0
+    while i < N:
+        if i % every == every - 1:
+            for _ in range(length):
+                fresh += 1
+                yield (fresh, op) if op else fresh
+                i += 1
+        yield (base(), "R") if op else base()
+        i += 1
 
 
 def write_bursts(rng):
-    z = zipf_sampler(rng, 30_000, 0.8)
-    fresh = 90_000_000
-    i = 0
-    while i < N:
-        if i % 30_000 == 29_999:
-            for _ in range(8_000):
-                fresh += 1
-                yield fresh, "W"
-                i += 1
-        yield z(), "R"
-        i += 1
+    return bursts(30_000, 8_000, 90_000_000, zipf_sampler(rng, 30_000, 0.8), "W")
 
+
+def scan_storm(rng):
+    z = zipf_sampler(rng, 8_000, 1.1)
+    return bursts(40_000, 30_000, 20_000_000,
+                  lambda: 10_000_000 + rng.randrange(100_000) if rng.random() < 0.1 else z())
+
+
+def loop_near(rng):
+    return loop_mix(rng, 6_600, 0.4, 30_000, 0.9, 11_000_000)
+
+
+def shift_slow(rng):
+    z = zipf_sampler(rng, 20_000, 0.8)
+    for i in range(N):
+        yield 12_000_000 + (i // 50_000) * 5_000 + z()
+
+
+def rotating(rng):
+    sets = [zipf_sampler(rng, 10_000, 1.0) for _ in range(3)]
+    for i in range(N):
+        now = (i // 70_000) % 3
+        t = (now + 2) % 3 if rng.random() < 0.2 else now
+        yield 13_000_000 + t * 1_000_000 + sets[t]()
+
+
+def jump_loop(rng):
+    z = zipf_sampler(rng, 15_000, 0.95)
+    return loop_beside(rng, 20_000, 16_000_000, lambda i: 17_000_000 + (i // 80_000) * 15_000 + z())
+
+
+FRESH2 = {
+    "scan_storm": (scan_storm, [2_000, 6_000, 12_000]),
+    "loop_near": (loop_near, [3_000, 6_000, 15_000]),
+    "shift_slow": (shift_slow, [4_000, 10_000, 20_000]),
+    "rotating": (rotating, [5_000, 12_000, 25_000]),
+    "jump_loop": (jump_loop, [5_000, 15_000, 30_000]),
+}
 
 FRESH = {
     "daily": (daily, [3_000, 10_000, 20_000]),
@@ -221,9 +286,9 @@ def main():
         sys.exit(__doc__)
     out = sys.argv[1]
     which = sys.argv[2] if len(sys.argv) > 2 else "tuned"
-    traces = {"tuned": TRACES, "held-out": HELD_OUT, "fresh": FRESH}[which]
+    traces = {"tuned": TRACES, "held-out": HELD_OUT, "fresh": FRESH, "fresh2": FRESH2}[which]
     # Each set its own seeds, so a new set does not replay an old one's draws.
-    first_seed = {"tuned": 1, "held-out": 1, "fresh": 2026}[which]
+    first_seed = {"tuned": 1, "held-out": 1, "fresh": 2026, "fresh2": 4000}[which]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sizes.txt"), "w") as sizes:
         for seed, (name, (gen, cache_sizes)) in enumerate(traces.items()):

@@ -50,7 +50,8 @@
 //!
 //! Known weakness (bench/results/policy.md): a working set that moves
 //! wholesale (the random family's jumping hot sets) is followed later than
-//! LRU follows it, up to about 2 pp below LRU there: the copies are
+//! LRU follows it, up to 1.6 pp below LRU and textbook ARC's better where
+//! it moves alone and 4.7 beside a loop (s9004): the copies are
 //! sampled, and a sample tells variants apart only over some turnovers of
 //! the cache. Mostly the time before the first choice, which the recency
 //! variant now wins on half the evidence and from half a turnover on,
@@ -216,7 +217,12 @@ pub struct AdaptiveArc {
     meta_balance: u64,
     /// Ghost-hit bytes since the last eviction pass: [data, metadata].
     ghost_hit_bytes: [u64; 2],
-    /// The variant run now (its `fill_mfu` decides evictions).
+    /// The variant run now (its `fill_mfu` and `one_pass` decide
+    /// evictions). The end of [`crate::select::UNDECIDED`] at the copies'
+    /// first choice is a switch too, even to the default, whose three
+    /// passes it lacks: ghosts evicted before it come back into MRU
+    /// (`evicted_before_switch`; not counting it changed the reference
+    /// suite's mean by 0.01 pp, `examples/tune.rs`).
     running: Variant,
     /// Evictions since `running` became the variant run (saturating;
     /// `u32::MAX`: it never changed): ghosts evicted before then are not
@@ -282,7 +288,9 @@ impl AdaptiveArc {
     }
 
     /// Which of [`AdaptiveArc::variants`] this cache runs now (None: a
-    /// cache holding one variant, with no copies).
+    /// cache holding one variant, with no copies); the default's index
+    /// until the copies choose, while the cache runs it with MFU's
+    /// frequencies spent in one pass ([`crate::select::UNDECIDED`]).
     #[doc(hidden)]
     pub fn chosen_variant(&self) -> Option<usize> {
         self.selector.as_ref().map(|s| s.chosen_index())

@@ -121,8 +121,9 @@ pub(crate) const VARIANTS: [Variant; 10] = {
     v
 };
 
-/// The variant run until the copies know better: a tenth of the cache for
-/// MRU, ghosts for what it lets go (S3-FIFO's small queue). Starting with
+/// The variant run until the copies know better (as [`UNDECIDED`]): a
+/// tenth of the cache for MRU, ghosts for what it lets go (S3-FIFO's small
+/// queue). Starting with
 /// `fill_mfu` costs the reference suite's small caches up to 2.6 pp
 /// (systor17_sample at 491 blocks): what fills MFU first is what stays.
 pub(crate) const DEFAULT: usize = 1;
@@ -269,7 +270,8 @@ impl Selector {
         }
     }
 
-    /// The index in [`VARIANTS`] of the variant the real cache runs now.
+    /// The index in [`VARIANTS`] of the variant the real cache runs now
+    /// ([`DEFAULT`] until the copies choose, run as [`UNDECIDED`]).
     pub(crate) fn chosen_index(&self) -> usize {
         self.best
     }
@@ -327,7 +329,7 @@ impl Selector {
                 if let Some(winner) = early_choice(&self.hits, &self.disagree, self.best, self.chosen, warmup)
                 {
                     self.take_early(winner);
-                } else if self.seen >= (16 * s.entries).max(256) {
+                } else if warmup == Warmup::Warm && self.seen >= (16 * s.entries).max(256) {
                     // Windows of sixteen turnovers of a copy's contents: long
                     // enough to see re-use at every distance the cache holds and
                     // not to chase bursts (eight cost up to 2 pp on cloudphysics_io),
@@ -449,7 +451,8 @@ enum Warmup {
     /// 20,162 blocks, -5.65 pp).
     Half,
     /// The request that completes the first turnover: the evidence restarts
-    /// unless the recency variant was chosen, so every other first choice
+    /// unless the recency variant was chosen (nothing else can have been:
+    /// a window's decision waits for `Warm` too), so every other first choice
     /// is judged on what it was judged on before half-turnovers counted
     /// (cloudphysics_io at 13,460 blocks fell to 1.24 pp below when it was
     /// not).
@@ -605,5 +608,13 @@ mod tests {
         assert_eq!(Variant { one_pass: false, ..UNDECIDED }, VARIANTS[DEFAULT]);
         // Every variant the copies try spends in one pass exactly when it fills MFU.
         assert!(VARIANTS.iter().all(|v| v.one_pass == v.fill_mfu));
+        // What a selector hands the cache: UNDECIDED, then what was chosen,
+        // the default too.
+        let mut sel = Selector::new(1000, &ZfsArcConfig::fixed(1000));
+        assert_eq!((sel.variant(), sel.chosen_index()), (UNDECIDED, DEFAULT));
+        sel.decide();
+        assert_eq!((sel.variant(), sel.chosen_index()), (VARIANTS[DEFAULT], DEFAULT));
+        sel.take_early(9);
+        assert_eq!(sel.variant(), Variant::RECENCY);
     }
 }
