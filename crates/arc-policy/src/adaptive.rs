@@ -1304,9 +1304,7 @@ mod tests {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         (0..reads)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                crate::xorshift(&mut x);
                 let u = (x >> 11) as f64 / (1u64 << 53) as f64;
                 let rank = cdf.partition_point(|&c| c < u) as u64;
                 crate::replay::BlockAccess { key: place(i, rank), now_ns: i * 1_000_000 }

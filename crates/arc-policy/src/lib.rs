@@ -268,6 +268,17 @@ pub trait Policy: Send {
     fn validate(&self) -> Result<(), String>;
 }
 
+/// One step of Marsaglia's xorshift64 (13, 7, 17), returning the new
+/// state: the fixed pseudo-random sequences of tests and tools, which need
+/// no crate for it. `x` must not start at zero (it would stay there).
+#[doc(hidden)]
+pub fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// Builds a policy by its command-line name with a capacity in units.
 pub fn by_name(name: &str, capacity: u64) -> Option<Box<dyn Policy>> {
     match name {

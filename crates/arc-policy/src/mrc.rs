@@ -230,9 +230,7 @@ mod tests {
         let mut x = seed | 1;
         (0..n)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                crate::xorshift(&mut x);
                 // A skewed mix: a hot set and a long tail.
                 let key = if x.is_multiple_of(3) { x % (universe / 20 + 1) } else { x % universe };
                 BlockAccess { key, now_ns: i as u64 }

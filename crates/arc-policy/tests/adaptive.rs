@@ -87,9 +87,7 @@ fn variable_record_sizes_keep_the_byte_budget() {
     let mut p = serving("arc-adaptive", cache / 2, cache, 1000 * MS).unwrap();
     let mut x = 7u64;
     for i in 0..50_000u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        arc_policy::xorshift(&mut x);
         let key = if x.is_multiple_of(3) { x % 200 } else { x % 5000 };
         let size = 4096 << (key % 6);
         read(p.as_mut(), key, size, i * MS);
@@ -220,9 +218,7 @@ fn blocks_and_bytes_decide_alike() {
         arc_policy::InBlocks::new(serving("arc-adaptive", c * 4096 / 2, c * 4096, 1000 * MS).unwrap(), 4096);
     let mut x = 3u64;
     for i in 0..100_000u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        arc_policy::xorshift(&mut x);
         let key = if x.is_multiple_of(4) { i % 900 } else { x % 3000 };
         assert_eq!(read(units.as_mut(), key, 1, i * MS), read(&mut bytes, key, 1, i * MS), "request {i}");
     }
@@ -243,9 +239,7 @@ fn ghost_hits_estimate_a_doubled_cache() {
         let mut x = 11u64;
         (0..200_000)
             .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                arc_policy::xorshift(&mut x);
                 // Two thirds of reads on 1,500 records, the rest on 8,000.
                 if x % 3 < 2 {
                     x % 1500
@@ -365,9 +359,7 @@ fn zipf_ranks(n: usize, seed: u64) -> impl FnMut() -> u64 {
     let total = cdf[n - 1];
     let mut x = seed;
     move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        arc_policy::xorshift(&mut x);
         let u = (x >> 11) as f64 / (1u64 << 53) as f64 * total;
         cdf.partition_point(|&c| c < u) as u64
     }
