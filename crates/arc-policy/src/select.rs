@@ -136,9 +136,11 @@ pub(crate) const DEFAULT: usize = 1;
 /// workload that wants them. Measured with examples/tune.rs against the
 /// default run as is: synthetic.py's `drift` at 4,000, 10,000 and 25,000
 /// blocks from 1.1-1.3 pp below the better of LRU and textbook ARC to
-/// within 1 pp; the reference suite's mean 0.08 pp lower (P3 at 25,587
-/// blocks gives back most of it; run as the copies' variant 1 from the
-/// start, one pass cost it 2.75 pp there).
+/// within 1 pp; the reference suite's mean 0.08 pp lower, with [`Warmup`]
+/// (P3 at 25,587 blocks -1.16 pp, P12 at 40,159 -0.90, P2 at 30,077
+/// -0.69; P6 at 10,190 and 25,475 and w106 at 13,758 up by 0.4-0.6:
+/// bench/results/policy.md against its history). Run as the copies'
+/// variant 1 from the start, one pass cost P3 at 25,587 blocks 2.75 pp.
 pub(crate) const UNDECIDED: Variant = Variant { one_pass: true, ..VARIANTS[DEFAULT] };
 
 /// A copy's lead over the current choice, in requests where exactly one of
@@ -181,7 +183,8 @@ const TOWARD_RECENCY: (i64, i64) = (3, 2);
 /// equal from its first turnover on, and the default, which holds by
 /// frequency, costs it every request until the copies choose. The
 /// drifting Zipf set of adaptive.rs's tests (5,000 keys in 3,000 blocks):
-/// 0.93 pp below LRU before, 0.56 now. Not for 60 % or 95 % MRU,
+/// 0.93 pp below LRU before, 0.56 with it (0.24 since [`Warmup`] and
+/// [`UNDECIDED`]). Not for 60 % or 95 % MRU,
 /// though they too follow such sets: a first choice of them on half the
 /// evidence once cost cloudphysics_io read-only at 52,500 blocks 7.7 pp
 /// (a switch from 95 % MRU to 1 % with `fill_mfu` filled MFU with what
@@ -448,7 +451,7 @@ enum Warmup {
     /// was full wants it then, not a turnover later (synthetic.py's
     /// `shifting` at 20,000 blocks: 1.18 pp below LRU before, 0.46 now);
     /// any other variant chosen that early chased the warm-up (s29038 at
-    /// 20,162 blocks, -5.65 pp).
+    /// 20,162 blocks, -5.65 pp, examples/tune.rs).
     Half,
     /// The request that completes the first turnover: the evidence restarts
     /// unless the recency variant was chosen (nothing else can have been:
@@ -616,5 +619,32 @@ mod tests {
         assert_eq!((sel.variant(), sel.chosen_index()), (VARIANTS[DEFAULT], DEFAULT));
         sel.take_early(9);
         assert_eq!(sel.variant(), Variant::RECENCY);
+    }
+
+    /// A loop of 900 keys in a cache of 1,000, every hundredth request a
+    /// key read once: the copies turn over slowly, so half a turnover comes
+    /// long before a whole one, and a window's worth of requests passes in
+    /// between. No window decides there: evidence from half a turnover is
+    /// for the recency variant's early choice alone.
+    #[test]
+    fn a_window_waits_for_the_whole_turnover() {
+        let c = 1000;
+        let mut sel = Selector::new(c, &ZfsArcConfig::fixed(c));
+        let mut half_since = None;
+        for i in 0..100_000u64 {
+            let key = if i % 100 == 99 { 1_000_000 + i } else { i % 900 };
+            sel.feed(key, 1, Access::demand(i * 1_000_000), c);
+            let s = sel.copies[DEFAULT].stats();
+            if half_since.is_none() && Warmup::of(s.evicted, s.entries, sel.turned) == Warmup::Half {
+                half_since = Some(i);
+            }
+        }
+        assert!(!sel.chosen || VARIANTS[sel.best] == Variant::RECENCY, "chosen {}", sel.best);
+        // The schedule reached what it is for: still within the first
+        // turnover, more than a window's requests after half of it.
+        let s = sel.copies[DEFAULT].stats();
+        assert_eq!(Warmup::of(s.evicted, s.entries, sel.turned), Warmup::Half, "{s:?}");
+        let in_half = 100_000 - half_since.unwrap_or(100_000);
+        assert!(in_half >= 16 * s.entries, "{in_half} requests in the half turnover, {s:?}");
     }
 }

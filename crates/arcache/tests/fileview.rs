@@ -803,12 +803,7 @@ fn the_view_and_source_changed_at_once_agree_and_no_read_mixes_versions() {
             let (names, next, stop) = (names.clone(), Arc::clone(&next), Arc::clone(&stop));
             std::thread::spawn(move || {
                 let mut x = seed;
-                let mut step = || {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x
-                };
+                let mut step = || arc_policy::xorshift(&mut x);
                 let mut done = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let name = &names[(step() % names.len() as u64) as usize];

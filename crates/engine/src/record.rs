@@ -232,9 +232,7 @@ mod tests {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         (0..16384)
             .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                arc_policy::xorshift(&mut x);
                 x as u8
             })
             .collect()

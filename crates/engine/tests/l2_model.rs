@@ -48,9 +48,7 @@ fn payload(seed: u8, len: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(seed);
     (0..len)
         .map(|i| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            arc_policy::xorshift(&mut x);
             if (i / 2000) % 4 == 0 {
                 0
             } else {

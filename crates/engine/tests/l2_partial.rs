@@ -23,9 +23,7 @@ fn noise(len: usize) -> Vec<u8> {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     (0..len)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            arc_policy::xorshift(&mut x);
             x as u8
         })
         .collect()
