@@ -44,7 +44,7 @@ points=(
 {
   echo "$header"
   echo
-  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive, through LRU, and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused: false, into its room only: true, or always, MFU's end giving way: displace, the recency variant) held from the start; then schedules (one variant held until some access, then another, as a switch of the policy makes it) against the second variant held from the start; then arc-adaptive per window of 20,000 accesses beside the best held variant."
+  echo "Each point: a trace of traces/tools/random_family.py (the seed alone decides it; 200,000 reads of 4 KiB, 1 ms apart) at one of its bench/policy.sh cache sizes, replayed by crates/sim/examples/variants.rs through arc-adaptive, through LRU, and through each variant its copies try (MRU's target as a fraction of the cache, and whether MFU takes in what leaves MRU unused: false, into its room only: true, or LRU: the recency variant, LRU in ARC's lists) held from the start; then schedules (one variant held until some access, then another, as a switch of the policy makes it) against the second variant held from the start; then arc-adaptive per window of 20,000 accesses beside the best held variant."
   for p in "${points[@]}"; do
     read -r seed size why <<<"$p"
     python3 "$here/traces/tools/random_family.py" "$work/s$seed" "$seed" 1 > "$work/s$seed.txt"

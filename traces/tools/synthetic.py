@@ -55,7 +55,24 @@ chosen, with seeds of their own, and run once, on that policy):
   jump_loop    Zipf(0.95) over 15k blocks jumping to new blocks every 80k
                requests, mixed 1:1 with a loop over 20k blocks
 
-Usage: synthetic.py OUT_DIR [tuned|held-out|fresh|fresh2]
+Fresh, third (written after the recency variant was made LRU's equal and
+a switch to it put MFU in order of last use, before that change was
+judged, with seeds of their own, and run once, on it):
+
+  phases       Zipf(0.9) over 20k blocks; from 150k to 250k requests a
+               loop over 14k other blocks takes half of the requests
+  jump_scan    Zipf(1.0) over 10k blocks jumping to new blocks every 60k
+               requests, and every 40k requests a sequential scan of 20k
+               new blocks
+  two_loops    loops over 5k and 24k blocks, 1:1, and a fifth of the
+               requests Zipf(0.8) over 40k other blocks
+  hot_drift    Zipf(0.8) over 50k blocks that stay, and half of the
+               requests Zipf(1.1) over 5k blocks sliding by one block
+               every 10 requests
+  storms       Zipf(0.9) over 15k blocks, and every 100k requests 20k
+               requests uniform over 200k other blocks
+
+Usage: synthetic.py OUT_DIR [tuned|held-out|fresh|fresh2|fresh3]
   (writes NAME.csv.gz and sizes.txt: NAME SIZES; the tuned set by default)
 """
 import bisect
@@ -249,6 +266,56 @@ def jump_loop(rng):
     return loop_beside(rng, 20_000, 16_000_000, lambda i: 17_000_000 + (i // 80_000) * 15_000 + z())
 
 
+def phases(rng):
+    z = zipf_sampler(rng, 20_000, 0.9)
+    for i in range(N):
+        looping = 150_000 <= i < 250_000 and i % 2
+        yield 21_000_000 + (i // 2) % 14_000 if looping else z()
+
+
+def jump_scan(rng):
+    z = zipf_sampler(rng, 10_000, 1.0)
+    count = itertools.count()
+    return bursts(40_000, 20_000, 23_000_000, lambda: 22_000_000 + (next(count) // 60_000) * 10_000 + z())
+
+
+def two_loops(rng):
+    small = big = 0
+    z = zipf_sampler(rng, 40_000, 0.8)
+    for _ in range(N):
+        r = rng.random()
+        if r < 0.2:
+            yield 24_000_000 + z()
+        elif r < 0.6:
+            yield 25_000_000 + small
+            small = (small + 1) % 5_000
+        else:
+            yield 26_000_000 + big
+            big = (big + 1) % 24_000
+
+
+def hot_drift(rng):
+    stay = zipf_sampler(rng, 50_000, 0.8)
+    hot = zipf_sampler(rng, 5_000, 1.1)
+    for i in range(N):
+        yield 27_000_000 + i // 10 + hot.rank() if i % 2 else 28_000_000 + stay()
+
+
+def storms(rng):
+    z = zipf_sampler(rng, 15_000, 0.9)
+    for i in range(N):
+        yield 29_000_000 + rng.randrange(200_000) if i % 100_000 >= 80_000 else z()
+
+
+FRESH3 = {
+    "phases": (phases, [4_000, 12_000, 30_000]),
+    "jump_scan": (jump_scan, [3_000, 8_000, 20_000]),
+    "two_loops": (two_loops, [4_000, 15_000, 30_000]),
+    "hot_drift": (hot_drift, [3_000, 10_000, 30_000]),
+    "storms": (storms, [3_000, 8_000, 16_000]),
+}
+
+
 FRESH2 = {
     "scan_storm": (scan_storm, [2_000, 6_000, 12_000]),
     "loop_near": (loop_near, [3_000, 6_000, 15_000]),
@@ -286,9 +353,10 @@ def main():
         sys.exit(__doc__)
     out = sys.argv[1]
     which = sys.argv[2] if len(sys.argv) > 2 else "tuned"
-    traces = {"tuned": TRACES, "held-out": HELD_OUT, "fresh": FRESH, "fresh2": FRESH2}[which]
+    traces = {"tuned": TRACES, "held-out": HELD_OUT, "fresh": FRESH, "fresh2": FRESH2,
+              "fresh3": FRESH3}[which]
     # Each set its own seeds, so a new set does not replay an old one's draws.
-    first_seed = {"tuned": 1, "held-out": 1, "fresh": 2026, "fresh2": 4000}[which]
+    first_seed = {"tuned": 1, "held-out": 1, "fresh": 2026, "fresh2": 4000, "fresh3": 6000}[which]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sizes.txt"), "w") as sizes:
         for seed, (name, (gen, cache_sizes)) in enumerate(traces.items()):

@@ -66,6 +66,29 @@ impl<T, const N: usize> Filing<T, N> {
         self.marked[to.into()] += u64::from(marked);
     }
 
+    /// Files exactly the entries of `order` on list `to`, the first at its
+    /// tail, taking each off the list it was on; `order` must hold every
+    /// entry `to` holds now.
+    pub(crate) fn refile<K: Copy + Into<usize> + PartialEq>(&mut self, to: K, order: &[u32])
+    where
+        T: Filed<K>,
+    {
+        let (mut size, mut marked) = (0, 0);
+        for &idx in order {
+            if self.slab.get(idx).list() != to {
+                self.unlink(idx);
+                self.slab.get_mut(idx).set_list(to);
+            }
+            let e = self.slab.get(idx);
+            size += e.size();
+            marked += u64::from(e.marked());
+        }
+        debug_assert!(size >= self.sizes[to.into()], "refile: an entry of the list left out");
+        self.slab.relink(&mut self.lists[to.into()], order);
+        self.sizes[to.into()] = size;
+        self.marked[to.into()] = marked;
+    }
+
     /// Forgets entry `idx` entirely.
     pub(crate) fn drop_entry<K: Copy + Into<usize>>(&mut self, idx: u32)
     where

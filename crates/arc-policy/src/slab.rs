@@ -118,6 +118,23 @@ impl<T> Slab<T> {
         list.len -= 1;
     }
 
+    /// Makes `list` hold exactly `order`, its first entry at the tail: a
+    /// list put in a new order in one pass of writes, with no walk. No node
+    /// of `order` may be on another list, and every node `list` held must
+    /// be in `order`.
+    pub(crate) fn relink(&mut self, list: &mut List, order: &[u32]) {
+        for (i, &idx) in order.iter().enumerate() {
+            let n = &mut self.nodes[idx as usize];
+            n.next = if i == 0 { NIL } else { order[i - 1] };
+            n.prev = order.get(i + 1).copied().unwrap_or(NIL);
+        }
+        *list = List {
+            head: order.last().copied().unwrap_or(NIL),
+            tail: order.first().copied().unwrap_or(NIL),
+            len: order.len(),
+        };
+    }
+
     /// The neighbour towards the head, for walking from the tail.
     pub(crate) fn prev_of(&self, idx: u32) -> Option<u32> {
         let p = self.nodes[idx as usize].prev;

@@ -78,7 +78,7 @@ fn main() {
     // What a variant does with records leaving MRU unused: the table's
     // column, and the words its name gets.
     let leavers = |i: usize| match variants[i] {
-        (_, _, true) => ("displace", ", displace"),
+        (_, _, true) => ("LRU", ", LRU"),
         (_, true, false) => ("true", ", fill_mfu"),
         (_, false, false) => ("false", ""),
     };
