@@ -14,15 +14,19 @@
 # one-hit writes; and a second fresh set written after the warm-up of
 # 67aa071 was chosen and run once on it: scan storms over a hot set, a
 # loop 1.1 times the cache beside a hot set, a slowly shifting set,
-# rotating sets, a jumping set beside a loop), beside libCacheSim's own figures when the libcachesim
+# rotating sets, a jumping set beside a loop; and a third fresh set
+# written after the recency variant was made LRU itself (8651fcc), before
+# it was judged, and run once on it: a loop phase in a hot set, a jumping
+# set with scans, two loops beside a hot set, a drifting hot set beside a
+# still one, uniform storms), beside libCacheSim's own figures when the libcachesim
 # Python package is installed (`pip install libcachesim==0.3.5 numpy`).
 # Last, a family of 40 random traces (traces/tools/random_family.py, fixed
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then eight more families (seeds 5000,
-# 9000, 13000, 17000, 21000, 25000, 29000 and 33000 onwards), so no one
-# family's draw decides.
+# from how well it does once it has; then nine more families (seeds 5000,
+# 9000, 13000, 17000, 21000, 25000, 29000, 33000 and 49000 onwards), so no
+# one family's draw decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -135,10 +139,10 @@ EOF
 # Synthetic traces, made afresh (deterministic) in the work directory: the
 # set arc-adaptive's constants were chosen on, a held-out set looked at
 # while choosing them, the fresh set (looked at in later rounds) and the
-# second fresh set.
+# second and third fresh sets.
 lcs=no
 python3 -c "import libcachesim, numpy" 2>/dev/null && lcs=yes
-for set in tuned held-out fresh fresh2; do
+for set in tuned held-out fresh fresh2 fresh3; do
   python3 "$here/traces/tools/synthetic.py" "$work/$set" "$set"
   : > "$work/$set.jsonl"
   while read -r name sizes; do
@@ -160,7 +164,8 @@ for r in rows:
 title = {"tuned": "Synthetic traces (the set the constants were chosen on)",
          "held-out": "Synthetic traces held out (not tuned on, but looked at while tuning)",
          "fresh": "Fresh synthetic traces (written before a round of tuning and run once on its result; looked at in the rounds after it)",
-         "fresh2": "Fresh synthetic traces, second (written after the warm-up of 67aa071 was chosen, run once on it)"}[sys.argv[3]]
+         "fresh2": "Fresh synthetic traces, second (written after the warm-up of 67aa071 was chosen and run once on it; looked at while making the recency variant LRU itself, 8651fcc)",
+         "fresh3": "Fresh synthetic traces, third (written after the recency variant was made LRU itself, 8651fcc, before it was judged, and run once on it)"}[sys.argv[3]]
 out = ["", "## " + title, "",
        "traces/tools/synthetic.py " + ("" if sys.argv[3] == "tuned" else sys.argv[3] + " ")
        + "(400,000 reads of 4 KiB, 1 ms apart, fixed seeds). "
@@ -286,5 +291,10 @@ family family-29000 200000 "$work/family-29000/sizes.txt" \
   "Another random family (seeds 29000 onwards, drawn before the recency variant of d3d4322, which was judged on it)" 29000
 family family-33000 200000 "$work/family-33000/sizes.txt" \
   "Another random family (seeds 33000 onwards, drawn before the recency variant of d3d4322, which was judged on it)" 33000
+# Seeds 49000 on were drawn on 2026-12-07 after the recency variant was
+# made LRU itself (8651fcc), before that change was judged, and first
+# looked at here: nothing was tuned on them.
+family family-49000 200000 "$work/family-49000/sizes.txt" \
+  "Another random family (seeds 49000 onwards, drawn before the LRU recency variant of 8651fcc was judged)" 49000
 bench_publish "$work/result.md" "$result"
 cat "$result"
