@@ -117,6 +117,10 @@ for _ in $(seq "$rounds"); do
     # Memory first: stat builds the sizing curves, whose miniature replays
     # allocate; that is the cost of asking, not of holding records.
     rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$arc/status")
+    # Anonymous pages alone: VmRSS also counts the binary's own mapped
+    # pages, which follow the page cache, not the server (a build just made
+    # had 1 MB more of them at idle than an older one: RssFile).
+    anon_kb=$(awk '/^RssAnon/ {print $2}' "/proc/$arc/status")
     before=$(stat_of "$bin")
     if [ "$job" = cold-miss ]; then
       cached=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["hash_elements"])' "$before")
@@ -129,7 +133,7 @@ for _ in $(seq "$rounds"); do
     disk1=$(disk_stats)
     cpu1=$(awk '{print $14 + $15}' "/proc/$arc/stat")
     after=$(stat_of "$bin")
-    line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" "$((cpu1 - cpu0))" "$(getconf CLK_TCK)" "$disk0" "$disk1" <<'PY'
+    line=$(python3 - "$work/fio.json" "$rss_kb" "$before" "$after" "$((cpu1 - cpu0))" "$(getconf CLK_TCK)" "$disk0" "$disk1" "$anon_kb" <<'PY'
 import json, sys
 job = json.load(open(sys.argv[1]))["jobs"][0]
 iops = round(job["read"]["iops"])
@@ -142,6 +146,7 @@ l2 = a.get("l2_hits", 0) - b.get("l2_hits", 0)
 # beyond the data.
 records = b["hash_elements"]
 overhead = (int(sys.argv[2]) * 1024 - b["data_size"]) / max(records, 1)
+anon = (int(sys.argv[9]) * 1024 - b["data_size"]) / max(records, 1)
 # reads completed, sectors read, ms reading (summed over reads, so its
 # growth over the job's seconds is the mean number of reads in flight)
 dev = "nan\tnan\tnan\tnan"
@@ -152,7 +157,7 @@ if sys.argv[7].strip() and sys.argv[8].strip():
     kib = (d1[1] - d0[1]) / 2 / max(reads, 1)
     dev = f"{reads / secs:.0f}\t{(d1[2] - d0[2]) * 1000 / max(reads, 1):.0f}\t{(d1[2] - d0[2]) / 1000 / secs:.1f}\t{kib:.1f}"
 print(f"{iops}\t{100 * hits / max(hits + misses, 1):.2f}\t{records}\t{overhead:.0f}\t{b.get('policy', 'arc')}\t{l2}\t{cpu_us:.1f}"
-      f"\t{dev}")
+      f"\t{dev}\t{anon:.0f}")
 PY
 )
     echo "$spec: $line"
@@ -175,17 +180,19 @@ done
   bench_arms "$@"
   if [ "$job" = cold-miss ]; then
     mem_col="RSS beyond data (bytes, median)"
-    echo "memory: server VmRSS - data_size before the timed job (nothing is cached yet), before any stat request"
+    anon_col="anonymous RSS beyond data (bytes, median)"
+    echo "memory: server VmRSS - data_size before the timed job (nothing is cached yet), before any stat request; anonymous: RssAnon, without the binary's mapped pages"
   else
     mem_col="RSS beyond data per record (bytes, median)"
-    echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request"
+    anon_col="anonymous RSS beyond data per record (bytes, median)"
+    echo "memory: (server VmRSS - data_size) / cached records, after the warm-up, before any stat request; anonymous: RssAnon in place of VmRSS, without the binary's mapped pages (which follow the page cache)"
   fi
   echo
   echo "cpu: the server's user + system time during the timed job over the reads fio completed"
   echo "device: what /proc/diskstats says ${disk:-n/a (no block device under the work directory)} (holding the L2 file and the file exports; reads of anything else on it count too) did during the timed job: reads/s, mean read time, mean reads in flight (of the 16 fio keeps outstanding; the rest are in the server's pipeline or fio), mean read size; each the median over the rounds"
   echo
-  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | $mem_col | server CPU per read (us, median) | device reads/s, us, in flight, KiB |"
-  echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| arm | binary and options | policy | IOPS per round | median IOPS | ARC demand hit % (lowest) | L2 hits (last run) | ARC records | $mem_col | server CPU per read (us, median) | device reads/s, us, in flight, KiB | $anon_col |"
+  echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   python3 - "$work/runs.tsv" "$@" <<'PY'
 import math, statistics, sys
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -200,7 +207,7 @@ for n, spec in enumerate(sys.argv[2:], 1):
     print(f"| {n} | `{spec}` | {r[0][5]} | {' / '.join(f'{i:,}' for i in iops)} | {statistics.median(iops):,.0f} "
           f"| {min(float(x[2]) for x in r):.2f} | {int(r[-1][6]):,} | {r[0][3]} | {statistics.median(float(x[4]) for x in r):,.0f} "
           f"| {statistics.median(float(x[7]) for x in r):.1f} "
-          f"| {dev(r)} |")
+          f"| {dev(r)} | {statistics.median(float(x[12]) for x in r):,.0f} |")
 PY
 } > "$work/result.md"
 # Only a whole result replaces a published one.
