@@ -73,7 +73,9 @@
 //! Scan resistance follows: blocks read once leave MRU as ghosts, or into
 //! MFU's free room only (never displacing what MFU holds), so a sequential
 //! pass larger than the cache goes through MRU and leaves MFU's records
-//! where they were.
+//! where they were. Not under the recency variant, which is LRU: a scan
+//! goes through it as through LRU, and the copies run it only while it
+//! hits more.
 //!
 //! Memory: an entry is the size of [`crate::ZfsArc`]'s (a test checks it);
 //! the copies add a bounded amount, see [`crate::select`].
@@ -414,16 +416,18 @@ impl AdaptiveArc {
     /// switch to this variant, which came 22 times in the reference suite's
     /// 59 million requests at its 40 points.
     fn order_by_last_use(&mut self) {
-        let mut order: Vec<(u32, u64, u32)> = Vec::with_capacity(self.q.lists[State::Mfu as usize].len());
+        let mut order: Vec<((u64, std::cmp::Reverse<u32>), u32)> =
+            Vec::with_capacity(self.q.lists[State::Mfu as usize].len());
         for &idx in self.q.index.values() {
             let e = self.q.slab.get(idx);
             if e.state == State::Mfu || e.state == State::Mru && e.freq > 0 && !e.prefetch {
-                order.push((self.inserts.wrapping_sub(e.last_insert), e.last_access_ns, idx));
+                order.push((self.last_use(e), idx));
             }
         }
-        // The longest ago first: the larger insert age, then the earlier time.
-        order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let order: Vec<u32> = order.into_iter().map(|(_, _, idx)| idx).collect();
+        // The least lately used first; the slot breaks ties, so that the
+        // order does not depend on the index's.
+        order.sort_unstable();
+        let order: Vec<u32> = order.into_iter().map(|(_, idx)| idx).collect();
         for &idx in &order {
             let e = self.q.slab.get_mut(idx);
             if e.state == State::Mru {
@@ -431,6 +435,15 @@ impl AdaptiveArc {
             }
         }
         self.q.refile(State::Mfu, &order);
+    }
+
+    /// When `e` was last used, as an order (the smaller, the longer ago):
+    /// its time, then its inserts since, many hits coming between two
+    /// inserts and many inserts within one clock tick. Time first, since
+    /// the count of inserts wraps (2^32 of them: half a day at 100,000 a
+    /// second, while MFU can sit still under a scan through MRU).
+    fn last_use(&self, e: &Entry) -> (u64, std::cmp::Reverse<u32>) {
+        (e.last_access_ns, std::cmp::Reverse(self.inserts.wrapping_sub(e.last_insert)))
     }
 
     /// Remembers a non-hit lookup of `key` until its insert; the oldest
@@ -590,15 +603,9 @@ impl AdaptiveArc {
     }
 
     /// Whether MRU's end was used less lately than MFU's (under `lru`,
-    /// where each list is in order of last use): by inserts since, then by
-    /// time, since many hits can come between two inserts.
+    /// where each list is in order of last use).
     fn mru_end_older(&self) -> bool {
-        let last_use = |s: State| {
-            self.q.lists[s as usize].tail().map(|i| {
-                let e = self.q.slab.get(i);
-                (std::cmp::Reverse(self.inserts.wrapping_sub(e.last_insert)), e.last_access_ns)
-            })
-        };
+        let last_use = |s: State| self.q.lists[s as usize].tail().map(|i| self.last_use(self.q.slab.get(i)));
         match (last_use(State::Mru), last_use(State::Mfu)) {
             (Some(mru), Some(mfu)) => mru <= mfu,
             (mru, _) => mru.is_some(),

@@ -73,17 +73,19 @@ impl<T, const N: usize> Filing<T, N> {
     where
         T: Filed<K>,
     {
-        let (mut size, mut marked) = (0, 0);
+        let (mut size, mut marked, mut moved) = (0, 0, 0);
         for &idx in order {
             if self.slab.get(idx).list() != to {
                 self.unlink(idx);
                 self.slab.get_mut(idx).set_list(to);
+                moved += 1;
             }
             let e = self.slab.get(idx);
             size += e.size();
             marked += u64::from(e.marked());
         }
-        debug_assert!(size >= self.sizes[to.into()], "refile: an entry of the list left out");
+        // An entry of the list left out would keep links into it.
+        assert_eq!(order.len(), self.lists[to.into()].len() + moved, "refile: an entry of the list left out");
         self.slab.relink(&mut self.lists[to.into()], order);
         self.sizes[to.into()] = size;
         self.marked[to.into()] = marked;

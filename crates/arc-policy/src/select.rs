@@ -66,14 +66,17 @@ pub(crate) struct Variant {
     /// The two lists run as one LRU split by re-use (see
     /// [`Variant::RECENCY`]): a record re-used moves from MRU to MFU's head
     /// at once, eviction takes whichever end was used least lately, and
-    /// MFU's end gives no second chance; `fraction` and `fill_mfu` are not
-    /// used.
+    /// MFU's end gives no second chance. `fill_mfu` is not used, and
+    /// `fraction` sets only `p` (what arcstats report as `pd`, and MFU's
+    /// share when young prefetches hold MRU's end: `mfu_spares`), not
+    /// which list gives.
     pub(crate) lru: bool,
     /// Whether an MFU record's frequency is spent in one pass (it goes
     /// round once more at most) rather than one step a pass (up to three
-    /// more). Every variant the copies try has it with `fill_mfu` alone;
-    /// the cache runs it without `fill_mfu` only before the copies have
-    /// chosen ([`UNDECIDED`]).
+    /// more). Every variant the copies try has it with `fill_mfu` or `lru`
+    /// alone (under `lru` no MFU record goes round again anyway); the cache
+    /// runs it without either only before the copies have chosen
+    /// ([`UNDECIDED`]).
     pub(crate) one_pass: bool,
 }
 
