@@ -24,9 +24,9 @@
 # seeds): mixtures nobody picked, summarised by policy and by whether the
 # trace's hot set moves; then the same mixtures five times as long at the
 # same cache sizes, which tells the time the serving policy takes to choose
-# from how well it does once it has; then nine more families (seeds 5000,
-# 9000, 13000, 17000, 21000, 25000, 29000, 33000 and 49000 onwards), so no
-# one family's draw decides.
+# from how well it does once it has; then ten more families (seeds 5000,
+# 9000, 13000, 17000, 21000, 25000, 29000, 33000, 49000 and 53000
+# onwards), so no one family's draw decides.
 #
 # Usage: bench/policy.sh [TRACE_DIR]   (default: $ARCACHE_TRACES, else the
 # repository's traces/, which has 6 of the 10 traces; about 20 minutes on
@@ -296,5 +296,10 @@ family family-33000 200000 "$work/family-33000/sizes.txt" \
 # looked at here: nothing was tuned on them.
 family family-49000 200000 "$work/family-49000/sizes.txt" \
   "Another random family (seeds 49000 onwards, drawn before the LRU recency variant of 8651fcc was judged)" 49000
+# Seeds 53000 on were drawn on 2026-12-08 before the recency variant's
+# passes were cleared (no frequency counted under it), and looked at only
+# with tune.rs to judge that change: nothing was tuned on them.
+family family-53000 200000 "$work/family-53000/sizes.txt" \
+  "Another random family (seeds 53000 onwards, drawn before the change that counts no passes under the recency variant, which was judged on it)" 53000
 bench_publish "$work/result.md" "$result"
 cat "$result"

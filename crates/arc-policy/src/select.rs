@@ -66,7 +66,7 @@ pub(crate) struct Variant {
     /// The two lists run as one LRU split by re-use (see
     /// [`Variant::RECENCY`]): a record re-used moves from MRU to MFU's head
     /// at once, eviction takes whichever end was used least lately, and
-    /// MFU's end gives no second chance. `fill_mfu` is not used, and
+    /// MFU's end gives no second chance, so no re-use earns a pass. `fill_mfu` is not used, and
     /// `fraction` sets only `p` (what arcstats report as `pd`, and MFU's
     /// share when young prefetches hold MRU's end: `mfu_spares`), not
     /// which list gives.

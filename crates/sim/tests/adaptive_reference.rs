@@ -71,7 +71,7 @@ fn check(dir: &Path, trace: &str, mode: &str, pinned: Option<[u64; 4]>) {
 #[test]
 fn arc_adaptive_on_the_shipped_traces() {
     let d = shipped_dir();
-    check(&d, "cloudphysics_io", "4k", Some([121464, 155995, 254417, 411090]));
+    check(&d, "cloudphysics_io", "4k", Some([121464, 155990, 254417, 411090]));
     check(&d, "cloudphysics_io", "4k-r", Some([37524, 54539, 67520, 100362]));
     check(&d, "P3", "4k", Some([78911, 172577, 252718, 399062]));
     check(&d, "msr_hm0_sample", "4k", Some([258, 443, 511, 554]));
