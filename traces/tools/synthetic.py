@@ -62,8 +62,8 @@ judged, with seeds of their own, and run once, on it):
   phases       Zipf(0.9) over 20k blocks; from 150k to 250k requests a
                loop over 14k other blocks takes half of the requests
   jump_scan    Zipf(1.0) over 10k blocks jumping to new blocks every 60k
-               requests, and every 40k requests a sequential scan of 20k
-               new blocks
+               of its own requests (the scans' not counted), and every
+               40k requests a sequential scan of 20k new blocks
   two_loops    loops over 5k and 24k blocks, 1:1, and a fifth of the
                requests Zipf(0.8) over 40k other blocks
   hot_drift    Zipf(0.8) over 50k blocks that stay, and half of the

@@ -654,20 +654,13 @@ impl AdaptiveArc {
         let mut honor =
             Honor { prefetch: true, meta: true, mru_blocked: false, meta_rotated: [0; 2], filled: 0 };
         while self.resident() > self.c {
-            let mru_over = self.q.sizes[State::Mru as usize] as f64 > self.p;
-            let mfu_empty = self.q.sizes[State::Mfu as usize] == 0;
             // Under `lru` the lists are one LRU order, MRU's target unused.
-            let first = if self.running.lru {
-                if self.mru_end_older() {
-                    State::Mru
-                } else {
-                    State::Mfu
-                }
-            } else if mru_over || mfu_empty {
-                State::Mru
+            let mru_first = if self.running.lru {
+                self.mru_end_older()
             } else {
-                State::Mfu
+                self.q.sizes[State::Mru as usize] as f64 > self.p || self.q.sizes[State::Mfu as usize] == 0
             };
+            let first = if mru_first { State::Mru } else { State::Mfu };
             let other = if first == State::Mru { State::Mfu } else { State::Mru };
             if self.step(first, &mut honor, out).is_none() && self.step(other, &mut honor, out).is_none() {
                 // Only young prefetches and protected metadata left: RAM
@@ -1466,9 +1459,8 @@ mod tests {
     /// Whether `a`'s MFU, from its end, is in order of last use, and
     /// whether MRU holds a record re-used.
     fn mfu_in_order_of_last_use(a: &AdaptiveArc) -> (bool, bool) {
-        let last_use =
-            |e: &Entry| (std::cmp::Reverse(a.inserts.wrapping_sub(e.last_insert)), e.last_access_ns);
-        let mfu: Vec<_> = a.q.slab.iter(&a.q.lists[State::Mfu as usize]).map(|(_, e)| last_use(e)).collect();
+        let mfu: Vec<_> =
+            a.q.slab.iter(&a.q.lists[State::Mfu as usize]).map(|(_, e)| a.last_use(e)).collect();
         // Head first: each no older than the one after it.
         let ordered = mfu.windows(2).all(|w| w[0] >= w[1]);
         let reused_in_mru =

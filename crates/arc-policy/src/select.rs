@@ -66,10 +66,10 @@ pub(crate) struct Variant {
     /// The two lists run as one LRU split by re-use (see
     /// [`Variant::RECENCY`]): a record re-used moves from MRU to MFU's head
     /// at once, eviction takes whichever end was used least lately, and
-    /// MFU's end gives no second chance, so no re-use earns a pass. `fill_mfu` is not used, and
-    /// `fraction` sets only `p` (what arcstats report as `pd`, and MFU's
-    /// share when young prefetches hold MRU's end: `mfu_spares`), not
-    /// which list gives.
+    /// MFU's end gives no second chance, so no re-use earns a pass.
+    /// `fill_mfu` is not used, and `fraction` sets only `p` (what arcstats
+    /// report as `pd`, and MFU's share when young prefetches hold MRU's
+    /// end: `mfu_spares`), not which list gives.
     pub(crate) lru: bool,
     /// Whether an MFU record's frequency is spent in one pass (it goes
     /// round once more at most) rather than one step a pass (up to three
@@ -94,8 +94,8 @@ impl Variant {
     /// a second time (its ghost's hit) or keeps old frequent records a
     /// pass longer. Measured with examples/variants.rs, each variant held
     /// from the start: a drifting hot set of the random family (s13000 at
-    /// 10,195 blocks) gave LRU 67.44 %, the best of the other variants
-    /// 65.83 %, this one 67.45 %.
+    /// 10,195 blocks) gives LRU 67.44 %, the best of the other variants
+    /// 65.83 %, this one 67.44 % (bench/results/policy-variants.md).
     ///
     /// It was once a small MRU (1 %) passing every record into MFU's head
     /// when it left, re-used or not. That is LRU only while MRU stays

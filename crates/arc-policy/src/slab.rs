@@ -223,4 +223,36 @@ mod tests {
         let d = slab.alloc('d');
         assert_eq!(d, b, "freed slot is reused");
     }
+
+    /// Both directions of a relinked list, from each end.
+    fn both_ways(slab: &Slab<char>, l: &List) -> (Vec<char>, Vec<char>) {
+        let forward = slab.iter(l).map(|(_, v)| *v).collect();
+        let mut backward = Vec::new();
+        let mut cur = l.tail();
+        while let Some(i) = cur {
+            backward.push(*slab.get(i));
+            cur = slab.prev_of(i);
+        }
+        (forward, backward)
+    }
+
+    #[test]
+    fn relink_files_a_new_order_both_ways() {
+        let mut slab = Slab::new();
+        let mut l = List::default();
+        let [a, b, c] = ['a', 'b', 'c'].map(|v| slab.alloc(v));
+        for i in [a, b, c] {
+            slab.push_head(&mut l, i);
+        }
+        // a at the tail, then c, then b at the head.
+        slab.relink(&mut l, &[a, c, b]);
+        assert_eq!(both_ways(&slab, &l), (vec!['b', 'c', 'a'], vec!['a', 'c', 'b']));
+        assert_eq!((l.len(), l.tail()), (3, Some(a)));
+        // Still an ordinary list: an unlink and a push keep both ways right.
+        slab.unlink(&mut l, c);
+        slab.push_head(&mut l, c);
+        assert_eq!(both_ways(&slab, &l), (vec!['c', 'b', 'a'], vec!['a', 'b', 'c']));
+        slab.relink(&mut l, &[]);
+        assert_eq!((l.len(), l.tail()), (0, None));
+    }
 }
