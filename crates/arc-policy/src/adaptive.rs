@@ -224,7 +224,7 @@ pub struct AdaptiveArc {
     meta_balance: u64,
     /// Ghost-hit bytes since the last eviction pass: [data, metadata].
     ghost_hit_bytes: [u64; 2],
-    /// The variant run now (its `fill_mfu` and `one_pass` decide
+    /// The variant run now (its discipline decides
     /// evictions). The end of [`crate::select::UNDECIDED`] at the copies'
     /// first choice is a switch too, even to the default, whose three
     /// passes it lacks: ghosts evicted before it come back into MRU
@@ -266,7 +266,7 @@ impl AdaptiveArc {
     /// in the order [`AdaptiveArc::holding`] numbers them.
     #[doc(hidden)]
     pub fn variants() -> Vec<(f64, bool, bool)> {
-        crate::select::VARIANTS.iter().map(|v| (v.fraction, v.fill_mfu, v.lru)).collect()
+        crate::select::VARIANTS.iter().map(|v| (v.fraction, v.fill_mfu(), v.lru())).collect()
     }
 
     /// Runs variant `i` of [`AdaptiveArc::variants`] throughout, at full
@@ -384,7 +384,7 @@ impl AdaptiveArc {
         }
     }
 
-    /// Sets MRU's target and `fill_mfu` as `variant` has them.
+    /// Sets MRU's target and the discipline as `variant` has them.
     fn run_variant(&mut self, variant: Variant) {
         // A new record needs a few inserts' time in MRU to show it is
         // read again; a tenth of a cache of a few dozen records gives
@@ -394,7 +394,7 @@ impl AdaptiveArc {
         let floor = MIN_MRU_RECORDS * self.resident() as f64 / self.entries().max(1) as f64;
         self.p = (variant.fraction * self.c as f64).max(floor).min(self.c as f64);
         if variant != self.running {
-            if variant.lru && !self.running.lru {
+            if variant.lru() && !self.running.lru() {
                 self.order_by_last_use();
             }
             self.running = variant;
@@ -576,10 +576,9 @@ impl AdaptiveArc {
         // (seed 000's second pass in bench/l2arc.sh fell to about a quarter
         // of its speed, much of it read twice from L2).
         if from == State::Mru
-            && self.running.fill_mfu
+            && self.running.fill_mfu()
             && how != How::Prefetch
             && honor.filled < MAX_FILLS_PER_PASS
-            && !self.running.lru
             && (self.q.sizes[State::Mfu as usize] + size) as f64 <= self.c as f64 - self.p
         {
             honor.filled += 1;
@@ -600,7 +599,7 @@ impl AdaptiveArc {
         Some(size)
     }
 
-    /// Whether MRU's end was used less lately than MFU's (under `lru`,
+    /// Whether MRU's end was used less lately than MFU's (under `Discipline::Lru`,
     /// where each list is in order of last use).
     fn mru_end_older(&self) -> bool {
         let last_use = |s: State| self.q.lists[s as usize].tail().map(|i| self.last_use(self.q.slab.get(i)));
@@ -632,13 +631,13 @@ impl AdaptiveArc {
     /// goes on to MFU's head, a step lower (true); any other is left
     /// unlinked for the caller to place (false).
     fn unlink_or_promote(&mut self, idx: u32, from: State) -> bool {
-        let one_pass = self.running.one_pass;
+        let one_pass = self.running.one_pass();
         self.q.unlink(idx);
         let e = self.q.slab.get_mut(idx);
-        // Under `lru` a record hit since it last got here was moved to
+        // Under `Discipline::Lru` a record hit since it last got here was moved to
         // MFU's head then, and one more pass for it kept old hot records
         // past newer ones (see `Variant::RECENCY`).
-        if e.freq == 0 || from == State::Mfu && self.running.lru {
+        if e.freq == 0 || from == State::Mfu && self.running.lru() {
             return false;
         }
         e.freq = if from == State::Mru || one_pass { 0 } else { e.freq - 1 };
@@ -654,8 +653,8 @@ impl AdaptiveArc {
         let mut honor =
             Honor { prefetch: true, meta: true, mru_blocked: false, meta_rotated: [0; 2], filled: 0 };
         while self.resident() > self.c {
-            // Under `lru` the lists are one LRU order, MRU's target unused.
-            let mru_first = if self.running.lru {
+            // Under `Discipline::Lru` the lists are one LRU order, MRU's target unused.
+            let mru_first = if self.running.lru() {
                 self.mru_end_older()
             } else {
                 self.q.sizes[State::Mru as usize] as f64 > self.p || self.q.sizes[State::Mfu as usize] == 0
@@ -740,12 +739,12 @@ impl Policy for AdaptiveArc {
                     && (now >= e.last_access_ns.saturating_add(min_promote)
                         || inserts.wrapping_sub(e.last_insert) >= busy)
                 {
-                    // Under `lru` no record goes round again, so none earns
+                    // Under `Discipline::Lru` no record goes round again, so none earns
                     // a pass: a switch away from it starts the frequencies
                     // afresh rather than with every record re-used while
                     // it ran at the most (3), which let them all go round
                     // again, up to three times, after the switch.
-                    if !self.running.lru {
+                    if !self.running.lru() {
                         e.freq = (e.freq + 1).min(3);
                     }
                     reused = true;
@@ -757,9 +756,9 @@ impl Policy for AdaptiveArc {
                 }
                 // MFU is recency-ordered too (measured: +0.2 pp on the
                 // reference suite and on loops over plain CLOCK order);
-                // under `lru` a re-use is promoted at once, so that MRU
+                // under `Discipline::Lru` a re-use is promoted at once, so that MRU
                 // holds only what was read once, in order of last use.
-                if state == State::Mfu || (self.running.lru && reused) {
+                if state == State::Mfu || (self.running.lru() && reused) {
                     if state == State::Mru {
                         e.freq = 0;
                     }

@@ -49,42 +49,69 @@ use crate::{Access, Key, Policy};
 /// recency.
 const FRACTIONS: [f64; 5] = [0.01, 0.1, 0.3, 0.6, 0.95];
 
+/// What happens to a record that leaves MRU unused, and how often a
+/// record re-used in MFU goes round again: the part of a [`Variant`] that
+/// is not MRU's share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Discipline {
+    /// ARC's own: a record leaving MRU unused becomes a ghost, and an MFU
+    /// record goes round once more for each pass its re-use earned (up to
+    /// three).
+    Ghosts,
+    /// As [`Discipline::Ghosts`], but an MFU record's passes are spent in
+    /// one (it goes round once more at most). The cache runs it only
+    /// before the copies have chosen ([`UNDECIDED`]).
+    GhostsOnePass,
+    /// A record leaving MRU unused (and not brought by a prefetch) moves
+    /// to MFU (frequency 0) while MFU has room below its share, instead of
+    /// becoming a ghost; passes are spent in one. Without it, a loop longer
+    /// than the cache hits nothing (nothing it reads comes back before its
+    /// ghost is gone); with it, MFU holds a part of the loop still, as
+    /// S3-FIFO's main queue does, and hot keys that drift out of use leave
+    /// MFU after one pass instead of three (synthetic.py's `drift`).
+    FillMfu,
+    /// The two lists run as one LRU split by re-use (see
+    /// [`Variant::RECENCY`]): a record re-used moves from MRU to MFU's head
+    /// at once, eviction takes whichever end was used least lately, and
+    /// MFU's end gives no second chance, so no re-use earns a pass. MRU's
+    /// share then sets only `p` (what arcstats report as `pd`, and MFU's
+    /// share when young prefetches hold MRU's end: `mfu_spares`), not which
+    /// list gives.
+    Lru,
+}
+
 /// One way to run the lists, tried by a copy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Variant {
     /// MRU's target as a fraction of the cache.
     pub(crate) fraction: f64,
-    /// Whether a record leaving MRU unused (and not brought by a prefetch)
-    /// moves to MFU (frequency 0) while MFU has room below its share,
-    /// instead of becoming a ghost; it implies `one_pass`. Without it, a loop longer
-    /// than the cache hits nothing (nothing it reads comes back before its
-    /// ghost is gone);
-    /// with it, MFU holds a part of the loop still, as S3-FIFO's main
-    /// queue does, and hot keys that drift out of use leave MFU after one
-    /// pass instead of three (synthetic.py's `drift`).
-    pub(crate) fill_mfu: bool,
-    /// The two lists run as one LRU split by re-use (see
-    /// [`Variant::RECENCY`]): a record re-used moves from MRU to MFU's head
-    /// at once, eviction takes whichever end was used least lately, and
-    /// MFU's end gives no second chance, so no re-use earns a pass.
-    /// `fill_mfu` is not used, and `fraction` sets only `p` (what arcstats
-    /// report as `pd`, and MFU's share when young prefetches hold MRU's
-    /// end: `mfu_spares`), not which list gives.
-    pub(crate) lru: bool,
-    /// Whether an MFU record's frequency is spent in one pass (it goes
-    /// round once more at most) rather than one step a pass (up to three
-    /// more). Every variant the copies try has it with `fill_mfu` or `lru`
-    /// alone (under `lru` no MFU record goes round again anyway); the cache
-    /// runs it without either only before the copies have chosen
-    /// ([`UNDECIDED`]).
-    pub(crate) one_pass: bool,
+    pub(crate) discipline: Discipline,
 }
 
 impl Variant {
     /// MRU at `fraction` of the cache, ghosts or MFU's room (`fill_mfu`)
     /// for what leaves it unused.
     pub(crate) const fn split(fraction: f64, fill_mfu: bool) -> Self {
-        Variant { fraction, fill_mfu, lru: false, one_pass: fill_mfu }
+        let discipline = if fill_mfu { Discipline::FillMfu } else { Discipline::Ghosts };
+        Variant { fraction, discipline }
+    }
+
+    /// Whether what leaves MRU unused fills MFU's room
+    /// ([`Discipline::FillMfu`]).
+    pub(crate) fn fill_mfu(&self) -> bool {
+        self.discipline == Discipline::FillMfu
+    }
+
+    /// Whether the lists run as one LRU ([`Discipline::Lru`]).
+    pub(crate) fn lru(&self) -> bool {
+        self.discipline == Discipline::Lru
+    }
+
+    /// Whether an MFU record's passes are spent in one: every discipline
+    /// but ARC's own (under [`Discipline::Lru`] no MFU record goes round
+    /// again anyway).
+    pub(crate) fn one_pass(&self) -> bool {
+        self.discipline != Discipline::Ghosts
     }
 
     /// LRU itself, with ARC's lists and names: MRU holds what was read
@@ -106,13 +133,12 @@ impl Variant {
     /// 29,000-31,000 blocks) gave LRU 84.71 % at every size and this
     /// variant 84.35, 83.75 and 82.92 % (less with a larger cache); now
     /// 84.71 at each (a hand run of the variant held).
-    pub(crate) const RECENCY: Variant =
-        Variant { fraction: 0.01, fill_mfu: false, lru: true, one_pass: true };
+    pub(crate) const RECENCY: Variant = Variant { fraction: 0.01, discipline: Discipline::Lru };
 
     /// How far toward pure recency the variant runs: its MRU share, or
     /// all of the cache for [`Variant::RECENCY`], which is LRU.
     pub(crate) fn recency(&self) -> f64 {
-        if self.lru {
+        if self.lru() {
             1.0
         } else {
             self.fraction
@@ -156,7 +182,7 @@ pub(crate) const DEFAULT: usize = 1;
 /// -0.69; P6 at 10,190 and 25,475 and w106 at 13,758 up by 0.4-0.6:
 /// bench/results/policy.md against its history). Run as the copies'
 /// variant 1 from the start, one pass cost P3 at 25,587 blocks 2.75 pp.
-pub(crate) const UNDECIDED: Variant = Variant { one_pass: true, ..VARIANTS[DEFAULT] };
+pub(crate) const UNDECIDED: Variant = Variant { discipline: Discipline::GhostsOnePass, ..VARIANTS[DEFAULT] };
 
 /// A copy's lead over the current choice, in requests where exactly one of
 /// the two hit, that lets it take over before the window ends: at least
@@ -622,10 +648,10 @@ mod tests {
 
     #[test]
     fn the_cache_spends_frequencies_in_one_pass_until_the_copies_choose() {
-        assert!(UNDECIDED.one_pass && !VARIANTS[DEFAULT].one_pass);
-        assert_eq!(Variant { one_pass: false, ..UNDECIDED }, VARIANTS[DEFAULT]);
-        // Every variant the copies try spends in one pass exactly when it fills MFU.
-        assert!(VARIANTS.iter().all(|v| v.one_pass == (v.fill_mfu || v.lru)));
+        assert!(UNDECIDED.one_pass() && !VARIANTS[DEFAULT].one_pass());
+        assert_eq!(Variant { discipline: Discipline::Ghosts, ..UNDECIDED }, VARIANTS[DEFAULT]);
+        // The copies try every discipline but the undecided cache's.
+        assert!(VARIANTS.iter().all(|v| v.discipline != Discipline::GhostsOnePass));
         // What a selector hands the cache: UNDECIDED, then what was chosen,
         // the default too.
         let mut sel = Selector::new(1000, &ZfsArcConfig::fixed(1000));
