@@ -652,6 +652,9 @@ mod tests {
         assert_eq!(Variant { discipline: Discipline::Ghosts, ..UNDECIDED }, VARIANTS[DEFAULT]);
         // The copies try every discipline but the undecided cache's.
         assert!(VARIANTS.iter().all(|v| v.discipline != Discipline::GhostsOnePass));
+        for d in [Discipline::Ghosts, Discipline::FillMfu, Discipline::Lru] {
+            assert!(VARIANTS.iter().any(|v| v.discipline == d), "no copy tries {d:?}");
+        }
         // What a selector hands the cache: UNDECIDED, then what was chosen,
         // the default too.
         let mut sel = Selector::new(1000, &ZfsArcConfig::fixed(1000));
